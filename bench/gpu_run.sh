@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, config exploration and the sweeps; everything lands in $OUT.
+# usage: bash bench/gpu_run.sh [tests] [explore] [sweep] [pybench]
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/nvidia-smi.txt"
+python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/nvidia-smi.txt"
+for step in "$@"; do
+  case $step in
+    tests) timeout 300 python3 -m pytest -q -x tests 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt" ;;
+    explore) timeout 420 python3 -m bench.verify_sweep --grid targets --ceilings "$OUT/ceilings.json" --out "$OUT/explore.jsonl" \
+               --configs "${CONFIGS:-32,64,8,2;16,64,4,2;64,32,8,2;64,64,8,1;32,32,4,2}" 2>&1 | tee "$OUT/explore.txt" ;;
+    sweep) timeout 400 python3 -m bench.verify_sweep --grid "${GRID:-full}" --variant tritree --variant torch \
+               --ceilings "$OUT/ceilings.json" --out "$OUT/sweep.jsonl" ${FILTER:+--filter "$FILTER"} 2>&1 | tee "$OUT/sweep.txt" ;;
+    sm120) DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 timeout 300 python3 -m bench.verify_sweep --grid "${GRID120:-targets}" \
+               --variant tritree-sm120 --ceilings "$OUT/ceilings.json" --out "$OUT/sm120.jsonl" 2>&1 | tee "$OUT/sm120.txt" ;;
+    pybench) timeout 300 python3 -m pytest -q bench/test_bench_verify_mla.py --benchmark-json="$OUT/pybench.json" \
+               --benchmark-columns=median,rounds 2>&1 | tail -30 | tee "$OUT/pybench.txt" ;;
+  esac
+done

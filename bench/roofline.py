@@ -1,0 +1,80 @@
+"""Measuring on a GPU by the project's method: measured ceilings, floors, graph-replay timing
+with input rotation beyond the L2 cache."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+L2_ROTATE_BYTES = 256 << 20  # rotate inputs over >= 5x the H200's 50 MB of L2
+
+
+@dataclass
+class Ceilings:
+    copy_gbps: float      # device-to-device copy, bytes read + written per second / 1e9
+    matmul_tflops: float  # bf16 8192^3 torch.matmul on random data
+
+    def floor_us(self, nbytes: float, flops: float) -> tuple[float, str]:
+        t_mem = nbytes / (self.copy_gbps * 1e9) * 1e6
+        t_mma = flops / (self.matmul_tflops * 1e12) * 1e6
+        return (t_mem, "memory") if t_mem >= t_mma else (t_mma, "compute")
+
+
+def _median_event_time(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measure_ceilings(device="cuda") -> Ceilings:
+    n = 1 << 30  # 1 GiB each way
+    src = torch.randn(n // 4, device=device)
+    dst = torch.empty_like(src)
+    ms = _median_event_time(lambda: dst.copy_(src), reps=20)
+    copy_gbps = 2 * n / (ms * 1e-3) / 1e9
+    del src, dst
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    ms = _median_event_time(lambda: a @ b, reps=20)
+    return Ceilings(copy_gbps, 2 * 8192**3 / (ms * 1e-3) / 1e12)
+
+
+def graph_time_us(fns, reps: int = 20) -> float:
+    """Median time of one call, from CUDA-graph replays of ``fns`` (a list of calls over rotating
+    input sets, captured back to back). Warms every call before capture."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    ms = _median_event_time(g.replay, reps=reps, warmup=2)
+    return ms * 1e3 / len(fns)
+
+
+def rotation_count(bytes_per_set: int, cap: int = 32) -> int:
+    return max(1, min(cap, math.ceil(L2_ROTATE_BYTES / max(1, bytes_per_set))))
+
+
+def versions() -> str:
+    import triton
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return f"{dev}, torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}"

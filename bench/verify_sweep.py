@@ -1,0 +1,166 @@
+"""verify_mla sweep on a GPU: time, GB/s, TFLOP/s and fraction of the floor, side by side with the
+PyTorch version a user would write (gather the pages, dense masked attention).
+
+    python -m bench.verify_sweep --grid full --variant tritree --variant torch --out results.jsonl
+    DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 python -m bench.verify_sweep --variant tritree-sm120 ...
+
+The sm_120 emulation (mma.sync instead of wgmma, with the sm_120 config table) must run in its own
+process: Triton reads DISABLE_MMA_V3 when it compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+from tritree import tree_mask_from_parents, verify_mla
+from tritree.kernels.configs import AttnConfig
+from tritree.testing import paged_layout, random_trees
+
+from .roofline import Ceilings, graph_time_us, measure_ceilings, rotation_count, versions
+
+SM_SCALE = 192**-0.5 * (1 + 0.1 * math.log(64)) ** 2
+GRIDS = {
+    # The issue's grid: L x T x H x B x P.
+    "full": dict(L=[4096, 16384, 46000, 131072], T=[8, 16, 32, 64, 128], H=[8, 16, 64], B=[1, 4, 16], P=[1, 64]),
+    # The target shapes and their neighbours.
+    "targets": dict(L=[46000], T=[8, 16, 64], H=[8, 64], B=[1], P=[1, 64]),
+}
+TORCH_SCORE_LIMIT = 8 << 30  # skip the dense PyTorch version when its score tensor would exceed this
+
+
+def torch_verify(q, kv, page_table, kv_lens, tree_mask, sm_scale, max_len):
+    """The straightforward PyTorch version: gather every page, dense attention with a boolean mask.
+    Static shapes (``max_len`` keys), so it can be captured in a CUDA graph."""
+    B, T, H, _ = q.shape
+    P = kv.shape[1]
+    pos = torch.arange(max_len, device=q.device)
+    keys = kv[page_table[:, pos // P].long(), pos % P]  # [B, S, 576]
+    scores = torch.einsum("bthd,bsd->bths", q, keys).float() * sm_scale
+    j = pos[None, :] - kv_lens[:, None]  # tree index of key s
+    jj = j.clamp(0, T - 1)
+    words = torch.gather(tree_mask, 2, (jj // 32)[:, None, :].expand(B, T, max_len).long())
+    bit = ((words >> (jj % 32)[:, None, :]) & 1).bool()
+    visible = (j < 0)[:, None, :] | (bit & (j < T)[:, None, :])
+    scores = scores.masked_fill(~visible[:, :, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.einsum("bths,bsd->bthd", p, keys[..., :512])
+
+
+def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cap = L + T
+    sets = []
+    parents = random_trees(B, T, ("random", "wide"), generator=g)
+    tree_mask, _ = tree_mask_from_parents(parents.to(device))
+    kv_lens = torch.full((B,), L, dtype=torch.int32, device=device)
+    for _ in range(n_sets):
+        page_table, num_pages = paged_layout(cap, B, P, fragmented=(P == 1), generator=g, device=device)
+        kv = torch.randn(num_pages, P, 576, device=device, dtype=dtype)
+        q = torch.randn(B, T, H, 576, device=device, dtype=dtype)
+        sets.append(dict(q=q, kv=kv, page_table=page_table, kv_lens=kv_lens, tree_mask=tree_mask))
+    return sets
+
+
+def case_counts(B, T, H, L, dtype_bytes=2):
+    nbytes = B * (L + T) * 576 * dtype_bytes + B * T * H * (576 + 512) * dtype_bytes
+    flops = 2 * B * T * H * (L + T) * (576 + 512)
+    return nbytes, flops
+
+
+def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
+    nbytes, flops = case_counts(B, T, H, L)
+    n_sets = rotation_count(B * (L + T) * 576 * 2)
+    sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda")
+    row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(config) if config else "default")
+    if variant == "torch":
+        if B * T * H * (L + T) * 4 * 3 > TORCH_SCORE_LIMIT:
+            return {**row, "skipped": "score tensor too large"}
+        fns = [lambda s=s: torch_verify(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], SM_SCALE, L + T)
+               for s in sets]
+    else:
+        outs = [(torch.empty(B, T, H, 512, device="cuda", dtype=torch.bfloat16),
+                 torch.empty(B, T, H, device="cuda", dtype=torch.float32)) for _ in sets]
+        fns = [lambda s=s, o=o: verify_mla(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"],
+                                           sm_scale=SM_SCALE, out=o[0], lse=o[1], config=config)
+               for s, o in zip(sets, outs)]
+    try:
+        us = graph_time_us(fns)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return {**row, "skipped": "out of memory"}
+    floor_us, bound = ceil.floor_us(nbytes, flops)
+    row.update(us=us, gbps=nbytes / (us * 1e-6) / 1e9, tflops=flops / (us * 1e-6) / 1e12, floor_us=floor_us,
+               bound=bound, frac_floor=floor_us / us, frac_copy_bw=nbytes / (us * 1e-6) / 1e9 / ceil.copy_gbps,
+               frac_mma=flops / (us * 1e-6) / 1e12 / ceil.matmul_tflops, n_sets=n_sets)
+    if check and variant != "torch" and B * T * H * (L + T) * 4 * 3 <= TORCH_SCORE_LIMIT // 4:
+        s = sets[0]
+        ref = torch_verify(s["q"].float(), s["kv"].float(), s["page_table"], s["kv_lens"], s["tree_mask"], SM_SCALE, L + T)
+        out = fns[0]() if variant == "torch" else verify_mla(s["q"], s["kv"], s["page_table"], s["kv_lens"],
+                                                             s["tree_mask"], sm_scale=SM_SCALE, config=config)
+        row["rel_err"] = float((out.float() - ref).norm() / ref.norm())
+    del sets
+    torch.cuda.empty_cache()
+    return row
+
+
+def fmt_row(r):
+    head = f"L={r['L']:>6} T={r['T']:>3} H={r['H']:>2} B={r['B']:>2} P={r['P']:>2} {r['variant']:14s}"
+    if "skipped" in r:
+        return head + f" skipped ({r['skipped']})"
+    err = f" err {r['rel_err']:.1e}" if "rel_err" in r else ""
+    return (head + f" {r['us']:9.1f} us  floor {r['floor_us']:8.1f} ({r['bound'][:3]})  {r['frac_floor']*100:5.1f}% "
+            f"{r['gbps']:7.0f} GB/s ({r['frac_copy_bw']*100:4.1f}%)  {r['tflops']:6.1f} TFLOP/s ({r['frac_mma']*100:4.1f}%){err}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
+    ap.add_argument("--variant", action="append", choices=["tritree", "tritree-sm120", "torch"])
+    ap.add_argument("--configs", default="", help="semicolon-separated BM,BN,warps,stages to try instead of the table")
+    ap.add_argument("--filter", default="", help="python expression over B,T,H,L,P selecting cases")
+    ap.add_argument("--out", default="verify_sweep.jsonl")
+    ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
+    args = ap.parse_args(argv)
+    variants = args.variant or ["tritree"]
+    if "tritree-sm120" in variants and (os.environ.get("DISABLE_MMA_V3") != "1" or os.environ.get("TRITREE_ARCH") != "sm_120"):
+        sys.exit("tritree-sm120 needs DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 in the environment")
+    if args.ceilings and os.path.exists(args.ceilings):
+        ceil = Ceilings(**json.load(open(args.ceilings)))
+    else:
+        ceil = measure_ceilings()
+        if args.ceilings:
+            json.dump(ceil.__dict__, open(args.ceilings, "w"))
+    print(f"# {versions()}; copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
+    configs = [None]
+    if args.configs:
+        configs = [AttnConfig(*map(int, c.split(","))) for c in args.configs.split(";")]
+    grid = GRIDS[args.grid]
+    t0 = time.time()
+    with open(args.out, "a") as f:
+        for L, T, H, B, P in itertools.product(grid["L"], grid["T"], grid["H"], grid["B"], grid["P"]):
+            if args.filter and not eval(args.filter, {}, dict(B=B, T=T, H=H, L=L, P=P)):
+                continue
+            for variant in variants:
+                for cfg in (configs if variant != "torch" else [None]):
+                    try:
+                        r = run_case(B, T, H, L, P, variant, ceil, config=cfg)
+                    except Exception as e:  # record and go on: one bad config must not lose the sweep
+                        r = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(cfg), skipped=f"{type(e).__name__}: {str(e)[:200]}")
+                        torch.cuda.empty_cache()
+                    r["ceilings"] = ceil.__dict__
+                    f.write(json.dumps(r) + "\n")
+                    f.flush()
+                    print(fmt_row(r) + (f" [{r['config']}]" if cfg else ""), flush=True)
+    print(f"# sweep done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

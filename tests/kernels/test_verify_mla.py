@@ -1,0 +1,245 @@
+"""verify_mla against its float64 reference: property tests (interpreter on the CPU), edge cases,
+input validation, and GPU tests in bf16 at large shapes."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tritree import tree_mask_from_parents, verify_mla, verify_mla_reference
+from tritree.kernels.configs import AttnConfig
+from tritree.testing import TREE_KINDS, paged_layout, random_trees
+
+from ..conftest import DEVICE, HAS_GPU
+
+SM_SCALE = 192**-0.5 * (1 + 0.1 * math.log(64)) ** 2
+# Small tiles keep the interpreter fast and exercise many tiles, splits and tails.
+SMALL = AttnConfig(16, 16, 4, 1)
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+LSE_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def make_case(B, T, H, P, kv_lens, tree_lens, kinds, dtype, *, seed, fragmented=True, device=DEVICE):
+    g = torch.Generator().manual_seed(seed)
+    parents = random_trees(B, T, kinds, generator=g)
+    caps = [L + T for L in kv_lens]
+    page_table, num_pages = paged_layout(caps, B, P, extra_pages=2, fragmented=fragmented, generator=g)
+    kv = torch.randn(num_pages, P, 576, generator=g).to(dtype)
+    q = torch.randn(B, T, H, 576, generator=g).to(dtype)
+    kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32)
+    tree_lens_t = None if tree_lens is None else torch.tensor(tree_lens, dtype=torch.int32)
+    tree_mask, _ = tree_mask_from_parents(parents, tree_lens_t)
+    to = lambda x: None if x is None else x.to(device)  # noqa: E731
+    return dict(q=to(q), kv=to(kv), page_table=to(page_table), kv_lens=to(kv_lens_t), tree_mask=to(tree_mask),
+                tree_lens=to(tree_lens_t))
+
+
+def check_against_reference(case, dtype, **kw):
+    q = case["q"]
+    B, T, H, _ = q.shape
+    out = torch.full((B, T, H, 512), float("nan"), dtype=dtype, device=q.device)  # poison
+    lse = torch.full((B, T, H), float("nan"), dtype=torch.float32, device=q.device)
+    verify_mla(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"], sm_scale=SM_SCALE,
+               tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
+    ref_out, ref_lse = verify_mla_reference(
+        case["q"].double(), case["kv"].double(), case["page_table"], case["kv_lens"], case["tree_mask"],
+        sm_scale=SM_SCALE, tree_lens=case["tree_lens"], return_lse=True)
+    assert not torch.isnan(out).any(), "some output elements were not written"
+    assert not torch.isnan(lse).any(), "some lse elements were not written"
+    err = (out.double() - ref_out).norm() / ref_out.norm().clamp_min(1e-30)
+    assert err <= TOL[dtype], f"relative error {err:.3g} > {TOL[dtype]}"
+    elem = (out.double() - ref_out).abs().max() / ref_out.abs().max().clamp_min(1e-30)
+    assert elem <= 4 * TOL[dtype], f"max element error {elem:.3g} (relative to max |ref|)"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "lse is -inf exactly on padding rows"
+    assert (lse[~finite] == float("-inf")).all()
+    if finite.any():
+        lse_err = (lse.double()[finite] - ref_lse[finite]).abs().max()
+        assert lse_err <= LSE_TOL[dtype], f"lse error {lse_err:.3g}"
+    tree_lens = case["tree_lens"]
+    if tree_lens is not None:  # padding rows are exactly zero
+        rows = torch.arange(T, device=q.device)[None, :] >= tree_lens[:, None]
+        assert (out[rows] == 0).all()
+    return out
+
+
+@st.composite
+def verify_cases(draw):
+    B = draw(st.integers(1, 4))
+    T = draw(st.integers(1, 64))
+    H = draw(st.integers(1, max(1, min(16, 96 // T))))
+    P = draw(st.sampled_from([1, 2, 16, 64]))
+    kv_lens = draw(st.lists(st.one_of(st.integers(0, 300), st.sampled_from([0, 1, P, 2 * P - 1, 64])),
+                            min_size=B, max_size=B))
+    padded = draw(st.booleans())
+    tree_lens = draw(st.lists(st.integers(0, T), min_size=B, max_size=B)) if padded else None
+    kinds = tuple(draw(st.lists(st.sampled_from(TREE_KINDS), min_size=1, max_size=B)))
+    dtype = draw(st.sampled_from([torch.float32, torch.float16]))
+    num_splits = draw(st.sampled_from([None, 1, 2, 3, 7]))
+    fragmented = draw(st.booleans())
+    seed = draw(st.integers(0, 2**31 - 1))
+    return dict(B=B, T=T, H=H, P=P, kv_lens=kv_lens, tree_lens=tree_lens, kinds=kinds, dtype=dtype,
+                num_splits=num_splits, fragmented=fragmented, seed=seed)
+
+
+@settings(max_examples=40)
+@given(verify_cases())
+def test_verify_mla_matches_reference(c):
+    case = make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"], c["dtype"],
+                     seed=c["seed"], fragmented=c["fragmented"])
+    check_against_reference(case, c["dtype"], config=SMALL, num_splits=c["num_splits"])
+
+
+@pytest.mark.parametrize("kind", ["chain", "star"])
+@pytest.mark.parametrize("kv_len,T,H", [(0, 1, 1), (1, 1, 3), (0, 33, 2), (63, 7, 5), (64, 16, 4)])
+def test_edge_cases(kind, kv_len, T, H):
+    case = make_case(1, T, H, 16, [kv_len], None, (kind,), torch.float32, seed=kv_len * 100 + T)
+    check_against_reference(case, torch.float32, config=SMALL, num_splits=2)
+
+
+def test_default_config_and_splits():
+    case = make_case(2, 9, 4, 64, [130, 5], [9, 3], ("random", "wide"), torch.float16, seed=7)
+    check_against_reference(case, torch.float16)
+
+
+def test_one_node_trees_all_padding_and_mixed():
+    case = make_case(3, 4, 2, 2, [10, 0, 33], [1, 0, 4], ("random",), torch.float32, seed=3)
+    out = check_against_reference(case, torch.float32, config=SMALL, num_splits=3)
+    assert (out[1] == 0).all()
+
+
+def test_functional_and_out_forms_agree():
+    case = make_case(2, 5, 3, 16, [40, 17], [5, 2], ("random",), torch.float32, seed=11)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    out1, lse1 = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], return_lse=True,
+                            config=SMALL, num_splits=2)
+    out2 = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=SMALL, num_splits=2)
+    assert torch.equal(out1, out2)
+    assert lse1.shape == (2, 5, 3) and lse1.dtype == torch.float32
+
+
+def test_bf16_loads_in_interpreter():
+    # bf16 tl.dot is wrong in the interpreter; the launcher upcasts tiles there. On a GPU this is
+    # the native bf16 path.
+    case = make_case(1, 6, 2, 16, [50], None, ("random",), torch.bfloat16, seed=5)
+    check_against_reference(case, torch.bfloat16, config=SMALL, num_splits=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+def _valid():
+    return make_case(2, 4, 2, 16, [20, 3], None, ("random",), torch.float32, seed=1)
+
+
+def _call(c, **over):
+    c = {**c, **over}
+    return verify_mla(c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"], sm_scale=c.get("sm_scale", 0.1),
+                      tree_lens=c["tree_lens"], config=SMALL)
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda c: dict(q=c["q"][..., :512]), ValueError, "q must have shape"),
+    (lambda c: dict(q=c["q"].double()), TypeError, "q must have dtype"),
+    (lambda c: dict(q=c["q"].half()), TypeError, "kv must have the dtype of q"),
+    (lambda c: dict(q=c["q"][:, :, :, :].transpose(2, 3).contiguous().transpose(2, 3)), ValueError, "contiguous"),
+    (lambda c: dict(kv=c["kv"][:, :3]), ValueError, "power of two"),
+    (lambda c: dict(kv=c["kv"][..., :512]), ValueError, "kv must have shape"),
+    (lambda c: dict(page_table=c["page_table"].long()), TypeError, "page_table must have dtype"),
+    (lambda c: dict(page_table=c["page_table"][:1]), ValueError, "page_table must have shape"),
+    (lambda c: dict(kv_lens=c["kv_lens"][:1]), ValueError, "kv_lens must have shape"),
+    (lambda c: dict(kv_lens=c["kv_lens"].float()), TypeError, "kv_lens must have dtype"),
+    (lambda c: dict(kv_lens=torch.tensor([20, -1], dtype=torch.int32, device=c["q"].device)), ValueError, "kv_lens must be >= 0"),
+    (lambda c: dict(kv_lens=torch.tensor([20, 40], dtype=torch.int32, device=c["q"].device)), ValueError, "exceeds the page table"),
+    (lambda c: dict(page_table=torch.where(c["page_table"] == c["page_table"][0, 0], 10**6, c["page_table"])),
+     ValueError, "out of range"),
+    (lambda c: dict(tree_mask=c["tree_mask"][:, :3]), ValueError, "tree_mask must have shape"),
+    (lambda c: dict(tree_lens=torch.tensor([5, 1], dtype=torch.int32, device=c["q"].device)), ValueError, "tree_lens must be in"),
+    (lambda c: dict(tree_lens=torch.tensor([4], dtype=torch.int32, device=c["q"].device)), ValueError, "tree_lens must have shape"),
+    (lambda c: dict(sm_scale=float("nan")), ValueError, "sm_scale"),
+    (lambda c: dict(q=c["q"].numpy() if c["q"].device.type == "cpu" else None), TypeError, "q must be a torch.Tensor"),
+])
+def test_validation(mutate, exc, match, monkeypatch):
+    monkeypatch.setenv("TRITREE_DEBUG", "1")  # value checks on GPU inputs too
+    c = _valid()
+    with pytest.raises(exc, match=match):
+        _call(c, **mutate(c))
+
+
+def test_validation_out_buffers():
+    c = _valid()
+    args = (c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"])
+    with pytest.raises(ValueError, match="together"):
+        verify_mla(*args, sm_scale=0.1, out=torch.empty(2, 4, 2, 512, device=c["q"].device))
+    with pytest.raises(ValueError, match="out must have shape"):
+        verify_mla(*args, sm_scale=0.1, out=torch.empty(2, 4, 2, 576, device=c["q"].device),
+                   lse=torch.empty(2, 4, 2, device=c["q"].device))
+
+
+def test_kernel_clamps_bad_page_ids_without_faulting(monkeypatch):
+    """With value checks off (GPU without TRITREE_DEBUG), a bad page id must not fault."""
+    import tritree.kernels._validate as V
+    c = _valid()
+    bad = torch.where(c["page_table"] == c["page_table"][0, 0], 10**6, c["page_table"])
+    monkeypatch.setattr(V, "values_checkable", lambda *t: False)
+    out = _call(c, page_table=bad)
+    assert torch.isfinite(out).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: bf16 at large shapes
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,T,H,P,L", [(1, 8, 8, 64, 46_000), (1, 64, 8, 64, 8_000), (2, 16, 64, 1, 4_000),
+                                       (4, 33, 16, 64, 3_000), (1, 128, 8, 16, 2_000)])
+def test_gpu_bf16_large(B, T, H, P, L):
+    kv_lens = [L - 37 * b for b in range(B)]
+    tree_lens = [T - (b % 3) for b in range(B)]
+    case = make_case(B, T, H, P, kv_lens, tree_lens, ("random", "wide", "chain"), torch.bfloat16, seed=L + T)
+    check_against_reference(case, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_sm120_configs_run_on_this_gpu(monkeypatch):
+    from tritree.kernels.configs import VERIFY_MLA_CONFIGS
+    for cfg in set(VERIFY_MLA_CONFIGS["sm_120"].values()):
+        case = make_case(1, 16, 8, 64, [5_000], None, ("random",), torch.bfloat16, seed=cfg.block_m)
+        check_against_reference(case, torch.bfloat16, config=cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_and_compile():
+    case = make_case(1, 16, 8, 64, [3_000], None, ("random",), torch.bfloat16, seed=2)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    ref = verify_mla(*args, sm_scale=SM_SCALE)
+    fn = torch.compile(lambda *a: verify_mla(*a, sm_scale=SM_SCALE), fullgraph=True)
+    assert torch.equal(fn(*args), ref)
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    verify_mla(*args, sm_scale=SM_SCALE, out=out, lse=lse)  # warm
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, out=out, lse=lse)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+
+
+def test_cpu_path_without_interpreter_matches_reference():
+    """On the CPU outside the interpreter the launcher runs the reference (float32)."""
+    import importlib
+    vm = importlib.import_module("tritree.kernels.verify_mla")  # the module, not the function it exports
+    if HAS_GPU:
+        pytest.skip("CPU path")
+    case = make_case(1, 3, 2, 16, [10], None, ("chain",), torch.float32, seed=4, device="cpu")
+    orig = vm._interpreting
+    try:
+        vm._interpreting = lambda: False
+        check_against_reference(case, torch.float32)
+    finally:
+        vm._interpreting = orig

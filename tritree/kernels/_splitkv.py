@@ -1,0 +1,121 @@
+"""The split-KV attention core shared by the verify and draft attentions (flash-decoding).
+
+A request's keys are cut into ``num_splits`` contiguous chunks, one program per (row block, chunk),
+so that one request fills the GPU. Each program keeps an online softmax in base 2 (scores are
+pre-multiplied by ``sm_scale * log2(e)``) and writes a partial ``(o / l, m + log2 l)`` per row; the
+combine kernel merges the partials. ``num_splits`` depends only on static shapes (batch, rows, page
+table capacity, SM count) so a launch can be captured in a CUDA graph; the chunk length itself is
+computed on the device from each request's length.
+
+Output rows are ``row = t * H + h`` over ``[B, T, H, D]`` outputs; partials are
+``part_o: [B, S, T*H, D] float32`` and ``part_lse: [B, S, T*H] float32`` (log2 units, ``-inf`` where a
+chunk had no visible key for the row).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def online_softmax_step(qk, m_i, l_i):
+    """One tile of the online softmax. ``qk``: [BM, BN] scores in log2 units, -inf where masked.
+
+    Returns ``p`` (unnormalised probabilities), ``alpha`` (rescale of the running accumulator) and
+    the new running max and sum. Rows that have seen no visible key keep ``m = -inf, l = 0``.
+    """
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def finalize_rows(acc, m_i, l_i):
+    """``(acc / l, m + log2 l)`` per row; ``(0, -inf)`` for rows with no visible key."""
+    has = l_i > 0.0
+    l_safe = tl.where(has, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse2 = tl.where(has, m_i + tl.log2(l_safe), float("-inf"))
+    return o, lse2
+
+
+@triton.jit
+def _combine_kernel(
+    PartO, PartLse, Out, Lse,
+    stride_pob, stride_pos, stride_pom,
+    stride_plb, stride_pls,
+    stride_ob, stride_ot, stride_oh,
+    stride_lb, stride_lt, stride_lh,
+    H, num_splits,
+    SPLITS_POW2: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    b = tl.program_id(1)
+    pid_d = tl.program_id(2)
+    t = row // H
+    h = row % H
+    splits = tl.arange(0, SPLITS_POW2)
+    lse_base = PartLse + b.to(tl.int64) * stride_plb + row
+    lse_all = tl.load(lse_base + splits * stride_pls, mask=splits < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse_all, 0)
+    lse_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    denom = tl.sum(tl.exp2(lse_all - lse_safe), 0)
+
+    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    o_base = PartO + b.to(tl.int64) * stride_pob + row.to(tl.int64) * stride_pom
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        ss = s0 + tl.arange(0, SPLIT_CHUNK)
+        s_ok = ss < num_splits
+        w = tl.exp2(tl.load(lse_base + ss * stride_pls, mask=s_ok, other=float("-inf")) - lse_safe)
+        o = tl.load(o_base + ss[:, None].to(tl.int64) * stride_pos + d[None, :], mask=s_ok[:, None], other=0.0)
+        acc += tl.sum(o * w[:, None], 0)
+    has = denom > 0.0
+    out = acc / tl.where(has, denom, 1.0)
+    out_ptr = Out + b.to(tl.int64) * stride_ob + t * stride_ot + h * stride_oh + d
+    tl.store(out_ptr, out.to(Out.dtype.element_ty))
+    if pid_d == 0:
+        lse = tl.where(has, (lse_safe + tl.log2(tl.where(has, denom, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(Lse + b.to(tl.int64) * stride_lb + t * stride_lt + h * stride_lh, lse)
+
+
+def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   launch=None) -> None:
+    """Merges ``part_o: [B, S, T*H, D]``, ``part_lse: [B, S, T*H]`` into ``out: [B, T, H, D]`` and
+    ``lse: [B, T, H]`` (natural log). ``launch`` wraps the kernel (``torch.library.wrap_triton``)."""
+    B, S, M, D = part_o.shape
+    H = out.shape[2]
+    block_d = min(128, D)
+    kernel = _combine_kernel if launch is None else launch(_combine_kernel)
+    splits_pow2 = triton.next_power_of_2(S)
+    kernel[(M, B, D // block_d)](
+        part_o, part_lse, out, lse,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        H, S,
+        SPLITS_POW2=splits_pow2, SPLIT_CHUNK=min(16, splits_pow2), BLOCK_D=block_d,
+        num_warps=4,
+    )
+
+
+def choose_num_splits(*, batch: int, row_blocks: int, max_keys: int, block_n: int, sms: int,
+                      programs_per_sm: int = 1, min_tiles_per_split: int = 4, max_splits: int = 256) -> int:
+    """Split count from static shapes only: enough programs to fill ``sms * programs_per_sm``, no
+    chunk shorter than ``min_tiles_per_split`` tiles of the page-table capacity ``max_keys``."""
+    want = math.ceil(sms * programs_per_sm / max(1, batch * row_blocks))
+    by_len = max(1, max_keys // (block_n * min_tiles_per_split))
+    return int(max(1, min(want, by_len, max_splits)))

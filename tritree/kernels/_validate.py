@@ -1,0 +1,67 @@
+"""Input checks shared by the launchers: clear ``TypeError``/``ValueError`` naming the argument."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+ATTN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def debug_checks_enabled() -> bool:
+    """Full (value) checks of GPU inputs cost a device-to-host sync; they run when
+    ``TRITREE_DEBUG=1``. Inputs on the CPU are always fully checked (no sync to pay)."""
+    return os.environ.get("TRITREE_DEBUG", "0") not in ("", "0", "false", "False")
+
+
+def check_tensor(name: str, x, *, ndim: int | None = None, dtypes=None, device: torch.device | None = None,
+                 last_contiguous: bool = True) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {str(x.dtype).removeprefix('torch.')}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} must be on {device} (the device of q), got {x.device}")
+    if last_contiguous and x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tuple(x.stride())}")
+
+
+def check_shape(name: str, x: torch.Tensor, expected: tuple, what: str) -> None:
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {what} = {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def values_checkable(*tensors: torch.Tensor) -> bool:
+    """Whether value checks (which read tensors on the host) should run now."""
+    return debug_checks_enabled() or all(t.device.type == "cpu" for t in tensors)
+
+
+def check_paged_lengths(page_table: torch.Tensor, num_pages: int, page_size: int, kv_lens: torch.Tensor,
+                        extra: torch.Tensor) -> None:
+    """Value checks of a paged layout: lengths in range, every page in use a valid id.
+
+    ``extra: [B]`` tokens beyond ``kv_lens`` that the op touches (the tree nodes)."""
+    kv_lens_c = kv_lens.detach().to("cpu", torch.int64)
+    extra_c = extra.detach().to("cpu", torch.int64)
+    if (kv_lens_c < 0).any():
+        raise ValueError(f"kv_lens must be >= 0, got {kv_lens_c.tolist()}")
+    capacity = page_table.shape[1] * page_size
+    ends = kv_lens_c + extra_c
+    if (ends > capacity).any():
+        b = int(torch.nonzero(ends > capacity)[0, 0])
+        raise ValueError(
+            f"kv_lens[{b}] + tree tokens = {int(ends[b])} exceeds the page table's capacity "
+            f"{page_table.shape[1]} pages x {page_size} = {capacity} tokens")
+    pt = page_table.detach().to("cpu", torch.int64)
+    used_pages = (ends + page_size - 1) // page_size
+    cols = torch.arange(pt.shape[1])[None, :]
+    in_use = cols < used_pages[:, None]
+    bad = in_use & ((pt < 0) | (pt >= num_pages))
+    if bad.any():
+        b, c = (int(v) for v in torch.nonzero(bad)[0])
+        raise ValueError(f"page_table[{b}, {c}] = {int(pt[b, c])} is out of range [0, {num_pages}) "
+                         f"for a page in use")

@@ -1,0 +1,147 @@
+"""Ahead-of-time compilation of kernels for a GPU architecture this machine may not have.
+
+``python -m tritree.kernels.aot`` compiles every config of every table for its architecture and
+prints shared memory, registers and spills; ``tests/kernels/test_aot_audit.py`` asserts the limits.
+Triton compiles for any target on a CPU-only machine; registers and spills come from the
+``cuobjdump`` that the Triton wheel ships.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from .configs import CAPABILITY, SHARED_MEMORY_LIMIT, VERIFY_MLA_CONFIGS, AttnConfig
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    kernel: str
+    arch: str
+    config: str
+    shared: int
+    registers: int
+    spill_bytes: int  # local memory + stack frame, 0 when nothing spills
+
+    @property
+    def shared_limit(self) -> int:
+        return SHARED_MEMORY_LIMIT[self.arch]
+
+    @property
+    def ok(self) -> bool:
+        return self.shared <= self.shared_limit and self.spill_bytes == 0
+
+
+def _cuobjdump() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        text = subprocess.run([_cuobjdump(), "--dump-resource-usage", path], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(path)
+    fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text))
+    return {k: int(v) for k, v in fields.items()}
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict, arch: str, num_warps: int, num_stages: int,
+                   divisible: tuple[str, ...] = ()):
+    """Compiles ``fn`` for ``arch`` (e.g. ``"sm_120"``); returns the compiled kernel."""
+    names = fn.arg_names
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    sig = dict(signature)
+    for k in constexprs:
+        sig[k] = "constexpr"
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    target = GPUTarget("cuda", CAPABILITY[arch], 32)
+    return triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def audit_in_subprocess(archs) -> list[CompileReport]:
+    """Runs the audit in a fresh interpreter without ``TRITON_INTERPRET`` (the interpreter's
+    ``@triton.jit`` functions cannot be compiled)."""
+    import json
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "tritree.kernels.aot", "--json"] + [f"--arch={a}" for a in archs]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise RuntimeError(f"AOT audit failed:\n{res.stderr[-4000:]}")
+    return [CompileReport(**r) for r in json.loads(res.stdout.strip().splitlines()[-1])]
+
+
+def audit(fn, signature, constexprs, arch, num_warps, num_stages, divisible=(), label="") -> CompileReport:
+    k = compile_kernel(fn, signature, constexprs, arch, num_warps, num_stages, divisible)
+    use = resource_usage(k.asm["cubin"])
+    return CompileReport(fn.__name__, arch, label, int(k.metadata.shared), use.get("REG", 0),
+                         use.get("LOCAL", 0) + use.get("STACK", 0))
+
+
+def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -> list[CompileReport]:
+    """Compiles the verify kernel for every config of every table (and the one- and many-split
+    store paths, which differ)."""
+    from .verify_mla import _verify_mla_kernel
+
+    reports = []
+    for arch, table in VERIFY_MLA_CONFIGS.items():
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for cfg in sorted(set(table.values()), key=lambda c: (c.block_m, c.block_n)):
+            for splits in split_variants:
+                reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits))
+    return reports
+
+
+def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) -> CompileReport:
+    ptr = "*" + dtype
+    sig = {
+        "Q": ptr, "KV": ptr, "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32",
+        "Out": ptr if num_splits == 1 else "*fp32", "Lse": "*fp32", "sm_scale_log2e": "fp32",
+    }
+    ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
+            "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
+            "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
+    sig.update({n: "i32" for n in ints})
+    constexprs = {"PAGE_SIZE": 64, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                  "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+    divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse",
+                 "stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot",
+                 "stride_oh", "stride_os")
+    label = f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{'1' if num_splits == 1 else 'N'}"
+    return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, divisible, label)
+
+
+def main(argv=None) -> None:
+    import argparse
+    import dataclasses
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", action="append", help="only these architectures (sm_90, sm_120, sm_80)")
+    ap.add_argument("--json", action="store_true", help="one JSON list of reports on stdout")
+    args = ap.parse_args(argv)
+    reports = verify_mla_reports(archs=args.arch)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in reports]))
+        return
+    for r in reports:
+        status = "ok" if r.ok else "FAIL"
+        print(f"{r.kernel:22s} {r.arch:7s} {r.config:28s} shared {r.shared:7d}/{r.shared_limit:7d} "
+              f"regs {r.registers:3d} spill {r.spill_bytes:5d}  {status}")
+
+
+if __name__ == "__main__":
+    main()

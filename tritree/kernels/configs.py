@@ -1,0 +1,100 @@
+"""Per-architecture launch configurations and their lookup.
+
+Each kernel family has a table keyed by architecture name (``"sm_90"``, ``"sm_120"``, ``"sm_80"``,
+``"cpu"`` for the Triton interpreter). The architecture of a tensor's device is found by
+:func:`arch_of`; ``TRITREE_ARCH=sm_120`` in the environment forces a table (used on the H200 to run
+the sm_120 configs under ``DISABLE_MMA_V3=1``, the closest available stand-in for sm_120's
+``mma.sync`` path). Every config of every table is compiled ahead of time by
+``tests/kernels/test_aot_audit.py`` for its architecture and checked against its shared-memory limit
+and for register spills.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+# Per-block shared-memory limits (bytes) by architecture, for the ahead-of-time audit.
+SHARED_MEMORY_LIMIT = {
+    "sm_80": 166_912,
+    "sm_90": 232_448,
+    "sm_120": 101_376,
+}
+
+# Compute capability used when compiling a table ahead of time.
+CAPABILITY = {"sm_80": 80, "sm_90": 90, "sm_120": 120}
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """Launch configuration of a split-KV attention kernel.
+
+    block_m: query rows (tree tokens x heads, packed) per program.
+    block_n: KV tokens per tile.
+    num_warps / num_stages: as in ``triton.Config``.
+    programs_per_sm: target number of resident programs per SM used to pick the split count.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 1
+
+
+# Rows bucket -> config. A launch with M = T*H packed rows takes the first bucket >= M (else the
+# largest). Entries are the measured choices of bench/RESULTS.md; sm_120 ones are bounded by its
+# 101,376 B of shared memory (576-wide bf16 K tiles: 32x32 is the largest that fits, SPEC.md §6).
+VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
+    "sm_90": {
+        16: AttnConfig(16, 64, 4, 2),
+        1 << 30: AttnConfig(32, 64, 8, 2),
+    },
+    "sm_120": {
+        16: AttnConfig(16, 32, 8, 2),
+        1 << 30: AttnConfig(32, 16, 8, 2),
+    },
+    "sm_80": {
+        16: AttnConfig(16, 64, 4, 2),
+        1 << 30: AttnConfig(32, 64, 8, 2),
+    },
+    # Triton interpreter: large tiles mean fewer (slow) interpreted operations.
+    "cpu": {
+        1 << 30: AttnConfig(32, 32, 4, 1),
+    },
+}
+
+
+def arch_of(device: torch.device | str) -> str:
+    """Name of the config table for ``device``: ``TRITREE_ARCH`` if set, else by capability."""
+    forced = os.environ.get("TRITREE_ARCH")
+    if forced:
+        return forced
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    major, _minor = torch.cuda.get_device_capability(device)
+    if major == 12:
+        return "sm_120"
+    if major in (9, 10):  # sm_100 has the same 227 KB of shared memory as sm_90
+        return "sm_90"
+    return "sm_80"
+
+
+def lookup(table: dict[str, dict[int, AttnConfig]], arch: str, rows: int) -> AttnConfig:
+    """The config of ``arch`` for ``rows`` packed query rows."""
+    if arch not in table:
+        raise ValueError(f"no config table for architecture {arch!r}; known: {sorted(table)}")
+    buckets = table[arch]
+    for bound in sorted(buckets):
+        if rows <= bound:
+            return buckets[bound]
+    return buckets[max(buckets)]
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter: a few splits, so that tests exercise the combine step

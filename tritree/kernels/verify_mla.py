@@ -1,0 +1,428 @@
+"""Tree-masked MLA verify attention over a paged latent KV cache, and the tree mask it reads.
+
+MLA in absorbed form is MQA with a single KV head: key = the cached 576 values (512 latent ++ 64
+rope), value = the first 512 of them. The kernel packs (tree tokens x heads) into the rows of the
+matrix multiply so each KV tile, loaded once, serves every head and every tree node as key and as
+value; the keys are split across programs (``_splitkv``) so one request fills the GPU. The committed
+prefix is visible to every node, so the tree bitmask is read only in the tiles that hold tree keys
+(the last ``ceil(T / BLOCK_N) + 1`` tiles of a request): a single pass with a masked tail.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _validate as V
+from ._splitkv import LOG2E, choose_num_splits, combine_splits, finalize_rows, online_softmax_step
+from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
+
+D_LATENT = 512
+D_ROPE = 64
+D_QK = D_LATENT + D_ROPE
+
+
+# --------------------------------------------------------------------------------------------------
+# Tree mask
+# --------------------------------------------------------------------------------------------------
+
+def _bit_words(T: int, device) -> torch.Tensor:
+    """[T, W] int32: row i has only bit i set (bit j%32 of word j//32)."""
+    W = (T + 31) // 32
+    idx = torch.arange(T, device=device)
+    words = torch.zeros(T, W, dtype=torch.int64, device=device)
+    words[idx, idx // 32] = torch.bitwise_left_shift(torch.ones_like(idx), idx % 32)
+    words = torch.where(words >= 2**31, words - 2**32, words)  # two's complement for bit 31
+    return words.to(torch.int32)
+
+
+def tree_mask_from_parents(parents: torch.Tensor, tree_lens: torch.Tensor | None = None):
+    """Ancestor bitmask and depth of each node of a batch of trees.
+
+    Args:
+        parents: ``[B, T]`` int32/int64, ``parents[b, 0] = -1`` (root), ``parents[b, i] < i``.
+        tree_lens: ``[B]`` valid nodes per request (default: all ``T``). Rows ``i >= tree_lens[b]``
+            are padding.
+
+    Returns:
+        ``(tree_mask, depth)``: ``tree_mask: [B, T, ceil(T/32)] int32`` with bit ``j % 32`` of word
+        ``j // 32`` in row ``i`` set iff node ``j`` is node ``i`` or one of its ancestors;
+        ``depth: [B, T] int32`` (root 0). Padding rows are all zero.
+
+    Pointer doubling: ``ceil(log2 T)`` rounds of gathers, no host sync, any device. A parent index
+    that is not in ``[0, i)`` is treated as "no parent" (``TRITREE_DEBUG=1`` or CPU inputs raise).
+    """
+    V.check_tensor("parents", parents, ndim=2, dtypes=(torch.int32, torch.int64), last_contiguous=False)
+    B, T = parents.shape
+    device = parents.device
+    if T < 1:
+        raise ValueError(f"parents must have at least one node per request, got shape {tuple(parents.shape)}")
+    idx = torch.arange(T, device=device)
+    if tree_lens is None:
+        valid = torch.ones(B, T, dtype=torch.bool, device=device)
+    else:
+        V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
+        if tree_lens.shape[0] != B:
+            raise ValueError(f"tree_lens must have shape [B] = [{B}], got {tuple(tree_lens.shape)}")
+        valid = idx[None, :] < tree_lens[:, None]
+    par = parents.to(torch.int64)
+    if V.values_checkable(parents):
+        ok = (par[:, 0] == -1) & ((par[:, 1:] >= 0) & (par[:, 1:] < idx[None, 1:]) | ~valid[:, 1:]).all(1)
+        if not bool(ok.all()):
+            b = int(torch.nonzero(~ok)[0, 0])
+            raise ValueError(f"parents[{b}] is not a tree in parents-first order (need parents[b, 0] = -1 and "
+                             f"0 <= parents[b, i] < i): {par[b].tolist()}")
+    ptr = torch.where(valid & (par >= 0) & (par < idx[None, :]), par, -1)
+    mask = _bit_words(T, device).unsqueeze(0).expand(B, T, -1).clone()
+    depth = (ptr >= 0).to(torch.int32)
+    W = mask.shape[-1]
+    for _ in range(math.ceil(math.log2(T)) if T > 1 else 0):
+        has = ptr >= 0
+        g = ptr.clamp(min=0)
+        mask = mask | torch.where(has[..., None], torch.gather(mask, 1, g[..., None].expand(B, T, W)), 0)
+        depth = depth + torch.where(has, torch.gather(depth, 1, g), 0)
+        ptr = torch.where(has, torch.gather(ptr, 1, g), -1)
+    mask = torch.where(valid[..., None], mask, 0)
+    depth = torch.where(valid, depth, 0)
+    return mask.contiguous(), depth.to(torch.int32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference (the specification; float64 in the tests, the CPU path outside the interpreter)
+# --------------------------------------------------------------------------------------------------
+
+def _tree_visible(tree_mask: torch.Tensor, T: int) -> torch.Tensor:
+    """[..., T, W] int32 words -> [..., T, T] bool."""
+    j = torch.arange(T, device=tree_mask.device)
+    words = tree_mask[..., j // 32].to(torch.int64)
+    return ((words >> (j % 32)) & 1).bool()
+
+
+def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False):
+    """Plain PyTorch verify attention with the semantics of :func:`verify_mla`.
+
+    Computes in ``promote(q.dtype, float32)`` (float64 inputs give a float64 result) and returns
+    that dtype. Reads the host copies of the lengths: a specification, not a fast path.
+    """
+    B, T, H, _ = q.shape
+    P = kv.shape[1]
+    cdt = torch.promote_types(q.dtype, torch.float32)
+    out = torch.zeros(B, T, H, D_LATENT, dtype=cdt, device=q.device)
+    lse = torch.full((B, T, H), float("-inf"), dtype=cdt, device=q.device)
+    kv_lens_l = kv_lens.tolist()
+    tree_lens_l = [T] * B if tree_lens is None else tree_lens.tolist()
+    vis_tree = _tree_visible(tree_mask, T)
+    for b in range(B):
+        L, n = int(kv_lens_l[b]), int(tree_lens_l[b])
+        if n == 0:
+            continue
+        pos = torch.arange(L + n, device=q.device)
+        keys = kv[page_table[b, pos // P].long(), pos % P].to(cdt)  # [L+n, 576]
+        visible = torch.ones(n, L + n, dtype=torch.bool, device=q.device)
+        visible[:, L:] = vis_tree[b, :n, :n]
+        scores = torch.einsum("thd,sd->ths", q[b, :n].to(cdt), keys) * sm_scale
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        row_lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.exp(scores - row_lse[..., None])
+        out[b, :n] = torch.einsum("ths,sd->thd", probs, keys[:, :D_LATENT])
+        lse[b, :n] = row_lse
+    return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------------------------------
+# Triton kernel
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
+                  PAGE_SIZE: tl.constexpr, D_LAT: tl.constexpr, D_PE: tl.constexpr, s_ok):
+    """Rows ``s`` of a request's paged latent cache: ([BN, 512], [BN, 64]). Page-table columns and
+    page ids are clamped into range so a bad layout can never read outside the pool (it is
+    reported by the launcher's checks instead)."""
+    col = tl.minimum(s // PAGE_SIZE, max_pages - 1)
+    page = tl.load(PageTable + page_base + col)
+    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+    tok = page * stride_kvp + (s % PAGE_SIZE) * stride_kvs
+    k_lat = tl.load(KV + tok[:, None] + tl.arange(0, D_LAT)[None, :], mask=s_ok[:, None], other=0.0)
+    k_pe = tl.load(KV + tok[:, None] + D_LAT + tl.arange(0, D_PE)[None, :], mask=s_ok[:, None], other=0.0)
+    return k_lat, k_pe
+
+
+@triton.jit
+def _qk_pv_step(q_lat, q_pe, k_lat, k_pe, qk_extra_mask, m_i, l_i, acc, sm_scale_log2e,
+                MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    if UPCAST:  # interpreter: its bf16 dot is wrong, so compute bf16 tiles in fp32
+        k_lat = k_lat.to(tl.float32)
+        k_pe = k_pe.to(tl.float32)
+    qk = tl.dot(q_lat, tl.trans(k_lat), input_precision=PRECISION)
+    qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision=PRECISION)
+    qk = qk * sm_scale_log2e
+    if MASKED:
+        qk = tl.where(qk_extra_mask, qk, float("-inf"))
+    p, alpha, m_i, l_i = online_softmax_step(qk, m_i, l_i)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision=PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _verify_mla_kernel(
+    Q, KV, PageTable, KvLens, TreeMask, TreeLens,
+    Out, Lse,
+    sm_scale_log2e,
+    stride_qb, stride_qt, stride_qh,
+    stride_kvp, stride_kvs,
+    stride_ptb, max_pages, num_pages,
+    stride_mb, stride_mt,
+    stride_ob, stride_ot, stride_oh,   # Out: final [B,T,H,512] (1 split) or partial [B,S,T*H,512]
+    stride_os,
+    stride_lb, stride_lt, stride_lh,   # Lse: final [B,T,H] or partial [B,S,T*H]
+    stride_ls,
+    T, H, num_splits,
+    PAGE_SIZE: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = tl.program_id(2)
+    kv_len = tl.load(KvLens + b)
+    tree_len = tl.load(TreeLens + b)
+    n_keys = kv_len + tree_len
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    t = rows // H
+    h = rows % H
+    row_ok = (rows < T * H) & (t < tree_len)
+    q_ptr = Q + b.to(tl.int64) * stride_qb + (t * stride_qt + h * stride_qh)[:, None]
+    q_lat = tl.load(q_ptr + tl.arange(0, 512)[None, :], mask=row_ok[:, None], other=0.0)
+    q_pe = tl.load(q_ptr + 512 + tl.arange(0, 64)[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q_lat = q_lat.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+
+    chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, n_keys)
+    full_end = start + (tl.maximum(tl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, 512], dtype=tl.float32)
+    page_base = b.to(tl.int64) * stride_ptb
+    offs_n = tl.arange(0, BLOCK_N)
+    all_rows = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+
+    # Committed prefix: every key visible to every row, no mask.
+    for n in range(start, full_end, BLOCK_N):
+        s = n + offs_n
+        k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
+                                    PAGE_SIZE, 512, 64, s < full_end)
+        m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
+                                    False, UPCAST, PRECISION)
+
+    # Tail: the prefix remainder and the tree keys, where the ancestor bits apply.
+    mask_row = TreeMask + b.to(tl.int64) * stride_mb + t[:, None] * stride_mt
+    for n in range(full_end, end, BLOCK_N):
+        s = n + offs_n
+        s_ok = s < end
+        j = tl.maximum(s - kv_len, 0)
+        in_tree = (s >= kv_len) & s_ok
+        words = tl.load(mask_row + (j // 32)[None, :], mask=row_ok[:, None] & in_tree[None, :], other=0)
+        bit = (words >> (j % 32)[None, :]) & 1
+        visible = (((s < kv_len) & s_ok)[None, :] | (bit != 0)) & row_ok[:, None]
+        k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
+                                    PAGE_SIZE, 512, 64, s_ok)
+        m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, visible, m_i, l_i, acc, sm_scale_log2e,
+                                    True, UPCAST, PRECISION)
+
+    o, lse2 = finalize_rows(acc, m_i, l_i)
+    o = tl.where(row_ok[:, None], o, 0.0)
+    lse2 = tl.where(row_ok, lse2, float("-inf"))
+    row_in = rows < T * H
+    if SINGLE_SPLIT:
+        o_ptr = Out + b.to(tl.int64) * stride_ob + (t * stride_ot + h * stride_oh)[:, None] + tl.arange(0, 512)[None, :]
+        tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_in[:, None])
+        tl.store(Lse + b.to(tl.int64) * stride_lb + t * stride_lt + h * stride_lh, lse2 * 0.6931471805599453,
+                 mask=row_in)
+    else:
+        o_ptr = (Out + b.to(tl.int64) * stride_ob + pid_s.to(tl.int64) * stride_os
+                 + rows.to(tl.int64)[:, None] * stride_oh + tl.arange(0, 512)[None, :])
+        tl.store(o_ptr, o, mask=row_in[:, None])
+        tl.store(Lse + b.to(tl.int64) * stride_lb + pid_s * stride_ls + rows * stride_lh, lse2, mask=row_in)
+
+
+# --------------------------------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------------------------------
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
+                   num_splits, launch=None):
+    B, T, H, _ = q.shape
+    M = T * H
+    row_blocks = triton.cdiv(M, cfg.block_m)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    upcast = _interpreting() and q.dtype == torch.bfloat16
+    kernel = _verify_mla_kernel if launch is None else launch(_verify_mla_kernel)
+    if num_splits == 1:
+        dst_o, dst_l = out, lse
+        o_strides = (out.stride(0), out.stride(1), out.stride(2), 0)
+        l_strides = (lse.stride(0), lse.stride(1), lse.stride(2), 0)
+    else:
+        dst_o = torch.empty(B, num_splits, M, D_LATENT, dtype=torch.float32, device=q.device)
+        dst_l = torch.empty(B, num_splits, M, dtype=torch.float32, device=q.device)
+        o_strides = (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1))
+        l_strides = (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1))
+    kernel[(row_blocks, num_splits, B)](
+        q, kv, page_table, kv_lens, tree_mask, tree_lens,
+        dst_o, dst_l,
+        sm_scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        kv.stride(0), kv.stride(1),
+        page_table.stride(0), page_table.shape[1], kv.shape[0],
+        tree_mask.stride(0), tree_mask.stride(1),
+        *o_strides,
+        *l_strides,
+        T, H, num_splits,
+        PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        UPCAST=upcast, PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if num_splits > 1:
+        combine_splits(dst_o, dst_l, out, lse, launch=launch)
+
+
+@torch.library.triton_op("tritree::verify_mla", mutates_args=())
+def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
+                   tree_mask: torch.Tensor, tree_lens: torch.Tensor, sm_scale: float, block_m: int, block_n: int,
+                   num_warps: int, num_stages: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, T, H, _ = q.shape
+    out = torch.empty(B, T, H, D_LATENT, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+    _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
+                   AttnConfig(block_m, block_n, num_warps, num_stages), num_splits, launch=torch.library.wrap_triton)
+    return out, lse
+
+
+@torch.library.triton_op("tritree::verify_mla_out", mutates_args=("out", "lse"))
+def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
+                       tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
+                       num_splits: int) -> None:
+    _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
+                   AttnConfig(block_m, block_n, num_warps, num_stages), num_splits, launch=torch.library.wrap_triton)
+
+
+def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale):
+    V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
+    dev = q.device
+    B, T, H, D = q.shape
+    if D != D_QK:
+        raise ValueError(f"q must have shape [B, T, H, {D_QK}] (512 latent ++ 64 rope), got {tuple(q.shape)}")
+    if T < 1 or H < 1:
+        raise ValueError(f"q must have T >= 1 tree tokens and H >= 1 heads, got shape {tuple(q.shape)}")
+    V.check_tensor("kv", kv, ndim=3, dtypes=V.ATTN_DTYPES, device=dev)
+    if kv.dtype != q.dtype:
+        raise TypeError(f"kv must have the dtype of q ({q.dtype}), got {kv.dtype}")
+    num_pages, P, Dk = kv.shape
+    if Dk != D_QK:
+        raise ValueError(f"kv must have shape [num_pages, P, {D_QK}], got {tuple(kv.shape)}")
+    if P < 1 or P > 128 or P & (P - 1):
+        raise ValueError(f"kv page size P = kv.shape[1] must be a power of two in [1, 128], got {P}")
+    V.check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), device=dev)
+    if page_table.shape[0] != B:
+        raise ValueError(f"page_table must have shape [B, max_pages] with B = {B}, got {tuple(page_table.shape)}")
+    if page_table.shape[1] * P < T:
+        raise ValueError(f"page_table capacity {page_table.shape[1]} pages x {P} = {page_table.shape[1] * P} "
+                         f"tokens cannot hold T = {T} tree tokens")
+    V.check_tensor("kv_lens", kv_lens, ndim=1, dtypes=(torch.int32,), device=dev)
+    V.check_shape("kv_lens", kv_lens, (B,), "[B]")
+    W = (T + 31) // 32
+    V.check_tensor("tree_mask", tree_mask, ndim=3, dtypes=(torch.int32,), device=dev)
+    V.check_shape("tree_mask", tree_mask, (B, T, W), "[B, T, ceil(T/32)]")
+    if tree_lens is not None:
+        V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=dev)
+        V.check_shape("tree_lens", tree_lens, (B,), "[B]")
+    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) or sm_scale <= 0:
+        raise ValueError(f"sm_scale must be a positive finite float, got {sm_scale!r}")
+    if V.values_checkable(kv_lens, page_table):
+        tl_ = torch.full((B,), T) if tree_lens is None else tree_lens
+        if tree_lens is not None:
+            tc = tree_lens.detach().cpu()
+            if ((tc < 0) | (tc > T)).any():
+                raise ValueError(f"tree_lens must be in [0, T = {T}], got {tc.tolist()}")
+        V.check_paged_lengths(page_table, num_pages, P, kv_lens, tl_)
+
+
+def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False,
+               out=None, lse=None, config: AttnConfig | None = None, num_splits: int | None = None):
+    """Tree-masked MLA verify attention over a paged latent KV cache (absorbed form, one KV head).
+
+    Args:
+        q: ``[B, T, H, 576]`` absorbed queries (512 latent ++ 64 rope), bf16 / fp16 / fp32.
+        kv: ``[num_pages, P, 576]`` one layer's latent pool, same dtype; P a power of two in [1, 128].
+        page_table: ``[B, max_pages]`` int32; position s of request b is ``kv[page_table[b, s // P], s % P]``.
+        kv_lens: ``[B]`` int32 committed tokens before the tree. The tree's own KV is already written
+            at positions ``kv_lens[b] + i``, i = 0..T-1, in node order.
+        tree_mask: ``[B, T, ceil(T/32)]`` int32 ancestor bits (:func:`tree_mask_from_parents`).
+        sm_scale: softmax scale (Kimi K2.x: ``192**-0.5 * mscale**2``, not ``576**-0.5``).
+        tree_lens: ``[B]`` int32 valid nodes per request; rows ``i >= tree_lens[b]`` are padding.
+        return_lse: also return ``lse: [B, T, H]`` float32 natural-log log-sum-exp of the scores.
+        out, lse: optional preallocated outputs (``[B, T, H, 512]`` q's dtype, ``[B, T, H]`` float32),
+            written in place (static buffers for CUDA graphs); both or neither.
+        config, num_splits: override the per-architecture launch config and the split count.
+
+    Returns:
+        ``out: [B, T, H, 512]`` in q's dtype (and ``lse``). Row (b, i, h) attends to all ``kv_lens[b]``
+        committed tokens and to tree nodes ``j < tree_lens[b]`` whose bit is set in
+        ``tree_mask[b, i]``; softmax in fp32. Padding rows are zeros (lse ``-inf``).
+
+    Checks: shapes, dtypes, devices and strides always; lengths against the page table's capacity and
+    page ids in use against the pool when the inputs are on the CPU or ``TRITREE_DEBUG=1`` (these need
+    the values on the host). Without them, out-of-range page ids are clamped into the pool in the kernel
+    (no fault, wrong rows). CUDA-graph capturable; traced by torch.compile as ``tritree::verify_mla``.
+    """
+    _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale)
+    B, T, H, _ = q.shape
+    if (out is None) != (lse is None):
+        raise ValueError("out and lse must be given together (or neither)")
+    if out is not None:
+        V.check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=q.device)
+        V.check_shape("out", out, (B, T, H, D_LATENT), "[B, T, H, 512]")
+        V.check_tensor("lse", lse, ndim=3, dtypes=(torch.float32,), device=q.device, last_contiguous=False)
+        V.check_shape("lse", lse, (B, T, H), "[B, T, H]")
+    if q.device.type == "cpu" and not _interpreting():
+        ref_out, ref_lse = verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=sm_scale,
+                                                tree_lens=tree_lens, return_lse=True)
+        if out is None:
+            out, lse = ref_out.to(q.dtype), ref_lse.to(torch.float32)
+        else:
+            out.copy_(ref_out)
+            lse.copy_(ref_lse)
+        return (out, lse) if return_lse else out
+    if tree_lens is None:
+        tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
+    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(q.device), T * H)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch=B, row_blocks=triton.cdiv(T * H, cfg.block_m),
+                                       max_keys=page_table.shape[1] * kv.shape[1], block_n=cfg.block_n,
+                                       sms=num_sms(q.device), programs_per_sm=cfg.programs_per_sm)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, int(num_splits))
+    if out is None:
+        out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args)
+    else:
+        _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args)
+    return (out, lse) if return_lse else out
