@@ -31,6 +31,9 @@ GRIDS = {
     # The issue's grid: L x T x H x B x P.
     "full": dict(L=[4096, 16384, 46000, 131072], T=[8, 16, 32, 64, 128], H=[8, 16, 64], B=[1, 4, 16], P=[1, 64]),
     # The target shapes and their neighbours.
+    # What one device call can afford: every L, the issue's T and H extremes, both page sizes.
+    "issue": dict(L=[4096, 16384, 46000, 131072], T=[8, 16, 64, 128], H=[8, 64], B=[1], P=[1, 64]),
+    "batch": dict(L=[4096, 16384, 46000], T=[16, 64], H=[8], B=[4, 16], P=[64]),
     "targets": dict(L=[46000], T=[8, 16, 64], H=[8, 64], B=[1], P=[1, 64]),
 }
 TORCH_SCORE_LIMIT = 8 << 30  # skip the dense PyTorch version when its score tensor would exceed this
@@ -111,6 +114,12 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
     return row
 
 
+def parse_config(text: str) -> AttnConfig:
+    """``BM,BN,warps,stages``."""
+    v = [int(x) for x in text.split(",")]
+    return AttnConfig(*v[:4])
+
+
 def fmt_row(r):
     head = f"L={r['L']:>6} T={r['T']:>3} H={r['H']:>2} B={r['B']:>2} P={r['P']:>2} {r['variant']:14s}"
     if "skipped" in r:
@@ -141,7 +150,7 @@ def main(argv=None):
     print(f"# {versions()}; copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
     configs = [None]
     if args.configs:
-        configs = [AttnConfig(*map(int, c.split(","))) for c in args.configs.split(";")]
+        configs = [parse_config(c) for c in args.configs.split(";")]
     grid = GRIDS[args.grid]
     t0 = time.time()
     with open(args.out, "a") as f:

@@ -36,7 +36,10 @@ def check_shape(name: str, x: torch.Tensor, expected: tuple, what: str) -> None:
 
 
 def values_checkable(*tensors: torch.Tensor) -> bool:
-    """Whether value checks (which read tensors on the host) should run now."""
+    """Whether value checks (which read tensors on the host) should run now: never while
+    torch.compile traces (they would be data-dependent branches)."""
+    if torch.compiler.is_compiling():
+        return False
     return debug_checks_enabled() or all(t.device.type == "cpu" for t in tensors)
 
 
