@@ -14,14 +14,15 @@ CASES = [(1, 8, 8, 46000, 64), (1, 16, 8, 46000, 64), (1, 64, 8, 46000, 64), (1,
 
 @pytest.fixture(scope="module")
 def ceilings():
-    from bench.roofline import measure_ceilings
+    from tritree.roofline import measure_ceilings
     return measure_ceilings()
 
 
 @pytest.mark.parametrize("variant", ["tritree", "torch"])
 @pytest.mark.parametrize("B,T,H,L,P", CASES)
 def test_verify_mla(benchmark, ceilings, variant, B, T, H, L, P):
-    from bench.verify_sweep import SM_SCALE, build_sets, case_counts, torch_verify
+    from bench.verify_sweep import SM_SCALE, build_sets, torch_verify
+    from tritree.roofline import verify_mla_counts
     from tritree import verify_mla
 
     if variant == "torch" and B * T * H * (L + T) * 12 > (8 << 30):
@@ -41,7 +42,7 @@ def test_verify_mla(benchmark, ceilings, variant, B, T, H, L, P):
         torch.cuda.synchronize()
 
     benchmark.pedantic(run, rounds=30, warmup_rounds=3)
-    nbytes, flops = case_counts(B, T, H, L)
+    nbytes, flops = verify_mla_counts(B, T, H, L)
     floor_us, bound = ceilings.floor_us(nbytes, flops)
     median_s = benchmark.stats.stats.median
     benchmark.extra_info.update(floor_us=floor_us, bound=bound, gbps=nbytes / median_s / 1e9,

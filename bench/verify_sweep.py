@@ -24,7 +24,7 @@ from tritree import tree_mask_from_parents, verify_mla
 from tritree.kernels.configs import AttnConfig
 from tritree.testing import paged_layout, random_trees
 
-from .roofline import Ceilings, graph_time_us, measure_ceilings, rotation_count, versions
+from tritree.roofline import Ceilings, graph_time_us, measure_ceilings, rotation_count, verify_mla_counts, versions
 
 SM_SCALE = 192**-0.5 * (1 + 0.1 * math.log(64)) ** 2
 GRIDS = {
@@ -72,14 +72,8 @@ def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0):
     return sets
 
 
-def case_counts(B, T, H, L, dtype_bytes=2):
-    nbytes = B * (L + T) * 576 * dtype_bytes + B * T * H * (576 + 512) * dtype_bytes
-    flops = 2 * B * T * H * (L + T) * (576 + 512)
-    return nbytes, flops
-
-
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
-    nbytes, flops = case_counts(B, T, H, L)
+    nbytes, flops = verify_mla_counts(B, T, H, L)
     n_sets = rotation_count(B * (L + T) * 576 * 2)
     sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda")
     row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(config) if config else "default")

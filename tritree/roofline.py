@@ -74,6 +74,13 @@ def rotation_count(bytes_per_set: int, cap: int = 32) -> int:
     return max(1, min(cap, math.ceil(L2_ROTATE_BYTES / max(1, bytes_per_set))))
 
 
+def verify_mla_counts(B: int, T: int, H: int, L: int, dtype_bytes: int = 2) -> tuple[int, int]:
+    """Fewest bytes (KV once, q, out) and FLOPs (QK 576 + PV 512 per row and key) of one verify call."""
+    nbytes = B * (L + T) * 576 * dtype_bytes + B * T * H * (576 + 512) * dtype_bytes
+    flops = 2 * B * T * H * (L + T) * (576 + 512)
+    return nbytes, flops
+
+
 def versions() -> str:
     import triton
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
