@@ -20,7 +20,25 @@ Conventions shared by every op
   ``TRITREE_ARCH`` forces one).
 """
 
-from .kernels import AttnConfig, tree_mask_from_parents, verify_mla, verify_mla_reference
+from .kernels import (
+    AttnConfig,
+    PagePool,
+    PoolExhausted,
+    defrag_,
+    kv_commit_,
+    kv_commit_reference,
+    kv_gather,
+    kv_gather_reference,
+    kv_write_,
+    kv_write_reference,
+    page_table_from_token_table,
+    token_table_from_page_table,
+    tree_mask_from_parents,
+    verify_mla,
+    verify_mla_reference,
+)
 
 __version__ = "0.1.0"
-__all__ = ["AttnConfig", "tree_mask_from_parents", "verify_mla", "verify_mla_reference"]
+__all__ = ["AttnConfig", "PagePool", "PoolExhausted", "defrag_", "kv_commit_", "kv_commit_reference", "kv_gather",
+           "kv_gather_reference", "kv_write_", "kv_write_reference", "page_table_from_token_table",
+           "token_table_from_page_table", "tree_mask_from_parents", "verify_mla", "verify_mla_reference"]

@@ -1,6 +1,21 @@
 """Triton kernels, one file per op family: reference + kernel(s) + launcher + configs."""
 
 from .configs import AttnConfig, arch_of
+from .kv_cache import (
+    PagePool,
+    PoolExhausted,
+    defrag_,
+    kv_commit_,
+    kv_commit_reference,
+    kv_gather,
+    kv_gather_reference,
+    kv_write_,
+    kv_write_reference,
+    page_table_from_token_table,
+    token_table_from_page_table,
+)
 from .verify_mla import tree_mask_from_parents, verify_mla, verify_mla_reference
 
-__all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "verify_mla_reference"]
+__all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "verify_mla_reference", "PagePool",
+           "PoolExhausted", "defrag_", "kv_commit_", "kv_commit_reference", "kv_gather", "kv_gather_reference",
+           "kv_write_", "kv_write_reference", "page_table_from_token_table", "token_table_from_page_table"]

@@ -1,0 +1,679 @@
+"""Paged KV cache operations: write, commit (accepted tree path -> sequence), gather, defragment,
+the host-side page allocator, and conversion from/to token-granular tables (SGLang ``req_to_token``).
+
+Every op is generic over the per-token shape: the target's latent pool ``[num_pages, P, 576]``, the
+draft's ``[num_pages, P, H_kv, D]`` K or V pool, or, with ``stacked=True``, all layers at once
+``[layers, num_pages, P, ...]`` (one launch for every layer). The per-token dims must be contiguous
+(they are flattened to ``E`` elements by a view; nothing is copied).
+
+The commit kernel's ordering argument: accepted indices are strictly increasing from 0, so every move
+``kv_lens + a_j -> kv_lens + j`` has source >= destination. Moves are done in chunks of ``ROWS``
+accepted nodes in increasing ``j``; all sources of a chunk are read (and a CTA barrier passed) before
+any of its destinations is written, and a chunk's destinations (< j0 + ROWS) never hold a later
+chunk's sources (>= j0 + ROWS). Programs own disjoint (layer, request, element block) ranges.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _validate as V
+
+KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8)
+
+
+# --------------------------------------------------------------------------------------------------
+# Layout helpers
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Pool:
+    view: torch.Tensor  # [layers, num_pages, P, E]
+    token_shape: tuple
+    stacked: bool
+
+    @property
+    def layers(self):
+        return self.view.shape[0]
+
+    @property
+    def num_pages(self):
+        return self.view.shape[1]
+
+    @property
+    def page_size(self):
+        return self.view.shape[2]
+
+    @property
+    def row(self):
+        return self.view.shape[3]
+
+
+def _pool(kv, stacked: bool, name: str = "kv") -> _Pool:
+    if not isinstance(kv, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(kv).__name__}")
+    lead = 3 if stacked else 2
+    if kv.dim() < lead + 1:
+        what = "[layers, num_pages, P, ...]" if stacked else "[num_pages, P, ...]"
+        raise ValueError(f"{name} must have shape {what} with at least one per-token dim, got {tuple(kv.shape)}")
+    if kv.dtype not in KV_DTYPES:
+        raise TypeError(f"{name} has unsupported dtype {kv.dtype}")
+    tok = tuple(kv.shape[lead:])
+    expected = 1
+    for d in range(kv.dim() - 1, lead - 1, -1):  # per-token dims must be one contiguous run
+        if kv.shape[d] > 1 and kv.stride(d) != expected:
+            raise ValueError(f"{name} must be contiguous in its per-token dims {tok}, got strides {tuple(kv.stride())}")
+        expected *= kv.shape[d]
+    P = kv.shape[lead - 1]
+    if P < 1 or P & (P - 1):
+        raise ValueError(f"{name} page size P = {P} must be a power of two")
+    E = math.prod(tok)
+    view = kv.unsqueeze(0) if not stacked else kv
+    view = view.as_strided((view.shape[0], view.shape[1], P, E), (view.stride(0), view.stride(1), view.stride(2), 1))
+    return _Pool(view, tok, stacked)
+
+
+def _check_table(page_table, kv_lens, B_expected, device):
+    V.check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), device=device)
+    V.check_tensor("kv_lens", kv_lens, ndim=1, dtypes=(torch.int32,), device=device)
+    B = page_table.shape[0] if B_expected is None else B_expected
+    V.check_shape("page_table", page_table, (B, page_table.shape[1]), "[B, max_pages]")
+    V.check_shape("kv_lens", kv_lens, (B,), "[B]")
+    return B
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _use_kernel(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" or _interpreting()
+
+
+def _block_e(E: int) -> int:
+    return min(256, triton.next_power_of_2(E))
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared jit pieces
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _row_offsets(PageTable, page_base, pos, ok, max_pages, num_pages, stride_kp, stride_ks, PAGE_SIZE: tl.constexpr):
+    """Element offsets (int64) of logical positions ``pos`` of one request, clamped into the pool."""
+    col = tl.minimum(tl.maximum(pos // PAGE_SIZE, 0), max_pages - 1)
+    page = tl.load(PageTable + page_base + col, mask=ok, other=0)
+    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+    return page * stride_kp + (pos % PAGE_SIZE).to(tl.int64) * stride_ks
+
+
+# --------------------------------------------------------------------------------------------------
+# kv_write_
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _kv_write_kernel(KV, New, PageTable, KvLens, TreeLens,
+                     stride_kl, stride_kp, stride_ks,
+                     stride_nl, stride_nb, stride_nt,
+                     stride_ptb, T, E, max_pages, num_pages, t_blocks,
+                     PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+    pid = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    pid_e = tl.program_id(2)
+    b = pid // t_blocks
+    t = (pid % t_blocks) * ROWS + tl.arange(0, ROWS)
+    ok = (t < T) & (t < tl.load(TreeLens + b))
+    pos = tl.load(KvLens + b) + t
+    dst = _row_offsets(PageTable, b.to(tl.int64) * stride_ptb, pos, ok, max_pages, num_pages, stride_kp, stride_ks,
+                       PAGE_SIZE)
+    e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    m = ok[:, None] & (e < E)[None, :]
+    src = New + layer * stride_nl + b.to(tl.int64) * stride_nb + t.to(tl.int64)[:, None] * stride_nt + e[None, :]
+    vals = tl.load(src, mask=m)
+    tl.store(KV + layer * stride_kl + dst[:, None] + e[None, :], vals, mask=m)
+
+
+def kv_write_reference(kv, page_table, kv_lens, new, tree_lens=None, *, stacked=False):
+    """Loop version of :func:`kv_write_` (the specification)."""
+    pool = _pool(kv, stacked)
+    P = pool.page_size
+    newv = new if stacked else new.unsqueeze(0)
+    B, T = newv.shape[1], newv.shape[2]
+    newv = newv.reshape(newv.shape[0], B, T, pool.row)
+    lens = kv_lens.tolist()
+    n = [T] * B if tree_lens is None else tree_lens.tolist()
+    for b in range(B):
+        for i in range(min(T, int(n[b]))):
+            pos = int(lens[b]) + i
+            pool.view[:, int(page_table[b, pos // P]), pos % P] = newv[:, b, i]
+    return kv
+
+
+def kv_write_(kv, page_table, kv_lens, new, tree_lens=None, *, stacked=False):
+    """Writes ``new`` at logical positions ``kv_lens[b] + i`` of each request's pages, in place.
+
+    Args:
+        kv: ``[num_pages, P, *tok]`` (or ``[layers, num_pages, P, *tok]`` with ``stacked=True``).
+        page_table: ``[B, max_pages]`` int32. kv_lens: ``[B]`` int32.
+        new: ``[B, T, *tok]`` (``[layers, B, T, *tok]`` when stacked), kv's dtype.
+        tree_lens: ``[B]`` int32; rows ``i >= tree_lens[b]`` are not written.
+    Returns ``kv``.
+    """
+    pool = _pool(kv, stacked)
+    V.check_tensor("new", new, dtypes=(kv.dtype,), device=kv.device, last_contiguous=False)
+    lead = 3 if stacked else 2
+    if new.dim() != lead + len(pool.token_shape) or tuple(new.shape[lead:]) != pool.token_shape:
+        want = "[layers, B, T, *tok]" if stacked else "[B, T, *tok]"
+        raise ValueError(f"new must have shape {want} with tok = {pool.token_shape}, got {tuple(new.shape)}")
+    if stacked and new.shape[0] != pool.layers:
+        raise ValueError(f"new has {new.shape[0]} layers, kv has {pool.layers}")
+    B, T = new.shape[lead - 2], new.shape[lead - 1]
+    _check_table(page_table, kv_lens, B, kv.device)
+    if tree_lens is not None:
+        V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=kv.device)
+        V.check_shape("tree_lens", tree_lens, (B,), "[B]")
+    if V.values_checkable(kv_lens, page_table):
+        n = torch.full((B,), T) if tree_lens is None else tree_lens.cpu().clamp(0, T)
+        V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens, n)
+    if not _use_kernel(kv):
+        return kv_write_reference(kv, page_table, kv_lens, new, tree_lens, stacked=stacked)
+    if tree_lens is None:
+        tree_lens = torch.full((B,), T, dtype=torch.int32, device=kv.device)
+    newv = (new if stacked else new.unsqueeze(0))
+    newv = newv.view(*newv.shape[:3], pool.row) if newv[0, 0, 0].is_contiguous() else newv.reshape(*newv.shape[:3], pool.row)
+    rows = min(16, triton.next_power_of_2(T))
+    t_blocks = triton.cdiv(T, rows)
+    block_e = _block_e(pool.row)
+    kv4 = pool.view
+    _kv_write_kernel[(B * t_blocks, pool.layers, triton.cdiv(pool.row, block_e))](
+        kv4, newv, page_table, kv_lens, tree_lens,
+        kv4.stride(0), kv4.stride(1), kv4.stride(2),
+        newv.stride(0), newv.stride(1), newv.stride(2),
+        page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks,
+        PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, num_warps=4)
+    return kv
+
+
+# --------------------------------------------------------------------------------------------------
+# kv_commit_
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _kv_commit_kernel(KV, PageTable, KvLens, AcceptIdx, AcceptLen,
+                      stride_kl, stride_kp, stride_ks, stride_ptb, stride_ab,
+                      E, max_pages, num_pages,
+                      PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+    b = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    pid_e = tl.program_id(2)
+    kv_len = tl.load(KvLens + b)
+    n_acc = tl.load(AcceptLen + b)
+    page_base = b.to(tl.int64) * stride_ptb
+    e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = (e < E)[None, :]
+    base = KV + layer * stride_kl
+    for j0 in range(0, n_acc, ROWS):
+        j = j0 + tl.arange(0, ROWS)
+        a = tl.load(AcceptIdx + b.to(tl.int64) * stride_ab + j, mask=j < n_acc, other=0)
+        move = (j < n_acc) & (a != j)  # the fast path (a == j) moves nothing
+        src = _row_offsets(PageTable, page_base, kv_len + a, move, max_pages, num_pages, stride_kp, stride_ks, PAGE_SIZE)
+        dst = _row_offsets(PageTable, page_base, kv_len + j, move, max_pages, num_pages, stride_kp, stride_ks, PAGE_SIZE)
+        vals = tl.load(base + src[:, None] + e[None, :], mask=move[:, None] & e_ok)
+        tl.debug_barrier()  # every source row of the chunk is read before any destination is written
+        tl.store(base + dst[:, None] + e[None, :], vals, mask=move[:, None] & e_ok)
+        tl.debug_barrier()
+
+
+def kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False):
+    """Loop version of :func:`kv_commit_` (moves in increasing j; returns the new lengths)."""
+    pool = _pool(kv, stacked)
+    P = pool.page_size
+    for b in range(page_table.shape[0]):
+        L = int(kv_lens[b])
+        for j in range(int(accept_len[b])):
+            a = int(accept_idx[b, j])
+            if a == j:
+                continue
+            src, dst = L + a, L + j
+            pool.view[:, int(page_table[b, dst // P]), dst % P] = pool.view[:, int(page_table[b, src // P]), src % P]
+    return kv_lens + accept_len.to(kv_lens.dtype)
+
+
+def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False):
+    """Moves the accepted tree nodes' KV into the sequence, in place, on every layer given.
+
+    For ``j < accept_len[b]`` the entry at ``kv_lens[b] + accept_idx[b, j]`` moves to ``kv_lens[b] + j``.
+
+    Args:
+        kv: ``[num_pages, P, *tok]`` (``[layers, num_pages, P, *tok]`` with ``stacked=True``).
+        page_table: ``[B, max_pages]`` int32. kv_lens: ``[B]`` int32 (before the tree).
+        accept_idx: ``[B, T]`` int32, strictly increasing, ``accept_idx[b, 0] = 0`` (the root) when
+            ``accept_len[b] > 0``, padded with -1 (from :func:`accept_tree`).
+        accept_len: ``[B]`` int32 in ``[0, T]``.
+    Returns ``new_kv_lens = kv_lens + accept_len`` ([B] int32). No host sync unless value checks run
+    (CPU inputs or ``TRITREE_DEBUG=1``). Overlapping sources and destinations are handled (see module).
+    """
+    pool = _pool(kv, stacked)
+    B = _check_table(page_table, kv_lens, None, kv.device)
+    V.check_tensor("accept_idx", accept_idx, ndim=2, dtypes=(torch.int32,), device=kv.device)
+    V.check_tensor("accept_len", accept_len, ndim=1, dtypes=(torch.int32,), device=kv.device)
+    if accept_idx.shape[0] != B:
+        raise ValueError(f"accept_idx must have shape [B, T] with B = {B}, got {tuple(accept_idx.shape)}")
+    V.check_shape("accept_len", accept_len, (B,), "[B]")
+    T = accept_idx.shape[1]
+    if V.values_checkable(kv_lens, page_table, accept_idx, accept_len):
+        _check_accept(accept_idx, accept_len)
+        V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens,
+                              accept_idx.max(dim=1).values.clamp(min=-1).cpu() + 1)
+    if not _use_kernel(kv):
+        return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
+    block_e = _block_e(pool.row)
+    kv4 = pool.view
+    _kv_commit_kernel[(B, pool.layers, triton.cdiv(pool.row, block_e))](
+        kv4, page_table, kv_lens, accept_idx, accept_len,
+        kv4.stride(0), kv4.stride(1), kv4.stride(2), page_table.stride(0), accept_idx.stride(0),
+        pool.row, page_table.shape[1], pool.num_pages,
+        PAGE_SIZE=pool.page_size, ROWS=min(16, triton.next_power_of_2(T)), BLOCK_E=block_e, num_warps=4)
+    return kv_lens + accept_len
+
+
+def _check_accept(accept_idx, accept_len):
+    idx = accept_idx.detach().cpu().to(torch.int64)
+    n = accept_len.detach().cpu().to(torch.int64)
+    B, T = idx.shape
+    if ((n < 0) | (n > T)).any():
+        b = int(torch.nonzero((n < 0) | (n > T))[0, 0])
+        raise ValueError(f"accept_len[{b}] = {int(n[b])} must be in [0, T = {T}] (no more nodes than the tree has)")
+    for b in range(B):
+        k = int(n[b])
+        if k == 0:
+            continue
+        row = idx[b, :k]
+        if int(row[0]) != 0:
+            raise ValueError(f"accept_idx[{b}] must start at 0 (the root), got {row.tolist()}")
+        if k > 1 and not bool((row[1:] > row[:-1]).all()):
+            raise ValueError(f"accept_idx[{b}, :{k}] must be strictly increasing, got {row.tolist()}")
+        if int(row[-1]) >= T:
+            raise ValueError(f"accept_idx[{b}] has node {int(row[-1])} outside the tree of T = {T}")
+
+
+# --------------------------------------------------------------------------------------------------
+# kv_gather
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _kv_gather_kernel(KV, Out, PageTable, KvLens,
+                      stride_kl, stride_kp, stride_ks,
+                      stride_ol, stride_ob, stride_os,
+                      stride_ptb, S, E, max_pages, num_pages, s_blocks,
+                      PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+    pid = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    pid_e = tl.program_id(2)
+    b = pid // s_blocks
+    s = (pid % s_blocks) * ROWS + tl.arange(0, ROWS)
+    live = s < tl.load(KvLens + b)
+    src = _row_offsets(PageTable, b.to(tl.int64) * stride_ptb, s, live, max_pages, num_pages, stride_kp, stride_ks,
+                       PAGE_SIZE)
+    e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = (e < E)[None, :]
+    vals = tl.load(KV + layer * stride_kl + src[:, None] + e[None, :], mask=live[:, None] & e_ok, other=0)
+    dst = Out + layer * stride_ol + b.to(tl.int64) * stride_ob + s.to(tl.int64)[:, None] * stride_os + e[None, :]
+    tl.store(dst, vals, mask=(s < S)[:, None] & e_ok)
+
+
+def kv_gather_reference(kv, page_table, kv_lens, max_len=None, *, stacked=False):
+    pool = _pool(kv, stacked)
+    P = pool.page_size
+    lens = [int(x) for x in kv_lens.tolist()]
+    S = max(lens, default=0) if max_len is None else max_len
+    B = page_table.shape[0]
+    out = torch.zeros(pool.layers, B, S, pool.row, dtype=kv.dtype, device=kv.device)
+    for b in range(B):
+        for s in range(min(lens[b], S)):
+            out[:, b, s] = pool.view[:, int(page_table[b, s // P]), s % P]
+    out = out.view(pool.layers, B, S, *pool.token_shape)
+    return out if stacked else out[0]
+
+
+def kv_gather(kv, page_table, kv_lens, max_len: int | None = None, *, stacked=False):
+    """Contiguous copy of each request's committed KV: ``[B, S, *tok]`` (``[layers, B, S, *tok]`` when
+    stacked), zero beyond ``kv_lens[b]``. ``S = max(kv_lens)`` (a host sync) unless ``max_len`` is
+    given (then static and graph-capturable; rows past ``max_len`` are dropped)."""
+    pool = _pool(kv, stacked)
+    B = _check_table(page_table, kv_lens, None, kv.device)
+    if max_len is None:
+        S = int(kv_lens.max()) if B else 0
+    else:
+        S = int(max_len)
+        if S < 0:
+            raise ValueError(f"max_len must be >= 0, got {max_len}")
+    if V.values_checkable(kv_lens, page_table):
+        V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens, torch.zeros(B, dtype=torch.int64))
+    if not _use_kernel(kv):
+        return kv_gather_reference(kv, page_table, kv_lens, S, stacked=stacked)
+    out = torch.empty(pool.layers, B, S, pool.row, dtype=kv.dtype, device=kv.device)
+    if B and S:
+        rows = 16
+        s_blocks = triton.cdiv(S, rows)
+        block_e = _block_e(pool.row)
+        kv4 = pool.view
+        _kv_gather_kernel[(B * s_blocks, pool.layers, triton.cdiv(pool.row, block_e))](
+            kv4, out, page_table, kv_lens,
+            kv4.stride(0), kv4.stride(1), kv4.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            page_table.stride(0), S, pool.row, page_table.shape[1], pool.num_pages, s_blocks,
+            PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, num_warps=4)
+    out = out.view(pool.layers, B, S, *pool.token_shape)
+    return out if stacked else out[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Page copies (defragmentation)
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _page_copy_kernel(Src, Dst, SrcPages, DstPages,
+                      stride_sl, stride_sp, stride_dl, stride_dp, PAGE_ELEMS, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    offs = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < PAGE_ELEMS
+    sp = tl.load(SrcPages + i).to(tl.int64)
+    dp = tl.load(DstPages + i).to(tl.int64)
+    vals = tl.load(Src + layer * stride_sl + sp * stride_sp + offs, mask=ok)
+    tl.store(Dst + layer * stride_dl + dp * stride_dp + offs, vals, mask=ok)
+
+
+def _copy_pages(src4: torch.Tensor, dst4: torch.Tensor, src_pages: list[int], dst_pages: list[int]) -> None:
+    """``dst4[:, dst_pages[i]] = src4[:, src_pages[i]]`` for all i in one launch ([layers, pages, P, E]
+    pools whose pages are contiguous); the lists must not overlap in a way that makes order matter."""
+    if not src_pages:
+        return
+    dev = src4.device
+    sp = torch.tensor(src_pages, dtype=torch.int32, device=dev)
+    dp = torch.tensor(dst_pages, dtype=torch.int32, device=dev)
+    if not _use_kernel(src4):
+        dst4[:, dp.long()] = src4[:, sp.long()]
+        return
+    page_elems = src4.shape[2] * src4.shape[3]
+    block = min(1024, triton.next_power_of_2(page_elems))
+    _page_copy_kernel[(len(src_pages), src4.shape[0], triton.cdiv(page_elems, block))](
+        src4, dst4, sp, dp, src4.stride(0), src4.stride(1), dst4.stride(0), dst4.stride(1), page_elems,
+        BLOCK=block, num_warps=4)
+
+
+# --------------------------------------------------------------------------------------------------
+# PagePool
+# --------------------------------------------------------------------------------------------------
+
+class PoolExhausted(RuntimeError):
+    """No free pages left for an allocation."""
+
+
+@dataclass
+class PagePool:
+    """Host-side allocator of page ids for one paged pool (shared by every layer's pool of that size).
+
+    Requests grow with :meth:`reserve` (before a decode step, with room for the next tree), and give
+    their pages back with :meth:`release`. Allocation prefers extending a request's last run in place,
+    then the lowest free contiguous run, then the lowest free pages. Nothing here runs inside a decode
+    step: page tables are static tensors the step reads.
+    """
+
+    num_pages: int
+    page_size: int
+    pages: dict = field(default_factory=dict)  # request id -> list of page ids (logical order)
+    _free: set = field(default_factory=set, repr=False)
+
+    def __post_init__(self):
+        if self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.page_size < 1 or self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+        used = {p for ps in self.pages.values() for p in ps}
+        self._free = set(range(self.num_pages)) - used
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def usage(self) -> dict:
+        used = self.num_pages - len(self._free)
+        return {"total": self.num_pages, "used": used, "free": len(self._free), "requests": len(self.pages),
+                "fraction_used": used / self.num_pages,
+                "pages_per_request": {r: len(p) for r, p in self.pages.items()}}
+
+    def capacity(self, request) -> int:
+        """Tokens the request's pages can hold."""
+        return len(self.pages.get(request, ())) * self.page_size
+
+    def reserve(self, request, n_tokens: int) -> list[int]:
+        """Makes ``request`` own enough pages for ``n_tokens`` tokens (growing only); returns its pages."""
+        if n_tokens < 0:
+            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        have = self.pages.setdefault(request, [])
+        need = -(-n_tokens // self.page_size) - len(have)
+        if need <= 0:
+            return list(have)
+        if need > len(self._free):
+            raise PoolExhausted(
+                f"KV page pool exhausted: request {request!r} needs {need} more pages of {self.page_size} tokens "
+                f"for {n_tokens} tokens, {len(self._free)} of {self.num_pages} are free")
+        new = self._take(need, after=have[-1] if have else None)
+        have.extend(new)
+        return list(have)
+
+    def release(self, request) -> None:
+        for p in self.pages.pop(request, []):
+            self._free.add(p)
+
+    def page_table(self, requests, max_pages: int | None = None, device="cpu") -> torch.Tensor:
+        """``[len(requests), max_pages]`` int32 rows of the requests' pages (unused entries 0)."""
+        rows = [self.pages.get(r, []) for r in requests]
+        width = max([len(r) for r in rows] + [1]) if max_pages is None else max_pages
+        table = torch.zeros(len(rows), width, dtype=torch.int32)
+        for i, r in enumerate(rows):
+            if len(r) > width:
+                raise ValueError(f"request {requests[i]!r} owns {len(r)} pages > max_pages = {width}")
+            table[i, :len(r)] = torch.tensor(r, dtype=torch.int32)
+        return table.to(device)
+
+    def _take(self, n: int, after: int | None) -> list[int]:
+        free = self._free
+        if after is not None and all((after + k) in free for k in range(1, n + 1)):
+            run = list(range(after + 1, after + n + 1))
+        else:
+            run = self._lowest_run(n) or sorted(free)[:n]
+        free.difference_update(run)
+        return run
+
+    def _lowest_run(self, n: int) -> list[int] | None:
+        start, length = None, 0
+        for p in sorted(self._free):
+            if start is not None and p == start + length:
+                length += 1
+            else:
+                start, length = p, 1
+            if length == n:
+                return list(range(start, start + n))
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# defrag_
+# --------------------------------------------------------------------------------------------------
+
+def plan_defrag(pool: PagePool, requests) -> dict[int, int]:
+    """Target page of every live page: requests packed in the given order from page 0, each one
+    ascending and contiguous. Returns ``{old_page: new_page}`` for pages that move."""
+    mapping, at = {}, 0
+    for r in requests:
+        for p in pool.pages.get(r, []):
+            if p != at:
+                mapping[p] = at
+            at += 1
+    return mapping
+
+
+def defrag_(kv, page_table, kv_lens, pool: PagePool, requests=None, *, stacked=False,
+            scratch_bytes: int = 256 << 20):
+    """Moves pages so that each request's pages form one ascending contiguous run (requests packed in
+    order from page 0), in every pool given, and updates ``pool``.
+
+    Args:
+        kv: one pool or a list of pools that share the page ids (e.g. all layers' latent pools, or a
+            stacked pool with ``stacked=True``, or the draft's K and V pools).
+        page_table: ``[B, max_pages]`` int32, row b = ``requests[b]``'s pages (checked against ``pool``).
+        kv_lens: ``[B]`` int32 (pages beyond a request's length move too: they are its reserved room).
+        requests: the request ids of the table's rows, in order (default: ``pool``'s insertion order).
+        scratch_bytes: bound on the temporary buffer used to break move cycles and long chains.
+
+    Returns the new page table (same shape, device and dtype). Logical content is unchanged: the move
+    plan is a permutation executed in rounds; each round first copies a set of sources to scratch,
+    then writes them to destinations whose old content has already been saved or moved.
+    """
+    pools = [_pool(k, stacked, f"kv[{i}]") for i, k in enumerate(kv if isinstance(kv, (list, tuple)) else [kv])]
+    for i, p in enumerate(pools):
+        if p.num_pages != pool.num_pages or p.page_size != pool.page_size:
+            raise ValueError(f"kv[{i}] has {p.num_pages} pages of {p.page_size}, the PagePool "
+                             f"{pool.num_pages} of {pool.page_size}")
+        if p.view.stride(2) != p.row or p.view.stride(1) < p.page_size * p.row:
+            raise ValueError(f"kv[{i}] pages must be contiguous blocks of P x tok elements")
+    requests = list(pool.pages) if requests is None else list(requests)
+    if sorted(map(repr, requests)) != sorted(map(repr, pool.pages)):
+        raise ValueError(f"requests must list every request of the PagePool once (in the page table's row order); "
+                         f"got {requests}, the pool holds {list(pool.pages)}")
+    B = _check_table(page_table, kv_lens, len(requests), page_table.device)
+    lens = kv_lens.detach().cpu().tolist()
+    table = page_table.detach().cpu()
+    for b, r in enumerate(requests):
+        owned = pool.pages.get(r, [])
+        need = -(-int(lens[b]) // pool.page_size)
+        if need > len(owned):
+            raise ValueError(f"kv_lens[{b}] = {lens[b]} exceeds the {len(owned)} pages request {r!r} owns")
+        if table[b, :len(owned)].tolist() != owned:
+            raise ValueError(f"page_table[{b}] does not match the pages PagePool holds for request {r!r}")
+    mapping = plan_defrag(pool, requests)
+    live = {p for ps in pool.pages.values() for p in ps}
+    page_bytes = max(p.layers * p.page_size * p.row * p.view.element_size() for p in pools)
+    cap = max(1, scratch_bytes // page_bytes)
+    park_id = PARK(pool.num_pages)
+    parking = [None] * len(pools)
+    for rnd in _move_rounds(mapping, live, pool.num_pages, cap):
+        for i, p in enumerate(pools):
+            scratch = torch.empty(p.layers, len(rnd), p.page_size, p.row, dtype=p.view.dtype, device=p.view.device)
+            moves = list(enumerate(rnd))
+            _copy_pages(p.view, scratch, [s for _, (s, _) in moves if s != park_id], [k for k, (s, _) in moves if s != park_id])
+            _copy_pages(parking[i], scratch, [0] * sum(s == park_id for _, (s, _) in moves),
+                        [k for k, (s, _) in moves if s == park_id])
+            if any(d == park_id for _, d in rnd):
+                parking[i] = torch.empty(p.layers, 1, p.page_size, p.row, dtype=p.view.dtype, device=p.view.device)
+                _copy_pages(scratch, parking[i], [k for k, (_, d) in moves if d == park_id], [0])
+            _copy_pages(scratch, p.view, [k for k, (_, d) in moves if d != park_id], [d for _, (_, d) in moves if d != park_id])
+    # Book-keeping: the pool's page lists follow the moves.
+    at = 0
+    for r in requests:
+        n = len(pool.pages.get(r, []))
+        pool.pages[r] = list(range(at, at + n))
+        at += n
+    pool._free = set(range(at, pool.num_pages))
+    new_table = torch.zeros_like(table)
+    for b, r in enumerate(requests):
+        pages = pool.pages[r]
+        new_table[b, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+    return new_table.to(page_table.device)
+
+
+def PARK(num_pages: int) -> int:
+    """Page id of the one-page parking buffer outside the pool (used only to break a long move cycle in a
+    full pool); chains are always finished before another cycle is examined, so one page suffices."""
+    return num_pages
+
+
+def _move_rounds(mapping: dict[int, int], live: set[int], num_pages: int, cap: int) -> list[list[tuple[int, int]]]:
+    """Orders the page moves ``src -> dst`` (a permutation of live pages) into rounds of at most ``cap``
+    moves such that, doing each round as (copy all its sources to scratch; write all its
+    destinations), no page is written while its content is still to be read: a round's destinations
+    hold no pending content, or are sources read in the same round."""
+    pending = dict(mapping)  # src -> dst, content still at src
+    rounds = []
+    while pending:
+        src_of_dst = {d: s for s, d in pending.items()}
+        rnd = []
+        for d0 in [d for d in src_of_dst if d not in pending]:  # chains end in a page free to write
+            d = d0
+            while d in src_of_dst and len(rnd) < cap:
+                s = src_of_dst.pop(d)
+                rnd.append((s, d))
+                d = s
+            if len(rnd) >= cap:
+                break
+        if not rnd:  # only cycles remain: whole cycles fit in a round (every destination is read in it)
+            seen = set()
+            for s0 in list(pending):
+                if s0 in seen:
+                    continue
+                cycle = [s0]
+                while pending[cycle[-1]] != s0:
+                    cycle.append(pending[cycle[-1]])
+                seen.update(cycle)
+                if len(rnd) + len(cycle) <= cap:
+                    rnd += [(s, pending[s]) for s in cycle]
+            if not rnd:  # a cycle longer than the scratch: park one member, the cycle becomes a chain
+                s0 = next(iter(pending))
+                spare = next((p for p in range(num_pages) if p not in live and p not in src_of_dst), PARK(num_pages))
+                rounds.append([(s0, spare)])
+                pending[spare] = pending.pop(s0)
+                live = live | {spare}
+                continue
+        for s, d in rnd:
+            del pending[s]
+        live = live | {d for _, d in rnd}  # a page that received its final content is no spare
+        rounds.append(rnd)
+    return rounds
+
+
+# --------------------------------------------------------------------------------------------------
+# Token-granular interop (SGLang req_to_token, page size 1)
+# --------------------------------------------------------------------------------------------------
+
+def page_table_from_token_table(req_to_token: torch.Tensor, page_size: int = 1, kv_lens: torch.Tensor | None = None):
+    """Converts a token-granular table ``req_to_token: [B, max_tokens]`` (slot of each token in a
+    ``[num_slots, ...]`` pool, as SGLang's ``req_to_token`` rows) to a tritree page table over the same
+    memory viewed as ``[num_slots // P, P, ...]``. With P > 1 every page's tokens must be one aligned run
+    of slots (checked for the first ``kv_lens[b]`` tokens when given, else all)."""
+    V.check_tensor("req_to_token", req_to_token, ndim=2, dtypes=(torch.int32, torch.int64), last_contiguous=False)
+    if page_size < 1 or page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a power of two, got {page_size}")
+    B, S = req_to_token.shape
+    n_pages = -(-S // page_size)
+    padded = torch.zeros(B, n_pages * page_size, dtype=torch.int64, device=req_to_token.device)
+    padded[:, :S] = req_to_token
+    first = padded[:, ::page_size]
+    if page_size > 1:
+        lens = torch.full((B,), S) if kv_lens is None else kv_lens.cpu().to(torch.int64)
+        expect = first.repeat_interleave(page_size, dim=1) + torch.arange(page_size, device=padded.device).repeat(n_pages)
+        live = torch.arange(n_pages * page_size)[None, :] < lens[:, None]
+        bad = (live.to(padded.device) & (padded != expect)) | (live.to(padded.device)[:, ::page_size] & (first % page_size != 0)).repeat_interleave(page_size, 1)
+        if bad.any():
+            b, s = (int(v) for v in torch.nonzero(bad)[0])
+            raise ValueError(f"req_to_token[{b}] is not made of aligned runs of {page_size} slots at token {s}")
+    return (first // page_size).to(torch.int32)
+
+
+def token_table_from_page_table(page_table: torch.Tensor, page_size: int, max_tokens: int | None = None):
+    """``[B, max_pages * P]`` (or ``max_tokens``) int32 slot of each token: ``page * P + offset``."""
+    V.check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), last_contiguous=False)
+    B, n_pages = page_table.shape
+    slots = page_table.to(torch.int64)[:, :, None] * page_size + torch.arange(page_size, device=page_table.device)
+    slots = slots.reshape(B, n_pages * page_size)
+    if max_tokens is not None:
+        slots = slots[:, :max_tokens]
+    return slots.to(torch.int32)
