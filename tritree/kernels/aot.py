@@ -100,7 +100,8 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
     for arch, table in VERIFY_MLA_CONFIGS.items():
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
-        for cfg in sorted(set(table.values()), key=lambda c: (c.block_m, c.block_n)):
+        kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages): c for c in table.values()}  # split policy aside
+        for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
             for splits in split_variants:
                 reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits))
     return reports

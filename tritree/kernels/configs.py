@@ -53,9 +53,13 @@ class AttnConfig:
 VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),
-        # Spills ~0.7 KB (acc 64x512 fp32 on 8 warps) yet measured fastest or within 5% at every
-        # target shape (bench/RESULTS.md, 2026-11-29); the spill-free 32x64x8x2 was 0-20% slower.
-        1 << 30: AttnConfig(64, 64, 8, 1),
+        # 16-row blocks with two programs per SM: 61.7 us vs 66.9 us for 64x64x8x1 at T=8, H=8.
+        64: AttnConfig(16, 64, 4, 2, programs_per_sm=2),
+        # 64x64x8x1 spills ~0.7 KB (acc 64x512 fp32 on 8 warps) yet measured fastest or within 5% at
+        # every target shape; the spill-free 32x64x8x2 was 0-20% slower.
+        512: AttnConfig(64, 64, 8, 1),
+        # Twice the splits pays once there are many row blocks: 617.8 us vs 862.3 us at T=16, H=64.
+        1 << 30: AttnConfig(64, 64, 8, 1, programs_per_sm=2),
     },
     "sm_120": {
         # mma.sync path; under DISABLE_MMA_V3=1 on the H200 16x32x8x2 was fastest or near it at
