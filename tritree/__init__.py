@@ -33,6 +33,11 @@ from .kernels import (
     kv_write_reference,
     page_table_from_token_table,
     token_table_from_page_table,
+    Tree,
+    accept_tree,
+    accept_tree_reference,
+    build_tree,
+    build_tree_reference,
     tree_mask_from_parents,
     verify_mla,
     verify_mla_reference,
@@ -41,4 +46,5 @@ from .kernels import (
 __version__ = "0.1.0"
 __all__ = ["AttnConfig", "PagePool", "PoolExhausted", "defrag_", "kv_commit_", "kv_commit_reference", "kv_gather",
            "kv_gather_reference", "kv_write_", "kv_write_reference", "page_table_from_token_table",
-           "token_table_from_page_table", "tree_mask_from_parents", "verify_mla", "verify_mla_reference"]
+           "token_table_from_page_table", "tree_mask_from_parents", "verify_mla", "verify_mla_reference", "Tree",
+           "accept_tree", "accept_tree_reference", "build_tree", "build_tree_reference"]

@@ -68,10 +68,11 @@ def verify_cases(draw):
     kinds = tuple(draw(st.lists(st.sampled_from(TREE_KINDS), min_size=1, max_size=B)))
     dtype = draw(st.sampled_from([torch.float32, torch.float16]))
     num_splits = draw(st.sampled_from([None, 1, 2, 3, 7]))
+    scalar_page = draw(st.booleans())
     fragmented = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     return dict(B=B, T=T, H=H, P=P, kv_lens=kv_lens, tree_lens=tree_lens, kinds=kinds, dtype=dtype,
-                num_splits=num_splits, fragmented=fragmented, seed=seed)
+                num_splits=num_splits, fragmented=fragmented, seed=seed, scalar_page=scalar_page)
 
 
 @settings(max_examples=40)
@@ -79,7 +80,8 @@ def verify_cases(draw):
 def test_verify_mla_matches_reference(c):
     case = make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"], c["dtype"],
                      seed=c["seed"], fragmented=c["fragmented"])
-    check_against_reference(case, c["dtype"], config=SMALL, num_splits=c["num_splits"])
+    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"])
+    check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
 
 
 @pytest.mark.parametrize("kind", ["chain", "star"])
@@ -87,6 +89,7 @@ def test_verify_mla_matches_reference(c):
 def test_edge_cases(kind, kv_len, T, H):
     case = make_case(1, T, H, 16, [kv_len], None, (kind,), torch.float32, seed=kv_len * 100 + T)
     check_against_reference(case, torch.float32, config=SMALL, num_splits=2)
+    check_against_reference(case, torch.float32, config=AttnConfig(16, 16, 4, 1, scalar_page=True), num_splits=3)
 
 
 def test_default_config_and_splits():

@@ -100,7 +100,7 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
     for arch, table in VERIFY_MLA_CONFIGS.items():
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
-        kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages): c for c in table.values()}  # split policy aside
+        kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.scalar_page): c for c in table.values()}
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
             for splits in split_variants:
                 reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits))
@@ -118,7 +118,8 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) 
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": 64, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                  "UPCAST": False, "IEEE": dtype == "fp32"}
+                  "UPCAST": False, "IEEE": dtype == "fp32",
+                  "SCALAR_PAGE": cfg.scalar_page}
     divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse",
                  "stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot",
                  "stride_oh", "stride_os")

@@ -38,6 +38,8 @@ class AttnConfig:
     block_n: KV tokens per tile.
     num_warps / num_stages: as in ``triton.Config``.
     programs_per_sm: target number of resident programs per SM used to pick the split count.
+    scalar_page: when P >= block_n, read one page id per KV tile instead of one per row (an
+        experiment; not yet measured, so off in every table).
     """
 
     block_m: int
@@ -45,6 +47,7 @@ class AttnConfig:
     num_warps: int
     num_stages: int
     programs_per_sm: int = 1
+    scalar_page: bool = False
 
 
 # Rows bucket -> config. A launch with M = T*H packed rows takes the first bucket >= M (else the

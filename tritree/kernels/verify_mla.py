@@ -139,14 +139,23 @@ def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tre
 
 @triton.jit
 def _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                  PAGE_SIZE: tl.constexpr, D_LAT: tl.constexpr, D_PE: tl.constexpr, s_ok):
+                  PAGE_SIZE: tl.constexpr, D_LAT: tl.constexpr, D_PE: tl.constexpr, s_ok,
+                  SCALAR_PAGE: tl.constexpr = False):
     """Rows ``s`` of a request's paged latent cache: ([BN, 512], [BN, 64]). Page-table columns and
     page ids are clamped into range so a bad layout can never read outside the pool (it is
-    reported by the launcher's checks instead)."""
-    col = tl.minimum(s // PAGE_SIZE, max_pages - 1)
-    page = tl.load(PageTable + page_base + col)
-    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-    tok = page * stride_kvp + (s % PAGE_SIZE) * stride_kvs
+    reported by the launcher's checks instead). ``SCALAR_PAGE``: the tile lies in one page (tiles
+    start at multiples of BLOCK_N <= P), so one page id is read instead of one per row."""
+    if SCALAR_PAGE:
+        first = tl.min(s, 0)
+        col = tl.minimum(first // PAGE_SIZE, max_pages - 1)
+        page = tl.load(PageTable + page_base + col)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        tok = page * stride_kvp + (s % PAGE_SIZE).to(tl.int64) * stride_kvs
+    else:
+        col = tl.minimum(s // PAGE_SIZE, max_pages - 1)
+        page = tl.load(PageTable + page_base + col)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        tok = page * stride_kvp + (s % PAGE_SIZE) * stride_kvs
     k_lat = tl.load(KV + tok[:, None] + tl.arange(0, D_LAT)[None, :], mask=s_ok[:, None], other=0.0)
     k_pe = tl.load(KV + tok[:, None] + D_LAT + tl.arange(0, D_PE)[None, :], mask=s_ok[:, None], other=0.0)
     return k_lat, k_pe
@@ -198,6 +207,7 @@ def _verify_mla_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    SCALAR_PAGE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -233,7 +243,7 @@ def _verify_mla_kernel(
     for n in range(start, full_end, BLOCK_N):
         s = n + offs_n
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                    PAGE_SIZE, 512, 64, s < full_end)
+                                    PAGE_SIZE, 512, 64, s < full_end, SCALAR_PAGE)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
                                     False, UPCAST, IEEE)
 
@@ -248,7 +258,7 @@ def _verify_mla_kernel(
         bit = (words >> (j % 32)[None, :]) & 1
         visible = (((s < kv_len) & s_ok)[None, :] | (bit != 0)) & row_ok[:, None]
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                    PAGE_SIZE, 512, 64, s_ok)
+                                    PAGE_SIZE, 512, 64, s_ok, SCALAR_PAGE)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, visible, m_i, l_i, acc, sm_scale_log2e,
                                     True, UPCAST, IEEE)
 
@@ -305,6 +315,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         T, H, num_splits,
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         UPCAST=upcast, IEEE=q.dtype == torch.float32,
+        SCALAR_PAGE=cfg.scalar_page and kv.shape[1] >= cfg.block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
@@ -314,12 +325,12 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
 @torch.library.triton_op("tritree::verify_mla", mutates_args=())
 def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                    tree_mask: torch.Tensor, tree_lens: torch.Tensor, sm_scale: float, block_m: int, block_n: int,
-                   num_warps: int, num_stages: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   num_warps: int, num_stages: int, scalar_page: bool, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, H, _ = q.shape
     out = torch.empty(B, T, H, D_LATENT, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig(block_m, block_n, num_warps, num_stages), num_splits, launch=torch.library.wrap_triton)
+                   AttnConfig(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page), num_splits, launch=torch.library.wrap_triton)
     return out, lse
 
 
@@ -327,9 +338,9 @@ def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, 
 def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                        tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                       num_splits: int) -> None:
+                       scalar_page: bool, num_splits: int) -> None:
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig(block_m, block_n, num_warps, num_stages), num_splits, launch=torch.library.wrap_triton)
+                   AttnConfig(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page), num_splits, launch=torch.library.wrap_triton)
 
 
 def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale):
@@ -428,7 +439,8 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
                                        sms=num_sms(q.device), programs_per_sm=cfg.programs_per_sm)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, int(num_splits))
+    launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(cfg.scalar_page),
+                   int(num_splits))
     if out is None:
         out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args)
     else:

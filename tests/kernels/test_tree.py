@@ -1,0 +1,249 @@
+"""DDTree build and tree acceptance against their references, the lattice definition, and exactness of
+sampling (chi-square)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tritree.kernels.tree import (
+    accept_tree,
+    accept_tree_reference,
+    build_tree,
+    build_tree_reference,
+    topk_per_depth,
+)
+
+from ..conftest import DEVICE
+
+
+@st.composite
+def draft_cases(draw):
+    B = draw(st.integers(1, 3))
+    D = draw(st.integers(1, 6))
+    V = draw(st.integers(1, 40))
+    budget = draw(st.integers(1, 48))
+    ties = draw(st.booleans())
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    if ties:  # a few distinct values: many equal log-probabilities and equal path scores
+        logits = torch.randint(0, 3, (B, D, V), generator=g).float()
+    else:
+        logits = torch.randn(B, D, V, generator=g) * 3
+    return logits, budget, torch.randint(0, max(V, 1), (B,), generator=g, dtype=torch.int32)
+
+
+@settings(max_examples=60)
+@given(draft_cases())
+def test_build_tree_matches_heap_reference(case):
+    logits, budget, root = case
+    tree = build_tree(logits.to(DEVICE), budget, root.to(DEVICE))
+    ref = build_tree_reference(logits, budget, root)
+    for name, got, want in zip(tree._fields, tree, ref):
+        assert torch.equal(got.cpu(), want), name
+    B, D, V = logits.shape
+    reachable = sum(min(budget, V) ** d for d in range(1, D + 1))
+    assert tree.tree_lens.cpu().tolist() == [1 + min(budget, reachable)] * B
+
+
+@settings(max_examples=30)
+@given(draft_cases())
+def test_reference_selects_the_best_paths_of_the_lattice(case):
+    """The node set is prefix-closed and no unselected path scores higher than a selected one."""
+    logits, budget, root = case
+    B, D, V = logits.shape
+    K = min(budget, V)
+    if K ** min(D, 3) > 5000:
+        return
+    ref = build_tree_reference(logits, budget, root)
+    lp, _ = topk_per_depth(logits, K)
+    for b in range(B):
+        n = int(ref.tree_lens[b])
+        # rank path of every node
+        ranks = {0: ()}
+        for i in range(1, n):
+            d = int(ref.depth[b, i])
+            par = int(ref.parents[b, i])
+            assert par < i and int(ref.depth[b, par]) == d - 1  # parents first, one level up
+            # rank = position of the token among the top-K at depth d
+            tok_rank = [r for r in range(K) if int(topk_per_depth(logits[b:b + 1], K)[1][0, d - 1, r]) == int(ref.tokens[b, i])][0]
+            ranks[i] = ranks[par] + (tok_rank,)
+            exact = sum(float(lp[b, k, r]) for k, r in enumerate(ranks[i]))
+            assert abs(exact - float(ref.scores[b, i])) <= 1e-4 * max(1.0, abs(exact))
+        chosen = set(ranks.values()) - {()}
+        assert len(chosen) == n - 1
+        worst = min((float(ref.scores[b, i]) for i in range(1, n)), default=math.inf)
+        for depth in range(1, min(D, 3) + 1):
+            for path in itertools.product(range(K), repeat=depth):
+                if path not in chosen:
+                    score = sum(float(lp[b, k, r]) for k, r in enumerate(path))
+                    assert score <= worst + 1e-4 * max(1.0, abs(worst)), (path, score, worst)
+
+
+def test_dominant_rank0_path_gives_the_dflash_chain():
+    D, V = 7, 50
+    logits = torch.full((1, D, V), -5.0)
+    logits[:, :, 3] = 10.0
+    tree = build_tree(logits.to(DEVICE), D, torch.tensor([9], dtype=torch.int32, device=DEVICE))
+    assert tree.parents.cpu().tolist() == [[-1] + list(range(D))]
+    assert tree.tokens.cpu().tolist() == [[9] + [3] * D]
+    assert tree.depth.cpu().tolist() == [list(range(D + 1))]
+
+
+# ---------------------------------------------------------------------------------------------
+# accept_tree
+# ---------------------------------------------------------------------------------------------
+
+@settings(max_examples=40)
+@given(draft_cases(), st.integers(0, 2**31 - 1))
+def test_greedy_accept_matches_reference_walk(case, seed):
+    logits, budget, root = case
+    tree = build_tree(logits.to(DEVICE), budget, root.to(DEVICE))
+    B, T = tree.tokens.shape
+    V = logits.shape[-1]
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(B, T, V, generator=g)
+    # make the target agree with the draft along some path now and then
+    target[:, :, :] += 4.0 * torch.nn.functional.one_hot(torch.randint(0, V, (B, T), generator=g), V)
+    idx, n, bonus, picks = accept_tree(tree.tokens, tree.parents, tree.tree_lens, target.to(DEVICE))
+    ridx, rn, rbonus = accept_tree_reference(tree.tokens.cpu(), tree.parents.cpu(), tree.tree_lens.cpu(), picks.cpu())
+    assert torch.equal(picks.cpu(), torch.argmax(target, dim=-1).to(torch.int32))
+    assert torch.equal(idx.cpu(), ridx) and torch.equal(n.cpu(), rn) and torch.equal(bonus.cpu(), rbonus)
+    # The emitted tokens are the target's greedy continuation along the tree.
+    toks, par = tree.tokens.cpu(), tree.parents.cpu()
+    for b in range(B):
+        path = idx[b, :int(n[b])].cpu().tolist()
+        assert path[0] == 0
+        for prev, node in zip(path, path[1:]):
+            assert int(par[b, node]) == prev and int(toks[b, node]) == int(picks[b, prev])
+        last = path[-1]
+        children = [c for c in range(int(tree.tree_lens[b])) if int(par[b, c]) == last]
+        assert all(int(toks[b, c]) != int(picks[b, last]) for c in children)
+        assert int(bonus[b]) == int(picks[b, last])
+
+
+def test_greedy_ties_pick_the_lowest_id():
+    tokens = torch.tensor([[0, 5, 7]], dtype=torch.int32, device=DEVICE)
+    parents = torch.tensor([[-1, 0, 0]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([3], dtype=torch.int32, device=DEVICE)
+    logits = torch.zeros(1, 3, 10, device=DEVICE)
+    logits[0, 0, [5, 7]] = 1.0
+    idx, n, bonus, picks = accept_tree(tokens, parents, lens, logits)
+    assert int(picks[0, 0]) == 5 and idx[0, :2].tolist() == [0, 1] and int(n[0]) == 2
+
+
+def _chi2_critical(df, z=3.719):  # upper 1e-4 quantile, Wilson-Hilferty
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _chi2(counts, probs, n):
+    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs))
+
+
+def test_sampling_is_exact_for_any_tree():
+    """First and first-two emitted tokens follow the target, whatever the draft tree proposes."""
+    V, N, temp = 4, 3000, 0.8
+    g = torch.Generator().manual_seed(0)
+    first_logits = torch.randn(V, generator=g)
+    second_logits = torch.randn(V, V, generator=g)  # row x1: the target's logits after x1
+    # A draft tree: root, children tokens 0 and 2, and a grandchild under token 0 (token 1).
+    tokens = torch.tensor([0, 0, 2, 1], dtype=torch.int32)
+    parents = torch.tensor([-1, 0, 0, 1], dtype=torch.int32)
+    node_logits = torch.stack([first_logits, second_logits[0], second_logits[2], second_logits[1]])
+    B = N
+    out = accept_tree(tokens.repeat(B, 1).to(DEVICE), parents.repeat(B, 1).to(DEVICE),
+                      torch.full((B,), 4, dtype=torch.int32, device=DEVICE),
+                      node_logits.repeat(B, 1, 1).to(DEVICE), temperature=temp, seed=1234, step=0)
+    idx, n, bonus, picks = (x.cpu() for x in out)
+    emitted = []
+    for b in range(B):
+        path = idx[b, :int(n[b])].tolist()
+        emitted.append([int(tokens[c]) for c in path[1:]] + [int(bonus[b])])
+    # Where only one token was emitted, the next step's root pick supplies the second.
+    need = [b for b in range(B) if len(emitted[b]) < 2]
+    if need:
+        x1 = torch.tensor([emitted[b][0] for b in need])
+        nxt = accept_tree(torch.zeros(len(need), 1, dtype=torch.int32, device=DEVICE),
+                          torch.full((len(need), 1), -1, dtype=torch.int32, device=DEVICE),
+                          torch.ones(len(need), dtype=torch.int32, device=DEVICE),
+                          second_logits[x1].unsqueeze(1).to(DEVICE), temperature=temp, seed=1234, step=1)
+        for k, b in enumerate(need):
+            emitted[b].append(int(nxt[2][k]))
+    p1 = torch.softmax(first_logits / temp, -1)
+    p2 = torch.softmax(second_logits / temp, -1)
+    c1 = [sum(1 for e in emitted if e[0] == v) for v in range(V)]
+    assert _chi2(c1, p1.tolist(), N) < _chi2_critical(V - 1)
+    joint = [p1[a] * p2[a, c] for a in range(V) for c in range(V)]
+    cj = [sum(1 for e in emitted if (e[0], e[1]) == (a, c)) for a in range(V) for c in range(V)]
+    assert _chi2(cj, [float(p) for p in joint], N) < _chi2_critical(V * V - 1)
+
+
+def test_sampling_with_top_k_top_p_follows_the_filtered_distribution():
+    V, N = 6, 3000
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0])
+    lens = torch.ones(N, dtype=torch.int32, device=DEVICE)
+    tok = torch.zeros(N, 1, dtype=torch.int32, device=DEVICE)
+    par = torch.full((N, 1), -1, dtype=torch.int32, device=DEVICE)
+    batch = logits.view(1, 1, V).repeat(N, 1, 1).to(DEVICE)
+    for top_k, top_p, keep in [(3, None, 3), (None, 0.6, None)]:
+        out = accept_tree(tok, par, lens, batch, temperature=1.0, top_k=top_k, top_p=top_p, seed=7)
+        picks = out[3][:, 0].cpu()
+        probs = torch.softmax(logits, -1)
+        if keep is None:  # nucleus: smallest prefix with mass >= top_p
+            cum = torch.cumsum(probs, 0)
+            keep = int((cum - probs < top_p).sum())
+        target = torch.zeros(V)
+        target[:keep] = probs[:keep] / probs[:keep].sum()
+        assert (picks >= keep).sum() == 0
+        counts = [int((picks == v).sum()) for v in range(keep)]
+        assert _chi2(counts, target[:keep].tolist(), N) < _chi2_critical(keep - 1)
+
+
+def test_sampling_is_reproducible_and_keyed_by_step():
+    logits = torch.randn(2, 3, 50).to(DEVICE)
+    tok = torch.zeros(2, 3, dtype=torch.int32, device=DEVICE)
+    par = torch.tensor([[-1, 0, 0]] * 2, dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([3, 3], dtype=torch.int32, device=DEVICE)
+    a = accept_tree(tok, par, lens, logits, temperature=1.0, seed=5, step=3)[3]
+    b = accept_tree(tok, par, lens, logits, temperature=1.0, seed=5, step=3)[3]
+    c = [accept_tree(tok, par, lens, logits, temperature=1.0, seed=5, step=s)[3] for s in range(4, 8)]
+    assert torch.equal(a, b)
+    assert any(not torch.equal(a, x) for x in c)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+def test_bad_inputs(monkeypatch):
+    monkeypatch.setenv("TRITREE_DEBUG", "1")
+    logits = torch.randn(1, 3, 10, device=DEVICE)
+    root = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="budget"):
+        build_tree(logits, 0, root)
+    with pytest.raises(ValueError, match="draft_logits must have 3"):
+        build_tree(logits[0], 4, root)
+    with pytest.raises(ValueError, match="root_tokens must have shape"):
+        build_tree(logits, 4, torch.zeros(2, dtype=torch.int32, device=DEVICE))
+    bad = logits.clone()
+    bad[0, 1, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        build_tree(bad, 4, root)
+    tree = build_tree(logits, 4, root)
+    target = torch.randn(1, 5, 10, device=DEVICE)
+    with pytest.raises(ValueError, match="parents-first"):
+        accept_tree(tree.tokens, torch.tensor([[-1, 0, 3, 1, 2]], dtype=torch.int32, device=DEVICE), tree.tree_lens, target)
+    with pytest.raises(ValueError, match="target_logits must have shape"):
+        accept_tree(tree.tokens, tree.parents, tree.tree_lens, target[:, :4])
+    with pytest.raises(ValueError, match="temperature"):
+        accept_tree(tree.tokens, tree.parents, tree.tree_lens, target, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        accept_tree(tree.tokens, tree.parents, tree.tree_lens, target, temperature=1.0, top_p=0.0)
+    target[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        accept_tree(tree.tokens, tree.parents, tree.tree_lens, target)
+    with pytest.raises(TypeError, match="tokens must have dtype"):
+        accept_tree(tree.tokens.long(), tree.parents, tree.tree_lens, target)
