@@ -119,7 +119,7 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) 
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": 64, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "UPCAST": False, "IEEE": dtype == "fp32",
-                  "SCALAR_PAGE": cfg.scalar_page}
+                  "SCALAR_PAGE": cfg.scalar_page, "D_LAT": 512, "D_PE": 64}
     divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse",
                  "stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot",
                  "stride_oh", "stride_os")

@@ -102,7 +102,8 @@ def _tree_visible(tree_mask: torch.Tensor, T: int) -> torch.Tensor:
     return ((words >> (j % 32)) & 1).bool()
 
 
-def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False):
+def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False,
+                         d_rope: int = D_ROPE):
     """Plain PyTorch verify attention with the semantics of :func:`verify_mla`.
 
     Computes in ``promote(q.dtype, float32)`` (float64 inputs give a float64 result) and returns
@@ -111,7 +112,8 @@ def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tre
     B, T, H, _ = q.shape
     P = kv.shape[1]
     cdt = torch.promote_types(q.dtype, torch.float32)
-    out = torch.zeros(B, T, H, D_LATENT, dtype=cdt, device=q.device)
+    d_lat = q.shape[-1] - d_rope
+    out = torch.zeros(B, T, H, d_lat, dtype=cdt, device=q.device)
     lse = torch.full((B, T, H), float("-inf"), dtype=cdt, device=q.device)
     kv_lens_l = kv_lens.tolist()
     tree_lens_l = [T] * B if tree_lens is None else tree_lens.tolist()
@@ -128,7 +130,7 @@ def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tre
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
         row_lse = torch.logsumexp(scores, dim=-1)
         probs = torch.exp(scores - row_lse[..., None])
-        out[b, :n] = torch.einsum("ths,sd->thd", probs, keys[:, :D_LATENT])
+        out[b, :n] = torch.einsum("ths,sd->thd", probs, keys[:, :d_lat])
         lse[b, :n] = row_lse
     return (out, lse) if return_lse else out
 
@@ -208,6 +210,8 @@ def _verify_mla_kernel(
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     SCALAR_PAGE: tl.constexpr,
+    D_LAT: tl.constexpr = 512,
+    D_PE: tl.constexpr = 64,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -221,8 +225,8 @@ def _verify_mla_kernel(
     h = rows % H
     row_ok = (rows < T * H) & (t < tree_len)
     q_ptr = Q + b.to(tl.int64) * stride_qb + (t * stride_qt + h * stride_qh)[:, None]
-    q_lat = tl.load(q_ptr + tl.arange(0, 512)[None, :], mask=row_ok[:, None], other=0.0)
-    q_pe = tl.load(q_ptr + 512 + tl.arange(0, 64)[None, :], mask=row_ok[:, None], other=0.0)
+    q_lat = tl.load(q_ptr + tl.arange(0, D_LAT)[None, :], mask=row_ok[:, None], other=0.0)
+    q_pe = tl.load(q_ptr + D_LAT + tl.arange(0, D_PE)[None, :], mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q_lat = q_lat.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
@@ -234,7 +238,7 @@ def _verify_mla_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, 512], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_LAT], dtype=tl.float32)
     page_base = b.to(tl.int64) * stride_ptb
     offs_n = tl.arange(0, BLOCK_N)
     all_rows = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
@@ -243,7 +247,7 @@ def _verify_mla_kernel(
     for n in range(start, full_end, BLOCK_N):
         s = n + offs_n
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                    PAGE_SIZE, 512, 64, s < full_end, SCALAR_PAGE)
+                                    PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
                                     False, UPCAST, IEEE)
 
@@ -258,7 +262,7 @@ def _verify_mla_kernel(
         bit = (words >> (j % 32)[None, :]) & 1
         visible = (((s < kv_len) & s_ok)[None, :] | (bit != 0)) & row_ok[:, None]
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                    PAGE_SIZE, 512, 64, s_ok, SCALAR_PAGE)
+                                    PAGE_SIZE, D_LAT, D_PE, s_ok, SCALAR_PAGE)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, visible, m_i, l_i, acc, sm_scale_log2e,
                                     True, UPCAST, IEEE)
 
@@ -267,13 +271,13 @@ def _verify_mla_kernel(
     lse2 = tl.where(row_ok, lse2, float("-inf"))
     row_in = rows < T * H
     if SINGLE_SPLIT:
-        o_ptr = Out + b.to(tl.int64) * stride_ob + (t * stride_ot + h * stride_oh)[:, None] + tl.arange(0, 512)[None, :]
+        o_ptr = Out + b.to(tl.int64) * stride_ob + (t * stride_ot + h * stride_oh)[:, None] + tl.arange(0, D_LAT)[None, :]
         tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_in[:, None])
         tl.store(Lse + b.to(tl.int64) * stride_lb + t * stride_lt + h * stride_lh, lse2 * 0.6931471805599453,
                  mask=row_in)
     else:
         o_ptr = (Out + b.to(tl.int64) * stride_ob + pid_s.to(tl.int64) * stride_os
-                 + rows.to(tl.int64)[:, None] * stride_oh + tl.arange(0, 512)[None, :])
+                 + rows.to(tl.int64)[:, None] * stride_oh + tl.arange(0, D_LAT)[None, :])
         tl.store(o_ptr, o, mask=row_in[:, None])
         tl.store(Lse + b.to(tl.int64) * stride_lb + pid_s * stride_ls + rows * stride_lh, lse2, mask=row_in)
 
@@ -290,6 +294,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
                    num_splits, launch=None):
     B, T, H, _ = q.shape
     M = T * H
+    d_lat = out.shape[-1]
     row_blocks = triton.cdiv(M, cfg.block_m)
     upcast = _interpreting() and q.dtype == torch.bfloat16
     kernel = _verify_mla_kernel if launch is None else launch(_verify_mla_kernel)
@@ -298,7 +303,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         o_strides = (out.stride(0), out.stride(1), out.stride(2), 0)
         l_strides = (lse.stride(0), lse.stride(1), lse.stride(2), 0)
     else:
-        dst_o = torch.empty(B, num_splits, M, D_LATENT, dtype=torch.float32, device=q.device)
+        dst_o = torch.empty(B, num_splits, M, d_lat, dtype=torch.float32, device=q.device)
         dst_l = torch.empty(B, num_splits, M, dtype=torch.float32, device=q.device)
         o_strides = (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1))
         l_strides = (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1))
@@ -315,7 +320,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         T, H, num_splits,
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         UPCAST=upcast, IEEE=q.dtype == torch.float32,
-        SCALAR_PAGE=cfg.scalar_page and kv.shape[1] >= cfg.block_n,
+        SCALAR_PAGE=cfg.scalar_page and kv.shape[1] >= cfg.block_n, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
@@ -325,9 +330,10 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
 @torch.library.triton_op("tritree::verify_mla", mutates_args=())
 def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                    tree_mask: torch.Tensor, tree_lens: torch.Tensor, sm_scale: float, block_m: int, block_n: int,
-                   num_warps: int, num_stages: int, scalar_page: bool, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    B, T, H, _ = q.shape
-    out = torch.empty(B, T, H, D_LATENT, dtype=q.dtype, device=q.device)
+                   num_warps: int, num_stages: int, scalar_page: bool, num_splits: int,
+                   d_rope: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    B, T, H, D = q.shape
+    out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
                    AttnConfig(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page), num_splits, launch=torch.library.wrap_triton)
@@ -343,20 +349,22 @@ def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tens
                    AttnConfig(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page), num_splits, launch=torch.library.wrap_triton)
 
 
-def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale):
+def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope=D_ROPE):
     V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
     dev = q.device
     B, T, H, D = q.shape
-    if D != D_QK:
-        raise ValueError(f"q must have shape [B, T, H, {D_QK}] (512 latent ++ 64 rope), got {tuple(q.shape)}")
+    d_lat = D - d_rope
+    if d_lat < 16 or d_rope < 16 or d_lat & (d_lat - 1) or d_rope & (d_rope - 1):
+        raise ValueError(f"q must have shape [B, T, H, latent + d_rope] with both powers of two >= 16 "
+                         f"(Kimi: 512 + 64 = {D_QK}); got {tuple(q.shape)} with d_rope = {d_rope}")
     if T < 1 or H < 1:
         raise ValueError(f"q must have T >= 1 tree tokens and H >= 1 heads, got shape {tuple(q.shape)}")
     V.check_tensor("kv", kv, ndim=3, dtypes=V.ATTN_DTYPES, device=dev)
     if kv.dtype != q.dtype:
         raise TypeError(f"kv must have the dtype of q ({q.dtype}), got {kv.dtype}")
     num_pages, P, Dk = kv.shape
-    if Dk != D_QK:
-        raise ValueError(f"kv must have shape [num_pages, P, {D_QK}], got {tuple(kv.shape)}")
+    if Dk != D:
+        raise ValueError(f"kv must have shape [num_pages, P, {D}] (the last dim of q), got {tuple(kv.shape)}")
     if P < 1 or P > 128 or P & (P - 1):
         raise ValueError(f"kv page size P = kv.shape[1] must be a power of two in [1, 128], got {P}")
     V.check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), device=dev)
@@ -385,7 +393,8 @@ def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale):
 
 
 def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False,
-               out=None, lse=None, config: AttnConfig | None = None, num_splits: int | None = None):
+               out=None, lse=None, config: AttnConfig | None = None, num_splits: int | None = None,
+               d_rope: int = D_ROPE):
     """Tree-masked MLA verify attention over a paged latent KV cache (absorbed form, one KV head).
 
     Args:
@@ -401,6 +410,8 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         out, lse: optional preallocated outputs (``[B, T, H, 512]`` q's dtype, ``[B, T, H]`` float32),
             written in place (static buffers for CUDA graphs); both or neither.
         config, num_splits: override the per-architecture launch config and the split count.
+        d_rope: rope channels at the end of q and kv (Kimi: 64, latent 512); small models use other
+            powers of two >= 16.
 
     Returns:
         ``out: [B, T, H, 512]`` in q's dtype (and ``lse``). Row (b, i, h) attends to all ``kv_lens[b]``
@@ -412,18 +423,19 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     the values on the host). Without them, out-of-range page ids are clamped into the pool in the kernel
     (no fault, wrong rows). CUDA-graph capturable; traced by torch.compile as ``tritree::verify_mla``.
     """
-    _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale)
-    B, T, H, _ = q.shape
+    _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope)
+    B, T, H, D = q.shape
+    d_lat = D - d_rope
     if (out is None) != (lse is None):
         raise ValueError("out and lse must be given together (or neither)")
     if out is not None:
         V.check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=q.device)
-        V.check_shape("out", out, (B, T, H, D_LATENT), "[B, T, H, 512]")
+        V.check_shape("out", out, (B, T, H, d_lat), "[B, T, H, latent]")
         V.check_tensor("lse", lse, ndim=3, dtypes=(torch.float32,), device=q.device, last_contiguous=False)
         V.check_shape("lse", lse, (B, T, H), "[B, T, H]")
     if q.device.type == "cpu" and not _interpreting():
         ref_out, ref_lse = verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=sm_scale,
-                                                tree_lens=tree_lens, return_lse=True)
+                                                tree_lens=tree_lens, return_lse=True, d_rope=d_rope)
         if out is None:
             out, lse = ref_out.to(q.dtype), ref_lse.to(torch.float32)
         else:
@@ -442,7 +454,7 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(cfg.scalar_page),
                    int(num_splits))
     if out is None:
-        out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args)
+        out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args, d_rope=d_rope)
     else:
         _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args)
     return (out, lse) if return_lse else out

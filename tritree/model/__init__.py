@@ -1,2 +1,8 @@
 """Pure functional model definitions (Kimi K2.6 target, DFlash draft): parameters are dicts of
 tensors; functions take params, config and state and return outputs and new state."""
+
+from .config import KimiK2Config, kimi_k26, kimi_tiny
+from .kimi_k2 import init_params, prefill, verify
+from .loading import load_params
+
+__all__ = ["KimiK2Config", "kimi_k26", "kimi_tiny", "init_params", "load_params", "prefill", "verify"]

@@ -1,0 +1,293 @@
+"""Kimi K2.x (DeepSeek-V3 architecture) as pure functions over a parameter dict.
+
+Parameters are keyed by the Hugging Face tensor names without the checkpoint prefix
+(``model.layers.0.self_attn.q_b_proj.weight`` ...), except routed experts, which are stacked per layer
+(``model.layers.L.mlp.experts.{gate,up,down}_proj.weight``: ``[E, I, H]``, ``[E, I, H]``, ``[E, H, I]``).
+The rope output rows of ``q_b_proj`` (per head) and ``kv_a_proj_with_mqa`` are permuted at load time from
+the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere (SPEC.md section 2).
+
+The KV cache is one stacked latent pool ``kv: [layers, num_pages, P, kv_lora_rank + rope]`` with a page
+table and lengths (the conventions of :mod:`tritree`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import kv_write_, verify_mla
+from .config import KimiK2Config
+
+
+# --------------------------------------------------------------------------------------------------
+# Small pieces
+# --------------------------------------------------------------------------------------------------
+
+def rms_norm(x, weight, eps):
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(cfg: KimiK2Config) -> torch.Tensor:
+    """YaRN inverse frequencies (SPEC.md section 2), float32 [rope/2]."""
+    d = cfg.qk_rope_head_dim
+    base = cfg.rope_theta
+    freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    rs = cfg.rope_scaling or {}
+    if rs.get("type") not in ("yarn", "deepseek_yarn"):
+        return freq
+    factor = float(rs["factor"])
+    L0 = float(rs["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(rs.get("beta_fast", 32)), float(rs.get("beta_slow", 1))
+
+    def corr(r):
+        return d * math.log(L0 / (2 * math.pi * r)) / (2 * math.log(base))
+
+    low = max(math.floor(corr(beta_fast)), 0)
+    high = min(math.ceil(corr(beta_slow)), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return freq / factor * ramp + freq * (1 - ramp)
+
+
+def rope_cos_sin(cfg: KimiK2Config, positions: torch.Tensor, dtype):
+    """cos, sin ``[..., rope]`` (halves layout, no amplitude factor) at integer ``positions``."""
+    inv = rope_inv_freq(cfg).to(positions.device)
+    ang = positions[..., None].float() * inv
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """Half-rotary RoPE; ``x [..., rope]``, cos/sin broadcastable."""
+    h = x.shape[-1] // 2
+    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return x * cos + rot * sin
+
+
+def rope_permutation(d: int) -> torch.Tensor:
+    """Checkpoint interleaved pairs (2i, 2i+1) -> halves: P = [0, 2, ..., d-2, 1, 3, ..., d-1]."""
+    return torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+
+
+def _lin(x, w):
+    return F.linear(x, w.to(x.dtype))
+
+
+def swiglu(x, gate, up, down):
+    return _lin(F.silu(_lin(x, gate)) * _lin(x, up), down)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------------------------------
+
+def layer_prefix(i: int) -> str:
+    return f"model.layers.{i}."
+
+
+def param_shapes(cfg: KimiK2Config) -> dict[str, tuple]:
+    """Every parameter's shape (local heads), with stacked experts."""
+    H, Hd = cfg.heads, cfg.hidden_size
+    s = {"model.embed_tokens.weight": (cfg.vocab_size, Hd), "model.norm.weight": (Hd,),
+         "lm_head.weight": (cfg.vocab_size, Hd)}
+    for i in range(cfg.num_hidden_layers):
+        p = layer_prefix(i)
+        s.update({
+            p + "input_layernorm.weight": (Hd,), p + "post_attention_layernorm.weight": (Hd,),
+            p + "self_attn.q_a_proj.weight": (cfg.q_lora_rank, Hd),
+            p + "self_attn.q_a_layernorm.weight": (cfg.q_lora_rank,),
+            p + "self_attn.q_b_proj.weight": (H * cfg.qk_head_dim, cfg.q_lora_rank),
+            p + "self_attn.kv_a_proj_with_mqa.weight": (cfg.latent_dim, Hd),
+            p + "self_attn.kv_a_layernorm.weight": (cfg.kv_lora_rank,),
+            p + "self_attn.kv_b_proj.weight": (H * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+            p + "self_attn.o_proj.weight": (Hd, H * cfg.v_head_dim),
+        })
+        if cfg.is_moe(i):
+            E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
+            Is = I * cfg.n_shared_experts
+            s.update({
+                p + "mlp.gate.weight": (E, Hd), p + "mlp.gate.e_score_correction_bias": (E,),
+                p + "mlp.experts.gate_proj.weight": (E, I, Hd), p + "mlp.experts.up_proj.weight": (E, I, Hd),
+                p + "mlp.experts.down_proj.weight": (E, Hd, I),
+                p + "mlp.shared_experts.gate_proj.weight": (Is, Hd), p + "mlp.shared_experts.up_proj.weight": (Is, Hd),
+                p + "mlp.shared_experts.down_proj.weight": (Hd, Is),
+            })
+        else:
+            s.update({p + "mlp.gate_proj.weight": (cfg.intermediate_size, Hd),
+                      p + "mlp.up_proj.weight": (cfg.intermediate_size, Hd),
+                      p + "mlp.down_proj.weight": (Hd, cfg.intermediate_size)})
+    return s
+
+
+def init_params(cfg: KimiK2Config, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
+    """Random parameters (already in tritree's halves RoPE layout)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith("e_score_correction_bias"):
+            t = 0.05 * torch.randn(shape, generator=g)
+        else:
+            t = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+        out[name] = t.to(device=device, dtype=torch.float32 if "mlp.gate." in name else dtype)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------------------------------
+
+def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor) -> torch.Tensor:
+    """Sigmoid-routed MoE with a shared expert; tokens grouped by expert (one matmul per touched expert)."""
+    p = layer_prefix(i) + "mlp."
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])
+    scores = torch.sigmoid(x.float() @ params[p + "gate.weight"].float().t())
+    choice = scores + params[p + "gate.e_score_correction_bias"].float()
+    if cfg.n_group > 1:
+        E = cfg.n_routed_experts
+        grp = choice.view(-1, cfg.n_group, E // cfg.n_group).topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(grp).scatter_(1, grp.topk(cfg.topk_group, dim=-1).indices, 1.0)
+        choice = choice.masked_fill(keep.repeat_interleave(E // cfg.n_group, 1) == 0, float("-inf"))
+    idx = torch.topk(choice, cfg.num_experts_per_tok, dim=-1).indices
+    w = scores.gather(1, idx)
+    if cfg.norm_topk_prob:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    w = (w * cfg.routed_scaling_factor).to(x.dtype)
+    flat_e = idx.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    tok = order // cfg.num_experts_per_tok
+    counts = torch.bincount(flat_e, minlength=cfg.n_routed_experts).tolist()
+    gate_w, up_w, down_w = (params[p + f"experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
+    out = torch.zeros_like(x)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = tok[start:start + n]
+        y = swiglu(x[rows], gate_w[e], up_w[e], down_w[e]) * w.reshape(-1)[order[start:start + n], None]
+        out.index_add_(0, rows, y)
+        start += n
+    out = out + swiglu(x, params[p + "shared_experts.gate_proj.weight"], params[p + "shared_experts.up_proj.weight"],
+                       params[p + "shared_experts.down_proj.weight"])
+    return out.view(shape)
+
+
+def mlp(params, cfg, i, h):
+    if cfg.is_moe(i):
+        return moe(params, cfg, i, h)
+    p = layer_prefix(i) + "mlp."
+    return swiglu(h, params[p + "gate_proj.weight"], params[p + "up_proj.weight"], params[p + "down_proj.weight"])
+
+
+def _mla_inputs(params, cfg, i, h, positions):
+    """Query halves and the cached latent of tokens ``h [B, S, hidden]`` at ``positions [B, S]``."""
+    p = layer_prefix(i) + "self_attn."
+    B, S, _ = h.shape
+    H = cfg.heads
+    cq = rms_norm(_lin(h, params[p + "q_a_proj.weight"]), params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps)
+    q = _lin(cq, params[p + "q_b_proj.weight"]).view(B, S, H, cfg.qk_head_dim)
+    q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+    a = _lin(h, params[p + "kv_a_proj_with_mqa.weight"])
+    c_kv, k_pe = a.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+    c_kv = rms_norm(c_kv, params[p + "kv_a_layernorm.weight"], cfg.qk_latent_eps)
+    cos, sin = rope_cos_sin(cfg, positions, h.dtype)
+    q_pe = apply_rope(q_pe, cos[:, :, None], sin[:, :, None])
+    k_pe = apply_rope(k_pe, cos, sin)
+    return q_nope, q_pe, torch.cat([c_kv, k_pe], dim=-1)
+
+
+def _kv_b(params, cfg, i):
+    """``W_UK [H, nope, kv_lora]`` and ``W_UV [H, v, kv_lora]`` views of kv_b_proj."""
+    w = params[layer_prefix(i) + "self_attn.kv_b_proj.weight"]
+    w = w.view(cfg.heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+    return w[:, :cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
+
+
+def attention_prefill(params, cfg, i, h, positions):
+    """Naive MLA with causal attention over the prompt; returns (out, latents [B, S, 576])."""
+    B, S, _ = h.shape
+    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, positions)
+    w_uk, w_uv = _kv_b(params, cfg, i)
+    c_kv, k_pe = latent.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+    k_nope = torch.einsum("bsc,hnc->bshn", c_kv, w_uk.to(h.dtype))
+    v = torch.einsum("bsc,hvc->bshv", c_kv, w_uv.to(h.dtype))
+    k = torch.cat([k_nope, k_pe[:, :, None].expand(-1, -1, cfg.heads, -1)], dim=-1)
+    q = torch.cat([q_nope, q_pe], dim=-1)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                       scale=cfg.softmax_scale).transpose(1, 2)
+    o = _lin(o.reshape(B, S, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"])
+    return o, latent
+
+
+def attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, layer_kv):
+    """Absorbed MLA over the paged cache with the tree mask (verify_mla); writes the tree latents."""
+    B, T, _ = h.shape
+    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, positions)
+    w_uk, w_uv = _kv_b(params, cfg, i)
+    q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk.to(h.dtype))  # W_UK folded into the query
+    q = torch.cat([q_lat, q_pe], dim=-1).contiguous()
+    kv_write_(layer_kv, cache["page_table"], cache["kv_lens"], latent.contiguous(), tree_lens)
+    o_lat = verify_mla(q, layer_kv, cache["page_table"], cache["kv_lens"], tree_mask, sm_scale=cfg.softmax_scale,
+                       tree_lens=tree_lens, d_rope=cfg.qk_rope_head_dim)
+    o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv.to(h.dtype))  # W_UV after attention
+    return _lin(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"])
+
+
+def _layers(cfg, params):
+    return [i for i in range(cfg.num_hidden_layers) if layer_prefix(i) + "input_layernorm.weight" in params]
+
+
+def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None = None, taps=()):
+    """Prompt forward: ``tokens [B, S]`` at positions ``0..S-1``.
+
+    ``cache`` (optional): ``{"kv": [layers, num_pages, P, 576], "page_table", "kv_lens"}``; every layer's
+    latents are written at ``kv_lens + i`` and the returned cache has ``kv_lens + S``.
+    Returns ``(logits [B, S, V] float32, taps [B, S, len(taps), hidden], cache)``; ``taps`` are outputs of
+    the given layers (HF ``hidden_states[id + 1]``)."""
+    B, S = tokens.shape
+    x = params["model.embed_tokens.weight"][tokens]
+    positions = torch.arange(S, device=tokens.device).expand(B, S)
+    tapped = {}
+    for n, i in enumerate(_layers(cfg, params)):
+        p = layer_prefix(i)
+        a, latent = attention_prefill(params, cfg, i, rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps),
+                                      positions)
+        if cache is not None:
+            kv_write_(cache["kv"][n], cache["page_table"], cache["kv_lens"], latent.to(cache["kv"].dtype).contiguous())
+        x = x + a
+        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps))
+        if i in taps:
+            tapped[i] = x
+    logits = _lin(rms_norm(x, params["model.norm.weight"], cfg.rms_norm_eps), params["lm_head.weight"]).float()
+    tap_out = torch.stack([tapped[t] for t in taps], dim=2) if taps else x.new_zeros(B, S, 0, x.shape[-1])
+    if cache is not None:
+        cache = {**cache, "kv_lens": cache["kv_lens"] + S}
+    return logits, tap_out, cache
+
+
+def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor, tree_mask: torch.Tensor,
+           cache: dict, tree_lens: torch.Tensor | None = None, taps=()):
+    """Tree verify: node tokens ``[B, T]`` at positions ``kv_lens + depth``, absorbed MLA with
+    :func:`verify_mla` over the paged cache (the tree latents are written at ``kv_lens + i``; the cache
+    lengths are not advanced: commit does that). Returns ``(logits [B, T, V] float32, taps)``."""
+    B, T = tokens.shape
+    x = params["model.embed_tokens.weight"][tokens]
+    positions = cache["kv_lens"][:, None].to(torch.int64) + depth.to(torch.int64)
+    tapped = {}
+    for n, i in enumerate(_layers(cfg, params)):
+        p = layer_prefix(i)
+        h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        x = x + attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, cache["kv"][n])
+        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps))
+        if i in taps:
+            tapped[i] = x
+    logits = _lin(rms_norm(x, params["model.norm.weight"], cfg.rms_norm_eps), params["lm_head.weight"]).float()
+    tap_out = torch.stack([tapped[t] for t in taps], dim=2) if taps else x.new_zeros(B, T, 0, x.shape[-1])
+    return logits, tap_out

@@ -1,0 +1,120 @@
+"""Loading Hugging Face checkpoints (safetensors shards + index) by their real tensor names.
+
+Shards are read one at a time with ``safe_open`` and only the tensors needed are materialised
+(the layers asked for, the local heads' slices), so a real-shape slice of K2.6 fits one GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+import torch
+from safetensors import safe_open
+
+from .config import KimiK2Config
+from .kimi_k2 import layer_prefix, param_shapes, rope_permutation
+
+_QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_scale_inv", "weight_shape", "qweight", "scales")
+
+
+def _weight_map(path: str) -> dict[str, str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            return {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+    single = os.path.join(path, "model.safetensors")
+    if not os.path.exists(single):
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
+    with safe_open(single, "pt") as f:
+        return {k: single for k in f.keys()}
+
+
+def _needed(cfg: KimiK2Config, layers) -> dict[str, str]:
+    """Checkpoint name -> parameter name (experts are stacked after loading)."""
+    want = {}
+    for name in param_shapes(cfg):
+        if ".layers." in name and int(name.split(".")[2]) not in layers:
+            continue
+        if ".mlp.experts." in name and not name.split("experts.")[1].split(".")[0].isdigit():
+            i = int(name.split(".")[2])
+            proj = name.split("experts.")[1]
+            for e in range(cfg.n_routed_experts):
+                want[f"{layer_prefix(i)}mlp.experts.{e}.{proj}"] = name
+            continue
+        want[name] = name
+    if cfg.tie_word_embeddings:
+        want.pop("lm_head.weight", None)
+    return want
+
+
+def load_params(path: str, cfg: KimiK2Config | None = None, *, layers=None, device="cpu",
+                dtype=torch.float32) -> tuple[dict, KimiK2Config]:
+    """Parameters of a HF DeepSeek-V3-architecture checkpoint directory.
+
+    ``layers``: the decoder layers to load (default all); ``cfg.num_local_heads`` /
+    ``cfg.first_local_head`` select a tensor-parallel rank's heads. The RoPE permutation is applied.
+    Returns ``(params, cfg)``. Raises ``KeyError`` naming a missing tensor, ``ValueError`` for a shape
+    that contradicts the config or a quantised tensor this version does not dequantise.
+    """
+    cfg = cfg or KimiK2Config.from_hf(path)
+    layers = set(range(cfg.num_hidden_layers)) if layers is None else set(layers)
+    wmap = _weight_map(path)
+    pre = cfg.weight_prefix
+    quant = [k for k in wmap if k.endswith(_QUANT_SUFFIXES)]
+    if quant:
+        raise ValueError(f"unsupported quantization: {len(quant)} quantised tensors (e.g. {quant[0]!r}); "
+                         f"tritree {__package__} loads bf16/fp16/fp32 checkpoints only so far")
+    want = _needed(cfg, layers)
+    missing = [pre + k for k in want if pre + k not in wmap]
+    if missing:
+        raise KeyError(f"checkpoint {path} has no tensor {missing[0]!r} ({len(missing)} missing; "
+                       f"weight prefix {pre!r})")
+    by_file = defaultdict(list)
+    for k in want:
+        by_file[wmap[pre + k]].append(k)
+    shapes = param_shapes(cfg.with_(num_local_heads=None))
+    params, experts = {}, defaultdict(dict)
+    for file, names in by_file.items():
+        with safe_open(file, "pt") as f:
+            for k in names:
+                t = f.get_tensor(pre + k)
+                target = want[k]
+                if target != k:  # one expert of a stacked tensor
+                    want_shape = shapes[target][1:]
+                else:
+                    want_shape = shapes[target]
+                if tuple(t.shape) != tuple(want_shape):
+                    raise ValueError(f"tensor {pre + k!r} has shape {tuple(t.shape)}, the config implies {tuple(want_shape)}")
+                t = _to_local(cfg, target, t)
+                t = t.to(device=device, dtype=torch.float32 if ".mlp.gate." in target else dtype)
+                if target != k:
+                    experts[target][int(k.split("experts.")[1].split(".")[0])] = t
+                else:
+                    params[target] = t
+    for name, per in experts.items():
+        params[name] = torch.stack([per[e] for e in range(cfg.n_routed_experts)])
+    if cfg.tie_word_embeddings:
+        params["lm_head.weight"] = params["model.embed_tokens.weight"]
+    return params, cfg
+
+
+def _to_local(cfg: KimiK2Config, name: str, t: torch.Tensor) -> torch.Tensor:
+    """RoPE row permutation and the local heads' slice of one checkpoint tensor."""
+    Hg, H0, H = cfg.num_attention_heads, cfg.first_local_head, cfg.heads
+    perm = rope_permutation(cfg.qk_rope_head_dim)
+    if name.endswith("self_attn.q_b_proj.weight"):
+        t = t.view(Hg, cfg.qk_head_dim, -1)[H0:H0 + H].clone()
+        t[:, cfg.qk_nope_head_dim:] = t[:, cfg.qk_nope_head_dim:][:, perm]
+        return t.reshape(H * cfg.qk_head_dim, -1)
+    if name.endswith("self_attn.kv_a_proj_with_mqa.weight"):
+        t = t.clone()
+        t[cfg.kv_lora_rank:] = t[cfg.kv_lora_rank:][perm]
+        return t
+    if name.endswith("self_attn.kv_b_proj.weight"):
+        per = cfg.qk_nope_head_dim + cfg.v_head_dim
+        return t.view(Hg, per, -1)[H0:H0 + H].reshape(H * per, -1).clone()
+    if name.endswith("self_attn.o_proj.weight"):
+        return t.view(t.shape[0], Hg, cfg.v_head_dim)[:, H0:H0 + H].reshape(t.shape[0], -1).clone()
+    return t
