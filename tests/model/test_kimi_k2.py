@@ -140,7 +140,7 @@ def test_loading_errors(tiny, tmp_path):
         load_params(plain, KimiK2Config.from_hf(plain, weight_prefix="language_model."))
     from safetensors.torch import save_file
     (tmp_path / "config.json").write_text(open(os.path.join(plain, "config.json")).read())
-    save_file({"model.layers.1.mlp.experts.0.down_proj.weight_packed": torch.zeros(2, 2, dtype=torch.int32)},
+    save_file({"model.layers.1.mlp.experts.0.down_proj.qweight": torch.zeros(2, 2, dtype=torch.int32)},
               str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="unsupported quantization"):
         load_params(str(tmp_path))
@@ -165,3 +165,40 @@ def test_tensor_parallel_head_slices_load(tiny):
     assert torch.equal(half[name], full[name][full[name].shape[0] // 2:])
     o = "model.layers.0.self_attn.o_proj.weight"
     assert torch.equal(half[o], full[o][:, full[o].shape[1] // 2:])
+
+
+def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
+    """A checkpoint with INT4 (compressed-tensors) routed experts and an FP8 block-scaled projection
+    loads to what dequantising by hand gives."""
+    from safetensors.torch import save_file
+
+    from tritree.model import init_params
+    from .._quant_helpers import quantize_fp8_blocks, quantize_int4
+
+    cfg = kimi_tiny(hidden_size=64, num_hidden_layers=2)
+    params = init_params(cfg, seed=2)
+    tensors, expected = {}, {}
+    for name, t in params.items():
+        if ".mlp.experts." in name:  # stacked -> per-expert names, INT4
+            layer, proj = name.split(".mlp.experts.")
+            for e in range(t.shape[0]):
+                base = f"{layer}.mlp.experts.{e}.{proj[:-len('.weight')]}"
+                packed, scale, deq = quantize_int4(t[e])
+                tensors.update({base + ".weight_packed": packed, base + ".weight_scale": scale,
+                                base + ".weight_shape": torch.tensor(list(t[e].shape), dtype=torch.int32)})
+                expected.setdefault(name, []).append(deq)
+        elif name.endswith("q_a_proj.weight"):
+            w8, scale_inv, deq = quantize_fp8_blocks(t)
+            tensors[name] = w8
+            tensors[name + "_scale_inv"] = scale_inv
+            expected[name] = deq
+        else:  # plain tensors (rope rows get permuted again at load; not compared here)
+            tensors[name] = t.contiguous()
+    import json as _json
+    (tmp_path / "config.json").write_text(_json.dumps({**{k: v for k, v in cfg.to_dict().items() if k not in (
+        "weight_prefix", "num_local_heads", "first_local_head", "qk_latent_eps")}}))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    loaded, _ = load_params(str(tmp_path), cfg)
+    for name, want in expected.items():
+        want = torch.stack(want) if isinstance(want, list) else want
+        assert torch.equal(loaded[name].cpu(), want), name

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from .config import KimiK2Config
 from .kimi_k2 import layer_prefix, param_shapes, rope_permutation
 
-_QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_scale_inv", "weight_shape", "qweight", "scales")
+_UNSUPPORTED_QUANT = ("qweight", "qzeros", "scales", "weight_zero_point", "input_scale")
 
 
 def _weight_map(path: str) -> dict[str, str]:
@@ -62,42 +62,62 @@ def load_params(path: str, cfg: KimiK2Config | None = None, *, layers=None, devi
     layers = set(range(cfg.num_hidden_layers)) if layers is None else set(layers)
     wmap = _weight_map(path)
     pre = cfg.weight_prefix
-    quant = [k for k in wmap if k.endswith(_QUANT_SUFFIXES)]
-    if quant:
-        raise ValueError(f"unsupported quantization: {len(quant)} quantised tensors (e.g. {quant[0]!r}); "
-                         f"tritree {__package__} loads bf16/fp16/fp32 checkpoints only so far")
+    bad = [k for k in wmap if k.endswith(_UNSUPPORTED_QUANT)]
+    if bad:
+        raise ValueError(f"unsupported quantization: tensor {bad[0]!r} ({len(bad)} such); tritree reads bf16/fp16/"
+                         f"fp32 weights, compressed-tensors INT4 (weight_packed + weight_scale) and FP8 e4m3 with "
+                         f"weight_scale_inv block scales")
     want = _needed(cfg, layers)
-    missing = [pre + k for k in want if pre + k not in wmap]
+    missing = [pre + k for k in want if pre + k not in wmap and pre + k + "_packed" not in wmap]
     if missing:
         raise KeyError(f"checkpoint {path} has no tensor {missing[0]!r} ({len(missing)} missing; "
                        f"weight prefix {pre!r})")
-    by_file = defaultdict(list)
-    for k in want:
-        by_file[wmap[pre + k]].append(k)
     shapes = param_shapes(cfg.with_(num_local_heads=None))
     params, experts = {}, defaultdict(dict)
-    for file, names in by_file.items():
-        with safe_open(file, "pt") as f:
-            for k in names:
-                t = f.get_tensor(pre + k)
-                target = want[k]
-                if target != k:  # one expert of a stacked tensor
-                    want_shape = shapes[target][1:]
-                else:
-                    want_shape = shapes[target]
-                if tuple(t.shape) != tuple(want_shape):
-                    raise ValueError(f"tensor {pre + k!r} has shape {tuple(t.shape)}, the config implies {tuple(want_shape)}")
-                t = _to_local(cfg, target, t)
-                t = t.to(device=device, dtype=torch.float32 if ".mlp.gate." in target else dtype)
-                if target != k:
-                    experts[target][int(k.split("experts.")[1].split(".")[0])] = t
-                else:
-                    params[target] = t
+    handles = {}
+
+    def read(name):
+        file = wmap[name]
+        if file not in handles:
+            handles[file] = safe_open(file, "pt")
+        return handles[file].get_tensor(name)
+
+    for k in sorted(want, key=lambda n: wmap.get(pre + n, wmap.get(pre + n + "_packed"))):  # shard by shard
+        target = want[k]
+        want_shape = shapes[target][1:] if target != k else shapes[target]
+        t = _read_weight(read, wmap, pre + k, device)
+        if tuple(t.shape) != tuple(want_shape):
+            raise ValueError(f"tensor {pre + k!r} has shape {tuple(t.shape)}, the config implies {tuple(want_shape)}")
+        t = _to_local(cfg, target, t)
+        t = t.to(device=device, dtype=torch.float32 if ".mlp.gate." in target else dtype)
+        if target != k:
+            experts[target][int(k.split("experts.")[1].split(".")[0])] = t
+        else:
+            params[target] = t
     for name, per in experts.items():
         params[name] = torch.stack([per[e] for e in range(cfg.n_routed_experts)])
     if cfg.tie_word_embeddings:
         params["lm_head.weight"] = params["model.embed_tokens.weight"]
     return params, cfg
+
+
+def _read_weight(read, wmap, name: str, device) -> torch.Tensor:
+    """One weight, dequantised when the checkpoint stores it as INT4 (``name + "_packed"``) or as FP8
+    with ``weight_scale_inv`` block scales; done on ``device`` (the Triton kernels on a GPU)."""
+    from ..kernels.quant import dequant_fp8, dequant_int4
+
+    if name in wmap:
+        t = read(name)
+        if t.dtype == torch.float8_e4m3fn:
+            if name + "_scale_inv" not in wmap:
+                raise ValueError(f"FP8 tensor {name!r} has no {name + '_scale_inv'!r}")
+            return dequant_fp8(t.to(device), read(name + "_scale_inv").to(device), dtype=torch.float32)
+        return t
+    packed, scale = name + "_packed", name + "_scale"
+    if scale not in wmap:
+        raise KeyError(f"INT4 tensor {packed!r} has no {scale!r}")
+    shape = read(name + "_shape").tolist() if name + "_shape" in wmap else None
+    return dequant_int4(read(packed).to(device), read(scale).to(device), dtype=torch.float32, shape=shape)
 
 
 def _to_local(cfg: KimiK2Config, name: str, t: torch.Tensor) -> torch.Tensor:
