@@ -20,31 +20,8 @@ Conventions shared by every op
   ``TRITREE_ARCH`` forces one).
 """
 
-from .kernels import (
-    AttnConfig,
-    PagePool,
-    PoolExhausted,
-    defrag_,
-    kv_commit_,
-    kv_commit_reference,
-    kv_gather,
-    kv_gather_reference,
-    kv_write_,
-    kv_write_reference,
-    page_table_from_token_table,
-    token_table_from_page_table,
-    Tree,
-    accept_tree,
-    accept_tree_reference,
-    build_tree,
-    build_tree_reference,
-    tree_mask_from_parents,
-    verify_mla,
-    verify_mla_reference,
-)
+from .kernels import *  # noqa: F401,F403  (the public ops; their list lives in tritree.kernels)
+from .kernels import __all__ as _kernel_ops
 
 __version__ = "0.1.0"
-__all__ = ["AttnConfig", "PagePool", "PoolExhausted", "defrag_", "kv_commit_", "kv_commit_reference", "kv_gather",
-           "kv_gather_reference", "kv_write_", "kv_write_reference", "page_table_from_token_table",
-           "token_table_from_page_table", "tree_mask_from_parents", "verify_mla", "verify_mla_reference", "Tree",
-           "accept_tree", "accept_tree_reference", "build_tree", "build_tree_reference"]
+__all__ = list(_kernel_ops)
