@@ -107,6 +107,30 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
     return reports
 
 
+def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
+    """The grouped-expert kernels at their launch defaults (BLOCK_M 16, BLOCK_N 64, BLOCK_K 64, 4 warps)."""
+    from .moe import _down_kernel, _gate_up_kernel
+
+    ptr = "*" + dtype
+    idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedTok": "*i32",
+           "E": "i32", "Hd": "i32", "I": "i32"}
+    consts = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "UPCAST": False}
+    kernels = [
+        (_gate_up_kernel, {"X": ptr, "Wg": ptr, "Wu": ptr, "Hbuf": ptr, **idx, "stride_x": "i32", "stride_we": "i32",
+                           "stride_wi": "i32", "stride_h": "i32"}),
+        (_down_kernel, {"Hbuf": ptr, "Wd": ptr, "Out": "*fp32", "SortedW": "*fp32", **idx, "stride_h": "i32",
+                        "stride_we": "i32", "stride_wo": "i32", "stride_o": "i32"}),
+    ]
+    reports = []
+    for arch in (archs or ("sm_90", "sm_120")):
+        if arch not in CAPABILITY:
+            continue
+        for fn, sig in kernels:
+            reports.append(audit(fn, sig, consts, arch, 4, 1, tuple(k for k, v in sig.items() if v.startswith("*")),
+                                 "BM16 BN64 BK64 w4"))
+    return reports
+
+
 def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) -> CompileReport:
     ptr = "*" + dtype
     sig = {
@@ -136,7 +160,7 @@ def main(argv=None) -> None:
     ap.add_argument("--arch", action="append", help="only these architectures (sm_90, sm_120, sm_80)")
     ap.add_argument("--json", action="store_true", help="one JSON list of reports on stdout")
     args = ap.parse_args(argv)
-    reports = verify_mla_reports(archs=args.arch)
+    reports = verify_mla_reports(archs=args.arch) + moe_reports(archs=args.arch)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import kv_write_, verify_mla
+from ..kernels.moe import routed_experts
 from .config import KimiK2Config
 
 
@@ -144,7 +145,8 @@ def init_params(cfg: KimiK2Config, seed: int = 0, dtype=torch.float32, device="c
 # --------------------------------------------------------------------------------------------------
 
 def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor) -> torch.Tensor:
-    """Sigmoid-routed MoE with a shared expert; tokens grouped by expert (one matmul per touched expert)."""
+    """Sigmoid-routed MoE with a shared expert; the routed experts run grouped by expert with no host
+    sync (:func:`tritree.kernels.moe.routed_experts`; a per-expert loop on the CPU path)."""
     p = layer_prefix(i) + "mlp."
     shape = h.shape
     x = h.reshape(-1, shape[-1])
@@ -159,21 +161,9 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor) -> torch.Tensor:
     w = scores.gather(1, idx)
     if cfg.norm_topk_prob:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
-    w = (w * cfg.routed_scaling_factor).to(x.dtype)
-    flat_e = idx.reshape(-1)
-    order = torch.argsort(flat_e, stable=True)
-    tok = order // cfg.num_experts_per_tok
-    counts = torch.bincount(flat_e, minlength=cfg.n_routed_experts).tolist()
-    gate_w, up_w, down_w = (params[p + f"experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
-    out = torch.zeros_like(x)
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = tok[start:start + n]
-        y = swiglu(x[rows], gate_w[e], up_w[e], down_w[e]) * w.reshape(-1)[order[start:start + n], None]
-        out.index_add_(0, rows, y)
-        start += n
+    w = w * cfg.routed_scaling_factor
+    out = routed_experts(x, idx, w, params[p + "experts.gate_proj.weight"], params[p + "experts.up_proj.weight"],
+                         params[p + "experts.down_proj.weight"])
     out = out + swiglu(x, params[p + "shared_experts.gate_proj.weight"], params[p + "shared_experts.up_proj.weight"],
                        params[p + "shared_experts.down_proj.weight"])
     return out.view(shape)
