@@ -202,3 +202,36 @@ def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
     for name, want in expected.items():
         want = torch.stack(want) if isinstance(want, list) else want
         assert torch.equal(loaded[name].cpu(), want), name
+
+
+@pytest.mark.gpu
+def test_gpu_verify_is_graph_capturable_and_compiles():
+    """The whole verify call (tree KV write, verify_mla, grouped MoE) in one CUDA graph; and under
+    torch.compile. Not yet run on a GPU when written (2026-11-29): see the session note."""
+    from tritree.model import init_params
+
+    cfg = kimi_tiny()
+    params = init_params(cfg, seed=4, device="cuda")
+    g = torch.Generator().manual_seed(5)
+    B, S, T, P = 2, 12, 8, 4
+    prompt = torch.randint(0, cfg.vocab_size, (B, S), generator=g).cuda()
+    page_table, num_pages = paged_layout(S + T, B, P, generator=g)
+    cache = {"kv": torch.zeros(cfg.num_hidden_layers, num_pages, P, cfg.latent_dim, device="cuda"),
+             "page_table": page_table.cuda(), "kv_lens": torch.zeros(B, dtype=torch.int32, device="cuda")}
+    _, _, cache = prefill(params, cfg, prompt, cache)
+    tree_mask, depth = tree_mask_from_parents(random_trees(B, T, ("random",), generator=g).cuda())
+    tokens = torch.randint(0, cfg.vocab_size, (B, T), generator=g).cuda()
+    eager, _ = verify(params, cfg, tokens, depth, tree_mask, cache)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        verify(params, cfg, tokens, depth, tree_mask, cache)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_logits, _ = verify(params, cfg, tokens, depth, tree_mask, cache)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(static_logits, eager, rtol=1e-4, atol=1e-4)
+    compiled = torch.compile(lambda t: verify(params, cfg, t, depth, tree_mask, cache)[0])
+    assert torch.allclose(compiled(tokens), eager, rtol=1e-3, atol=1e-3)
