@@ -7,7 +7,7 @@ from tritree.kernels.aot import audit_in_subprocess
 
 
 @pytest.mark.parametrize("arch", ["sm_120", "sm_90", "sm_80"])
-def test_verify_mla_configs_compile(arch):
+def test_kernel_configs_compile(arch):
     reports = audit_in_subprocess((arch,))
     assert reports, f"no configs for {arch}"
     bad = [r for r in reports if not r.ok]

@@ -1,6 +1,7 @@
 """Triton kernels, one file per op family: reference + kernel(s) + launcher + configs."""
 
 from .configs import AttnConfig, arch_of
+from .draft_attention import draft_attention, draft_attention_reference
 from .kv_cache import (
     PagePool,
     PoolExhausted,
@@ -20,4 +21,4 @@ from .verify_mla import tree_mask_from_parents, verify_mla, verify_mla_reference
 __all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "verify_mla_reference", "PagePool",
            "PoolExhausted", "defrag_", "kv_commit_", "kv_commit_reference", "kv_gather", "kv_gather_reference",
            "kv_write_", "kv_write_reference", "page_table_from_token_table", "token_table_from_page_table",
-           "Tree", "accept_tree", "accept_tree_reference", "build_tree", "build_tree_reference"]
+           "Tree", "accept_tree", "draft_attention", "draft_attention_reference", "accept_tree_reference", "build_tree", "build_tree_reference"]

@@ -50,6 +50,63 @@ def finalize_rows(acc, m_i, l_i):
 
 
 @triton.jit
+def attend_tile(qk, v, visible, m_i, l_i, acc, sm_scale_log2e, MASKED: tl.constexpr, IEEE: tl.constexpr):
+    """Folds one KV tile into the running softmax: ``qk: [BM, BN]`` raw scores, ``v: [BN, Dv]``
+    values, ``visible: [BM, BN]`` (read only when ``MASKED``). Returns ``(m, l, acc)``.
+
+    ``IEEE``: exact fp32 products for fp32 inputs (tf32 would miss the 1e-5 fp32 tolerance); a bool,
+    not a string constexpr, because Inductor re-emits user kernels and strings do not survive that."""
+    qk = (qk * sm_scale_log2e).to(tl.float32)  # Inductor passes Python floats as fp64
+    if MASKED:
+        qk = tl.where(visible, qk, float("-inf"))
+    p, alpha, m_i, l_i = online_softmax_step(qk, m_i, l_i)
+    acc = acc * alpha[:, None]
+    if IEEE:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def store_rows(Out, Lse, acc, m_i, l_i, row_ok, row_in, b, pid_s, t, h, part_row,
+               stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+               SINGLE_SPLIT: tl.constexpr, D: tl.constexpr):
+    """Writes a program's rows. One split: the final ``Out[b, t, h, :]`` (output dtype) and
+    ``Lse[b, t, h]`` (natural log). Several: the partials ``Out[b, pid_s, part_row, :]`` (fp32) and
+    ``Lse[b, pid_s, part_row]`` (log2), whose row strides are ``stride_oh`` / ``stride_lh``.
+    ``row_ok``: rows with a real query (others get zeros and -inf); ``row_in``: rows that exist."""
+    o, lse2 = finalize_rows(acc, m_i, l_i)
+    o = tl.where(row_ok[:, None], o, 0.0)
+    lse2 = tl.where(row_ok, lse2, float("-inf"))
+    d = tl.arange(0, D)
+    if SINGLE_SPLIT:
+        o_ptr = Out + b.to(tl.int64) * stride_ob + (t * stride_ot + h * stride_oh)[:, None] + d[None, :]
+        tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_in[:, None])
+        tl.store(Lse + b.to(tl.int64) * stride_lb + t * stride_lt + h * stride_lh, lse2 * 0.6931471805599453,
+                 mask=row_in)
+    else:
+        o_ptr = (Out + b.to(tl.int64) * stride_ob + pid_s.to(tl.int64) * stride_os
+                 + part_row.to(tl.int64)[:, None] * stride_oh + d[None, :])
+        tl.store(o_ptr, o, mask=row_in[:, None])
+        tl.store(Lse + b.to(tl.int64) * stride_lb + pid_s * stride_ls + part_row * stride_lh, lse2, mask=row_in)
+
+
+def split_destinations(out, lse, num_splits: int, rows: int):
+    """Where a split-KV kernel writes: ``(dst_o, dst_l, o_strides, l_strides)`` for
+    :func:`store_rows`. One split writes ``out``/``lse`` directly; several write fp32 partials
+    ``[B, S, rows, D]`` / ``[B, S, rows]`` for :func:`combine_splits`."""
+    if num_splits == 1:
+        return (out, lse, (out.stride(0), out.stride(1), out.stride(2), 0),
+                (lse.stride(0), lse.stride(1), lse.stride(2), 0))
+    B, D = out.shape[0], out.shape[-1]
+    dst_o = torch.empty(B, num_splits, rows, D, dtype=torch.float32, device=out.device)
+    dst_l = torch.empty(B, num_splits, rows, dtype=torch.float32, device=out.device)
+    return (dst_o, dst_l, (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1)),
+            (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1)))
+
+
+@triton.jit
 def _combine_kernel(
     PartO, PartLse, Out, Lse,
     stride_pob, stride_pos, stride_pom,

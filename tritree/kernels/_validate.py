@@ -44,20 +44,20 @@ def values_checkable(*tensors: torch.Tensor) -> bool:
 
 
 def check_paged_lengths(page_table: torch.Tensor, num_pages: int, page_size: int, kv_lens: torch.Tensor,
-                        extra: torch.Tensor) -> None:
+                        extra: torch.Tensor, lens_name: str = "kv_lens") -> None:
     """Value checks of a paged layout: lengths in range, every page in use a valid id.
 
     ``extra: [B]`` tokens beyond ``kv_lens`` that the op touches (the tree nodes)."""
     kv_lens_c = kv_lens.detach().to("cpu", torch.int64)
     extra_c = extra.detach().to("cpu", torch.int64)
     if (kv_lens_c < 0).any():
-        raise ValueError(f"kv_lens must be >= 0, got {kv_lens_c.tolist()}")
+        raise ValueError(f"{lens_name} must be >= 0, got {kv_lens_c.tolist()}")
     capacity = page_table.shape[1] * page_size
     ends = kv_lens_c + extra_c
     if (ends > capacity).any():
         b = int(torch.nonzero(ends > capacity)[0, 0])
         raise ValueError(
-            f"kv_lens[{b}] + tree tokens = {int(ends[b])} exceeds the page table's capacity "
+            f"{lens_name}[{b}] + tree tokens = {int(ends[b])} exceeds the page table's capacity "
             f"{page_table.shape[1]} pages x {page_size} = {capacity} tokens")
     pt = page_table.detach().to("cpu", torch.int64)
     used_pages = (ends + page_size - 1) // page_size

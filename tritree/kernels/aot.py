@@ -107,6 +107,40 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
     return reports
 
 
+def draft_attention_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -> list[CompileReport]:
+    """The draft attention at the Kimi-K2.6-DFlash head size (D 128, GQA 8, block 16), with and
+    without a window, one and many splits."""
+    from .draft_attention import DRAFT_ATTN_CONFIGS, _draft_attention_kernel
+
+    ptr = "*" + dtype
+    sig = {"Q": ptr, "KC": ptr, "VC": ptr, "PageTable": "*i32", "CtxLens": "*i32", "KB": ptr, "VB": ptr,
+           "Out": ptr, "Lse": "*fp32", "sm_scale_log2e": "fp32"}
+    ints = ["stride_qb", "stride_qs", "stride_qh", "stride_kcp", "stride_kcs", "stride_kch", "stride_vcp",
+            "stride_vcs", "stride_vch", "stride_ptb", "max_pages", "num_pages", "stride_kbb", "stride_kbs",
+            "stride_kbh", "stride_vbb", "stride_vbs", "stride_vbh", "stride_ob", "stride_ot", "stride_oh",
+            "stride_os", "stride_lb", "stride_lt", "stride_lh", "stride_ls", "S", "Hq", "Hkv", "num_splits",
+            "window"]
+    sig.update({n: "i32" for n in ints})
+    divisible = ("Q", "KC", "VC", "PageTable", "CtxLens", "KB", "VB", "Out", "Lse", "stride_qb", "stride_qs",
+                 "stride_qh", "stride_kcp", "stride_kcs", "stride_kch", "stride_vcp", "stride_vcs", "stride_vch")
+    reports = []
+    for arch, table in DRAFT_ATTN_CONFIGS.items():
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for cfg in sorted(set(table.values()), key=lambda c: (c.block_m, c.block_n)):
+            for splits in split_variants:
+                for window in (False, True):
+                    s = dict(sig, Out=ptr if splits == 1 else "*fp32")
+                    consts = {"GROUP": 8, "PAGE_SIZE": 64, "HEAD_D": 128, "BLOCK_M": cfg.block_m,
+                              "BLOCK_N": cfg.block_n, "BLOCK_S": 16, "SINGLE_SPLIT": splits == 1,
+                              "HAS_WINDOW": window, "UPCAST": False, "IEEE": dtype == "fp32"}
+                    label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
+                             f"splits{'1' if splits == 1 else 'N'}{' win' if window else ''}")
+                    reports.append(audit(_draft_attention_kernel, s, consts, arch, cfg.num_warps, cfg.num_stages,
+                                         divisible, label))
+    return reports
+
+
 def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     """The grouped-expert kernels at their launch defaults (BLOCK_M 16, BLOCK_N 64, BLOCK_K 64, 4 warps)."""
     from .moe import _down_kernel, _gate_up_kernel
@@ -160,13 +194,14 @@ def main(argv=None) -> None:
     ap.add_argument("--arch", action="append", help="only these architectures (sm_90, sm_120, sm_80)")
     ap.add_argument("--json", action="store_true", help="one JSON list of reports on stdout")
     args = ap.parse_args(argv)
-    reports = verify_mla_reports(archs=args.arch) + moe_reports(archs=args.arch)
+    reports = (verify_mla_reports(archs=args.arch) + draft_attention_reports(archs=args.arch)
+               + moe_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return
     for r in reports:
         status = "ok" if r.ok else "FAIL"
-        print(f"{r.kernel:22s} {r.arch:7s} {r.config:28s} shared {r.shared:7d}/{r.shared_limit:7d} "
+        print(f"{r.kernel:24s} {r.arch:7s} {r.config:32s} shared {r.shared:7d}/{r.shared_limit:7d} "
               f"regs {r.registers:3d} spill {r.spill_bytes:5d}  {status}")
 
 

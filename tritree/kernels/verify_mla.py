@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._splitkv import LOG2E, choose_num_splits, combine_splits, finalize_rows, online_softmax_step
+from ._splitkv import LOG2E, attend_tile, choose_num_splits, combine_splits, split_destinations, store_rows
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
 D_LATENT = 512
@@ -169,24 +169,14 @@ def _qk_pv_step(q_lat, q_pe, k_lat, k_pe, qk_extra_mask, m_i, l_i, acc, sm_scale
     if UPCAST:  # interpreter: its bf16 dot is wrong, so compute bf16 tiles in fp32
         k_lat = k_lat.to(tl.float32)
         k_pe = k_pe.to(tl.float32)
-    # fp32 inputs take exact fp32 products (tf32 would miss the 1e-5 fp32 tolerance). A bool, not
-    # a string constexpr: Inductor re-emits user kernels and strings do not survive that.
     if IEEE:
         qk = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")
         qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision="ieee")
     else:
         qk = tl.dot(q_lat, tl.trans(k_lat))
         qk = tl.dot(q_pe, tl.trans(k_pe), qk)
-    qk = (qk * sm_scale_log2e).to(tl.float32)  # Inductor passes Python floats as fp64
-    if MASKED:
-        qk = tl.where(qk_extra_mask, qk, float("-inf"))
-    p, alpha, m_i, l_i = online_softmax_step(qk, m_i, l_i)
-    acc = acc * alpha[:, None]
-    if IEEE:
-        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc)
-    return m_i, l_i, acc
+    # The latent tile is the value too: MLA's absorbed form reads each KV tile once.
+    return attend_tile(qk, k_lat, qk_extra_mask, m_i, l_i, acc, sm_scale_log2e, MASKED, IEEE)
 
 
 @triton.jit
@@ -266,20 +256,9 @@ def _verify_mla_kernel(
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, visible, m_i, l_i, acc, sm_scale_log2e,
                                     True, UPCAST, IEEE)
 
-    o, lse2 = finalize_rows(acc, m_i, l_i)
-    o = tl.where(row_ok[:, None], o, 0.0)
-    lse2 = tl.where(row_ok, lse2, float("-inf"))
-    row_in = rows < T * H
-    if SINGLE_SPLIT:
-        o_ptr = Out + b.to(tl.int64) * stride_ob + (t * stride_ot + h * stride_oh)[:, None] + tl.arange(0, D_LAT)[None, :]
-        tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_in[:, None])
-        tl.store(Lse + b.to(tl.int64) * stride_lb + t * stride_lt + h * stride_lh, lse2 * 0.6931471805599453,
-                 mask=row_in)
-    else:
-        o_ptr = (Out + b.to(tl.int64) * stride_ob + pid_s.to(tl.int64) * stride_os
-                 + rows.to(tl.int64)[:, None] * stride_oh + tl.arange(0, D_LAT)[None, :])
-        tl.store(o_ptr, o, mask=row_in[:, None])
-        tl.store(Lse + b.to(tl.int64) * stride_lb + pid_s * stride_ls + rows * stride_lh, lse2, mask=row_in)
+    store_rows(Out, Lse, acc, m_i, l_i, row_ok, rows < T * H, b, pid_s, t, h, rows,
+               stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+               SINGLE_SPLIT, D_LAT)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -298,15 +277,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
     row_blocks = triton.cdiv(M, cfg.block_m)
     upcast = _interpreting() and q.dtype == torch.bfloat16
     kernel = _verify_mla_kernel if launch is None else launch(_verify_mla_kernel)
-    if num_splits == 1:
-        dst_o, dst_l = out, lse
-        o_strides = (out.stride(0), out.stride(1), out.stride(2), 0)
-        l_strides = (lse.stride(0), lse.stride(1), lse.stride(2), 0)
-    else:
-        dst_o = torch.empty(B, num_splits, M, d_lat, dtype=torch.float32, device=q.device)
-        dst_l = torch.empty(B, num_splits, M, dtype=torch.float32, device=q.device)
-        o_strides = (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1))
-        l_strides = (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1))
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, M)
     kernel[(row_blocks, num_splits, B)](
         q, kv, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,

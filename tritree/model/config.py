@@ -133,3 +133,144 @@ def kimi_tiny(**overrides) -> KimiK2Config:
                 max_position_embeddings=512)
     base.update(overrides)
     return KimiK2Config(**base)
+
+
+def yarn_amplitude(rope_scaling: dict | None) -> float:
+    """The cos/sin amplitude transformers gives a YaRN rope: ``attention_factor`` if set, else
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are set, else
+    ``0.1 ln(factor) + 1``; 1.0 without YaRN."""
+    rs = rope_scaling or {}
+    if rs.get("type", rs.get("rope_type")) not in ("yarn", "deepseek_yarn"):
+        return 1.0
+    if rs.get("attention_factor") is not None:
+        return float(rs["attention_factor"])
+    factor = float(rs["factor"])
+
+    def ms(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if rs.get("mscale") and rs.get("mscale_all_dim"):
+        return ms(factor, float(rs["mscale"])) / ms(factor, float(rs["mscale_all_dim"]))
+    return ms(factor)
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """A DFlash block-diffusion draft (SPEC.md section 3): Qwen3 decoder layers fed with the target's
+    hidden-state taps, using the target's embedding and lm_head.
+
+    ``windows``: per-layer sliding window (``None`` = the whole context); a key at position p is
+    visible to the block query at position q iff ``|q - p| < window``. ``rope_amplitude`` multiplies
+    cos and sin (K2.6-DFlash: 1.0; legacy vLLM/SGLang ran K2.5-DFlash with 1.41589; a config value,
+    see SPEC.md). Field names follow the HF config; the DFlash ones may sit under ``dflash_config``.
+    """
+
+    vocab_size: int = 163840
+    hidden_size: int = 7168
+    intermediate_size: int = 18432
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 64
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 50000.0
+    rope_scaling: dict | None = field(default_factory=lambda: {
+        "type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+        "beta_slow": 1.0})
+    rope_amplitude: float = 1.0
+    target_layer_ids: tuple = (1, 12, 24, 35, 47, 58)
+    mask_token_id: int = 163838
+    block_size: int = 8
+    windows: tuple = (None,) * 6
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    max_position_embeddings: int = 262144
+
+    def __post_init__(self):
+        if len(self.windows) != self.num_hidden_layers:
+            raise ValueError(f"windows must give one entry per layer ({self.num_hidden_layers}), got {self.windows}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_key_value_heads must divide num_attention_heads")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+
+    @property
+    def n_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_dim ** -0.5
+
+    @classmethod
+    def from_hf(cls, path_or_dict, **overrides) -> "DFlashConfig":
+        """From a draft's HF ``config.json`` (file, directory or dict). The amplitude is what
+        transformers computes from the rope parameters unless ``rope_amplitude`` is overridden."""
+        if isinstance(path_or_dict, (str, os.PathLike)):
+            path = os.fspath(path_or_dict)
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            with open(path) as f:
+                raw = json.load(f)
+        else:
+            raw = dict(path_or_dict)
+        if raw.get("attention_bias"):
+            raise ValueError("DFlash drafts with attention biases are not supported")
+        dflash = dict(raw.get("dflash_config") or {})
+        rs = raw.get("rope_scaling") or raw.get("rope_parameters")
+        theta = raw.get("rope_theta", (rs or {}).get("rope_theta", cls.rope_theta))
+        if rs is not None:
+            rs = {k: v for k, v in dict(rs).items() if k != "rope_theta"}
+            if "rope_type" in rs and "type" not in rs:
+                rs["type"] = rs["rope_type"]
+            if rs.get("type") in (None, "default"):
+                rs = None
+            elif rs.get("type") not in ("yarn", "deepseek_yarn"):
+                raise ValueError(f"unsupported draft rope type {rs.get('type')!r} (tritree: default or YaRN)")
+        n = int(raw["num_hidden_layers"])
+        types = raw.get("layer_types") or ["full_attention"] * n
+        win = raw.get("sliding_window")
+        sliding = [t == "sliding_attention" for t in types]
+        if any(sliding) and raw.get("is_causal", None) is not False:
+            raise ValueError("sliding-window DFlash layers must be non-causal (is_causal: false); the causal "
+                             "variant of the reference is not supported")
+        names = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in raw.items() if k in names and k not in ("rope_scaling", "rope_theta", "windows")}
+        for k in ("target_layer_ids", "mask_token_id", "block_size", "input_embedding_scale", "output_multiplier"):
+            v = dflash.get(k, raw.get(k))
+            if v is not None:
+                kw[k] = v
+        if "head_dim" not in raw:
+            kw["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
+        kw.update(target_layer_ids=tuple(kw.get("target_layer_ids", cls.target_layer_ids)),
+                  windows=tuple(int(win) if s and win else None for s in sliding),
+                  rope_scaling=rs, rope_theta=float(theta), rope_amplitude=yarn_amplitude(rs))
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def with_(self, **changes) -> "DFlashConfig":
+        return replace(self, **changes)
+
+
+def kimi_k26_dflash(**overrides) -> DFlashConfig:
+    """z-lab Kimi-K2.6-DFlash (SPEC.md section 3): 6 layers, 64/8 heads of 128, block 8, amplitude 1.0."""
+    return DFlashConfig(**overrides)
+
+
+def dflash_tiny(target: KimiK2Config | None = None, **overrides) -> DFlashConfig:
+    """A tiny draft for :func:`kimi_tiny` (same hidden size and vocabulary; taps of layers 0 and 2)."""
+    target = target or kimi_tiny()
+    base = dict(vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=64,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                rope_theta=10000.0, rope_scaling={"type": "yarn", "factor": 8.0,
+                                                  "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                                  "beta_slow": 1.0},
+                target_layer_ids=(0, target.num_hidden_layers - 1), mask_token_id=target.vocab_size - 1,
+                block_size=4, windows=(None, None), max_position_embeddings=512)
+    base.update(overrides)
+    if "num_hidden_layers" in overrides and "windows" not in overrides:
+        base["windows"] = (None,) * base["num_hidden_layers"]
+    return DFlashConfig(**base)

@@ -32,35 +32,46 @@ def rms_norm(x, weight, eps):
     return weight * xf.to(x.dtype)
 
 
-def rope_inv_freq(cfg: KimiK2Config) -> torch.Tensor:
-    """YaRN inverse frequencies (SPEC.md section 2), float32 [rope/2]."""
-    d = cfg.qk_rope_head_dim
-    base = cfg.rope_theta
+def yarn_inv_freq(d: int, base: float, rope_scaling: dict | None) -> torch.Tensor:
+    """Inverse frequencies of a ``d``-channel rope, YaRN-corrected when ``rope_scaling`` says so
+    (SPEC.md section 2; the ramp of the YaRN paper, as transformers computes it), float32 [d/2]."""
     freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    rs = cfg.rope_scaling or {}
-    if rs.get("type") not in ("yarn", "deepseek_yarn"):
+    rs = rope_scaling or {}
+    if rs.get("type", rs.get("rope_type")) not in ("yarn", "deepseek_yarn"):
         return freq
     factor = float(rs["factor"])
     L0 = float(rs["original_max_position_embeddings"])
-    beta_fast, beta_slow = float(rs.get("beta_fast", 32)), float(rs.get("beta_slow", 1))
+    beta_fast, beta_slow = float(rs.get("beta_fast") or 32), float(rs.get("beta_slow") or 1)
 
     def corr(r):
         return d * math.log(L0 / (2 * math.pi * r)) / (2 * math.log(base))
 
-    low = max(math.floor(corr(beta_fast)), 0)
-    high = min(math.ceil(corr(beta_slow)), d - 1)
+    low, high = corr(beta_fast), corr(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
     if low == high:
         high += 0.001
     ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     return freq / factor * ramp + freq * (1 - ramp)
 
 
+def rope_inv_freq(cfg: KimiK2Config) -> torch.Tensor:
+    """The target's rope inverse frequencies, float32 [qk_rope_head_dim / 2]."""
+    return yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+
 def rope_cos_sin(cfg: KimiK2Config, positions: torch.Tensor, dtype):
     """cos, sin ``[..., rope]`` (halves layout, no amplitude factor) at integer ``positions``."""
-    inv = rope_inv_freq(cfg).to(positions.device)
-    ang = positions[..., None].float() * inv
+    return cos_sin(rope_inv_freq(cfg), positions, dtype)
+
+
+def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype, amplitude: float = 1.0):
+    """cos, sin ``[..., 2 * len(inv_freq)]`` in the halves layout at integer ``positions``, times
+    ``amplitude``; computed in float32 and cast to ``dtype``."""
+    ang = positions[..., None].float() * inv_freq.to(positions.device)
     emb = torch.cat([ang, ang], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * amplitude).to(dtype), (emb.sin() * amplitude).to(dtype)
 
 
 def apply_rope(x, cos, sin):

@@ -138,3 +138,28 @@ def _to_local(cfg: KimiK2Config, name: str, t: torch.Tensor) -> torch.Tensor:
     if name.endswith("self_attn.o_proj.weight"):
         return t.view(t.shape[0], Hg, cfg.v_head_dim)[:, H0:H0 + H].reshape(t.shape[0], -1).clone()
     return t
+
+
+def load_dflash_params(path: str, cfg=None, *, device="cpu", dtype=torch.float32):
+    """Parameters of a DFlash draft checkpoint directory (z-lab names: ``fc.weight``, ``layers.i...``),
+    read shard by shard. Returns ``(params, cfg)``; ``KeyError`` names a missing tensor, ``ValueError``
+    a shape that contradicts the config."""
+    from .config import DFlashConfig
+    from .dflash import param_shapes as dflash_shapes
+
+    cfg = cfg or DFlashConfig.from_hf(path)
+    wmap = _weight_map(path)
+    shapes = dflash_shapes(cfg)
+    missing = [k for k in shapes if k not in wmap]
+    if missing:
+        raise KeyError(f"draft checkpoint {path} has no tensor {missing[0]!r} ({len(missing)} missing)")
+    params, handles = {}, {}
+    for name in sorted(shapes, key=lambda n: wmap[n]):
+        file = wmap[name]
+        if file not in handles:
+            handles[file] = safe_open(file, "pt")
+        t = _read_weight(handles[file].get_tensor, wmap, name, device)
+        if tuple(t.shape) != tuple(shapes[name]):
+            raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, the config implies {tuple(shapes[name])}")
+        params[name] = t.to(device=device, dtype=dtype)
+    return params, cfg

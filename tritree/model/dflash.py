@@ -1,0 +1,161 @@
+"""The DFlash block-diffusion draft as pure functions over a parameter dict (SPEC.md section 3).
+
+Parameters are keyed by the z-lab checkpoint names (``fc.weight``, ``hidden_norm.weight``,
+``norm.weight``, ``layers.i.self_attn.q_proj.weight`` ...); the draft has no embedding or lm_head of
+its own and takes the target's.
+
+The draft cache holds every draft layer's context keys and values in one stacked pool
+``kv: [layers, num_pages, P, 2, Hkv, D]`` (index 0 = K, 1 = V) with a page table and lengths, so one
+:func:`~tritree.kv_write_` stores a token's K and V for every layer. Context K/V are computed once per
+committed token (:func:`materialize_context_`); the block's own K/V are recomputed every round and
+never cached.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels import draft_attention, kv_write_
+from .config import DFlashConfig
+from .kimi_k2 import _lin, apply_rope, cos_sin, rms_norm, swiglu, yarn_inv_freq
+
+
+def layer_prefix(i: int) -> str:
+    return f"layers.{i}."
+
+
+def param_shapes(cfg: DFlashConfig) -> dict[str, tuple]:
+    Hd, D = cfg.hidden_size, cfg.head_dim
+    s = {"fc.weight": (Hd, cfg.n_taps * Hd), "hidden_norm.weight": (Hd,), "norm.weight": (Hd,)}
+    for i in range(cfg.num_hidden_layers):
+        p = layer_prefix(i)
+        s.update({
+            p + "input_layernorm.weight": (Hd,), p + "post_attention_layernorm.weight": (Hd,),
+            p + "self_attn.q_proj.weight": (cfg.num_attention_heads * D, Hd),
+            p + "self_attn.k_proj.weight": (cfg.num_key_value_heads * D, Hd),
+            p + "self_attn.v_proj.weight": (cfg.num_key_value_heads * D, Hd),
+            p + "self_attn.o_proj.weight": (Hd, cfg.num_attention_heads * D),
+            p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,),
+            p + "mlp.gate_proj.weight": (cfg.intermediate_size, Hd), p + "mlp.up_proj.weight": (cfg.intermediate_size, Hd),
+            p + "mlp.down_proj.weight": (Hd, cfg.intermediate_size),
+        })
+    return s
+
+
+def init_params(cfg: DFlashConfig, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
+    """Random draft parameters."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            t = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+        out[name] = t.to(device=device, dtype=dtype)
+    return out
+
+
+def new_cache(cfg: DFlashConfig, num_pages: int, page_size: int, page_table: torch.Tensor, kv_lens: torch.Tensor,
+              dtype=torch.float32) -> dict:
+    """An empty draft cache ``{"kv": [layers, num_pages, P, 2, Hkv, D], "page_table", "kv_lens"}``
+    on the device of ``page_table``."""
+    kv = torch.zeros(cfg.num_hidden_layers, num_pages, page_size, 2, cfg.num_key_value_heads, cfg.head_dim,
+                     dtype=dtype, device=page_table.device)
+    return {"kv": kv, "page_table": page_table, "kv_lens": kv_lens}
+
+
+def _stacked(params, cfg, name):
+    return torch.stack([params[layer_prefix(i) + name] for i in range(cfg.num_hidden_layers)])
+
+
+def _rope(cfg: DFlashConfig, positions, dtype):
+    inv = yarn_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    return cos_sin(inv, positions, dtype, cfg.rope_amplitude)
+
+
+def context_features(params, cfg: DFlashConfig, taps: torch.Tensor) -> torch.Tensor:
+    """``hidden_norm(fc(concat taps))``: ``taps [B, n, n_taps, hidden]`` -> ``[B, n, hidden]``."""
+    B, n = taps.shape[:2]
+    return rms_norm(_lin(taps.reshape(B, n, -1), params["fc.weight"]), params["hidden_norm.weight"], cfg.rms_norm_eps)
+
+
+def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, positions: torch.Tensor, draft_cache: dict,
+                         counts: torch.Tensor | None = None) -> dict:
+    """Writes the context K/V of newly committed tokens into the draft cache, every layer at once.
+
+    Args:
+        taps: ``[B, n, n_taps, hidden]`` target hidden states (outputs of ``cfg.target_layer_ids``) of
+            the new tokens, in order.
+        positions: ``[B, n]`` their absolute positions (RoPE); they are stored at cache positions
+            ``kv_lens[b] + i``, so ``positions[b, i] = kv_lens[b] + i`` for a position-indexed cache.
+        draft_cache: ``{"kv", "page_table", "kv_lens"}`` (:func:`new_cache`); ``kv`` is updated in place.
+        counts: ``[B]`` int32 new tokens per request (rows ``i >= counts[b]`` are ignored); default n.
+
+    Returns the cache with ``kv_lens + counts``.
+    """
+    B, n = taps.shape[:2]
+    kv = draft_cache["kv"]
+    Hkv, D = cfg.num_key_value_heads, cfg.head_dim
+    ctx = context_features(params, cfg, taps.to(kv.dtype))
+    w_kv = torch.cat([_stacked(params, cfg, "self_attn.k_proj.weight"),
+                      _stacked(params, cfg, "self_attn.v_proj.weight")], dim=1).to(kv.dtype)  # [layers, 2*Hkv*D, hidden]
+    kvn = torch.einsum("bnh,lch->lbnc", ctx, w_kv).view(cfg.num_hidden_layers, B, n, 2, Hkv, D)
+    k_norm = _stacked(params, cfg, "self_attn.k_norm.weight")[:, None, None, None].to(kv.dtype)
+    cos, sin = _rope(cfg, positions, kv.dtype)
+    k = apply_rope(rms_norm(kvn[:, :, :, 0], k_norm, cfg.rms_norm_eps), cos[None, :, :, None], sin[None, :, :, None])
+    new = torch.stack([k, kvn[:, :, :, 1]], dim=3)
+    kv_write_(kv, draft_cache["page_table"], draft_cache["kv_lens"], new.contiguous(), counts, stacked=True)
+    added = counts if counts is not None else torch.full_like(draft_cache["kv_lens"], n)
+    return {**draft_cache, "kv_lens": draft_cache["kv_lens"] + added}
+
+
+def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Tensor, draft_cache: dict) -> torch.Tensor:
+    """The draft's layers over block inputs ``x [B, S, hidden]`` at ``positions [B, S]`` attending to
+    the cached context (``kv_lens`` tokens) and the whole block; returns ``norm(hidden) [B, S, hidden]``."""
+    B, S, _ = x.shape
+    Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    kv = draft_cache["kv"]
+    cos, sin = _rope(cfg, positions, x.dtype)
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    for i in range(cfg.num_hidden_layers):
+        p = layer_prefix(i)
+        h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        q = rms_norm(_lin(h, params[p + "self_attn.q_proj.weight"]).view(B, S, Hq, D), params[p + "self_attn.q_norm.weight"],
+                     cfg.rms_norm_eps)
+        k = rms_norm(_lin(h, params[p + "self_attn.k_proj.weight"]).view(B, S, Hkv, D), params[p + "self_attn.k_norm.weight"],
+                     cfg.rms_norm_eps)
+        v = _lin(h, params[p + "self_attn.v_proj.weight"]).view(B, S, Hkv, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = draft_attention(q.contiguous(), kv[i, :, :, 0], kv[i, :, :, 1], draft_cache["page_table"],
+                            draft_cache["kv_lens"], k.to(kv.dtype), v.to(kv.dtype), sm_scale=cfg.softmax_scale,
+                            window=cfg.windows[i])
+        x = x + _lin(o.reshape(B, S, Hq * D), params[p + "self_attn.o_proj.weight"])
+        h = rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        x = x + swiglu(h, params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"],
+                       params[p + "mlp.down_proj.weight"])
+    return rms_norm(x, params["norm.weight"], cfg.rms_norm_eps)
+
+
+def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor, anchor: torch.Tensor,
+          start: torch.Tensor, draft_cache: dict) -> torch.Tensor:
+    """One draft round: block ``[anchor, MASK x (S-1)]`` at positions ``start .. start + S - 1``.
+
+    Args:
+        embed, lm_head: the target's ``[V, hidden]`` embedding and output head.
+        anchor: ``[B]`` the last committed (bonus) token; start: ``[B]`` its position, which is the
+            draft cache's ``kv_lens`` (every earlier token's context K/V is cached).
+        draft_cache: as for :func:`materialize_context_` (read only).
+
+    Returns ``draft_logits [B, S-1, V]`` float32 for depths 1..S-1 (the input of :func:`tritree.build_tree`).
+    """
+    B = anchor.shape[0]
+    S = cfg.block_size
+    tokens = torch.full((B, S), cfg.mask_token_id, dtype=torch.long, device=anchor.device)
+    tokens[:, 0] = anchor
+    x = embed[tokens] * cfg.input_embedding_scale
+    x = x.to(draft_cache["kv"].dtype)
+    positions = start.to(torch.long)[:, None] + torch.arange(S, device=anchor.device)
+    h = block_hidden(params, cfg, x, positions, draft_cache)
+    return (_lin(h[:, 1:], lm_head) * cfg.output_multiplier).float()
