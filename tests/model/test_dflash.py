@@ -15,14 +15,18 @@ from tritree.testing import paged_layout
 
 from ..conftest import DEVICE
 
-transformers = pytest.importorskip("transformers")
-dflash_ref = pytest.importorskip("dflash.model", reason="pip install --no-deps dflash==0.1.0")
+
+def _reference_module():
+    pytest.importorskip("transformers")
+    return pytest.importorskip("dflash.model", reason="the reference: pip install --no-deps dflash==0.1.0")
+
 
 HIDDEN, VOCAB, N_TARGET = 32, 61, 4
 LEGACY_AMPLITUDE = 1 + 0.1 * math.log(64)  # 1.41589, legacy vLLM/SGLang for K2.5-DFlash
 
 
 def ref_model(heads, kv_heads, window=None, amplitude=None, layers=2, seed=0):
+    dflash_ref = _reference_module()
     from transformers import Qwen3Config
 
     rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 64.0, "original_max_position_embeddings": 16,

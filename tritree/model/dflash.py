@@ -66,10 +66,6 @@ def new_cache(cfg: DFlashConfig, num_pages: int, page_size: int, page_table: tor
     return {"kv": kv, "page_table": page_table, "kv_lens": kv_lens}
 
 
-def _stacked(params, cfg, name):
-    return torch.stack([params[layer_prefix(i) + name] for i in range(cfg.num_hidden_layers)])
-
-
 def _rope(cfg: DFlashConfig, positions, dtype):
     inv = yarn_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     return cos_sin(inv, positions, dtype, cfg.rope_amplitude)
@@ -99,13 +95,16 @@ def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, position
     kv = draft_cache["kv"]
     Hkv, D = cfg.num_key_value_heads, cfg.head_dim
     ctx = context_features(params, cfg, taps.to(kv.dtype))
-    w_kv = torch.cat([_stacked(params, cfg, "self_attn.k_proj.weight"),
-                      _stacked(params, cfg, "self_attn.v_proj.weight")], dim=1).to(kv.dtype)  # [layers, 2*Hkv*D, hidden]
-    kvn = torch.einsum("bnh,lch->lbnc", ctx, w_kv).view(cfg.num_hidden_layers, B, n, 2, Hkv, D)
-    k_norm = _stacked(params, cfg, "self_attn.k_norm.weight")[:, None, None, None].to(kv.dtype)
     cos, sin = _rope(cfg, positions, kv.dtype)
-    k = apply_rope(rms_norm(kvn[:, :, :, 0], k_norm, cfg.rms_norm_eps), cos[None, :, :, None], sin[None, :, :, None])
-    new = torch.stack([k, kvn[:, :, :, 1]], dim=3)
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    per_layer = []
+    for i in range(cfg.num_hidden_layers):  # per-layer GEMMs: stacking the weights would copy them every call
+        p = layer_prefix(i) + "self_attn."
+        k = rms_norm(_lin(ctx, params[p + "k_proj.weight"]).view(B, n, Hkv, D), params[p + "k_norm.weight"],
+                     cfg.rms_norm_eps)
+        v = _lin(ctx, params[p + "v_proj.weight"]).view(B, n, Hkv, D)
+        per_layer.append(torch.stack([apply_rope(k, cos, sin), v], dim=2))
+    new = torch.stack(per_layer).to(kv.dtype)  # [layers, B, n, 2, Hkv, D]
     kv_write_(kv, draft_cache["page_table"], draft_cache["kv_lens"], new.contiguous(), counts, stacked=True)
     added = counts if counts is not None else torch.full_like(draft_cache["kv_lens"], n)
     return {**draft_cache, "kv_lens": draft_cache["kv_lens"] + added}
