@@ -142,13 +142,14 @@ def draft_attention_reports(dtype: str = "bf16", archs=None, split_variants=(1, 
 
 
 def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
-    """The grouped-expert kernels at their launch defaults (BLOCK_M 16, BLOCK_N 64, BLOCK_K 64, 4 warps)."""
-    from .moe import _down_kernel, _gate_up_kernel
+    """The grouped-expert kernels at their launch defaults (``moe.MOE_LAUNCH``)."""
+    from .moe import MOE_LAUNCH, _down_kernel, _gate_up_kernel
 
     ptr = "*" + dtype
     idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedTok": "*i32",
            "E": "i32", "Hd": "i32", "I": "i32"}
-    consts = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "UPCAST": False}
+    L = MOE_LAUNCH
+    consts = {"BLOCK_M": L["block_m"], "BLOCK_N": L["block_n"], "BLOCK_K": L["block_k"], "UPCAST": False}
     kernels = [
         (_gate_up_kernel, {"X": ptr, "Wg": ptr, "Wu": ptr, "Hbuf": ptr, **idx, "stride_x": "i32", "stride_we": "i32",
                            "stride_wi": "i32", "stride_h": "i32"}),
@@ -160,8 +161,9 @@ def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
         if arch not in CAPABILITY:
             continue
         for fn, sig in kernels:
-            reports.append(audit(fn, sig, consts, arch, 4, 1, tuple(k for k, v in sig.items() if v.startswith("*")),
-                                 "BM16 BN64 BK64 w4"))
+            reports.append(audit(fn, sig, consts, arch, L["num_warps"], 1,
+                                 tuple(k for k, v in sig.items() if v.startswith("*")),
+                                 f"BM{L['block_m']} BN{L['block_n']} BK{L['block_k']} w{L['num_warps']}"))
     return reports
 
 

@@ -92,8 +92,14 @@ def _down_kernel(Hbuf, Wd, Out, SortedW, BlockExpert, BlockStart, BlockEnd, Sort
                   mask=ok[:, None] & (n < Hd)[None, :])
 
 
-def routed_experts(x, topk_idx, topk_w, w_gate, w_up, w_down, *, block_m: int = 16, block_n: int = 64,
-                   block_k: int = 64):
+# 8 warps: with 4, the gate/up kernel's two 64x64 weight tiles of addresses need 255 registers and
+# spill on sm_120 under triton 3.6 (tests/kernels/test_aot_audit.py); with 8 it needs ~128.
+MOE_LAUNCH = dict(block_m=16, block_n=64, block_k=64, num_warps=8)
+
+
+def routed_experts(x, topk_idx, topk_w, w_gate, w_up, w_down, *, block_m: int = MOE_LAUNCH["block_m"],
+                   block_n: int = MOE_LAUNCH["block_n"], block_k: int = MOE_LAUNCH["block_k"],
+                   num_warps: int = MOE_LAUNCH["num_warps"]):
     """Grouped routed-expert SwiGLU, no host sync (see module). Shapes as :func:`moe_reference`."""
     N, Hd = x.shape
     E, I, _ = w_gate.shape
@@ -124,9 +130,9 @@ def routed_experts(x, topk_idx, topk_w, w_gate, w_up, w_down, *, block_m: int = 
     _gate_up_kernel[(nb, triton.cdiv(I, block_n))](
         xc, w_gate, w_up, hbuf, block_expert, block_start, block_end, sorted_tok, E, Hd, I,
         xc.stride(0), w_gate.stride(0), w_gate.stride(1), hbuf.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, num_warps=num_warps)
     _down_kernel[(nb, triton.cdiv(Hd, block_n))](
         hbuf, w_down, out, sorted_w, block_expert, block_start, block_end, sorted_tok, E, Hd, I,
         hbuf.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, num_warps=num_warps)
     return out.to(x.dtype)

@@ -67,7 +67,7 @@ def new_cache(cfg: DFlashConfig, num_pages: int, page_size: int, page_table: tor
 
 
 def _rope(cfg: DFlashConfig, positions, dtype):
-    inv = yarn_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    inv = yarn_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
     return cos_sin(inv, positions, dtype, cfg.rope_amplitude)
 
 

@@ -32,10 +32,11 @@ def rms_norm(x, weight, eps):
     return weight * xf.to(x.dtype)
 
 
-def yarn_inv_freq(d: int, base: float, rope_scaling: dict | None) -> torch.Tensor:
+def yarn_inv_freq(d: int, base: float, rope_scaling: dict | None, device=None) -> torch.Tensor:
     """Inverse frequencies of a ``d``-channel rope, YaRN-corrected when ``rope_scaling`` says so
     (SPEC.md section 2; the ramp of the YaRN paper, as transformers computes it), float32 [d/2]."""
-    freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    # Built on the device it is used on: a host-to-device copy cannot be captured in a CUDA graph.
+    freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
     rs = rope_scaling or {}
     if rs.get("type", rs.get("rope_type")) not in ("yarn", "deepseek_yarn"):
         return freq
@@ -52,24 +53,24 @@ def yarn_inv_freq(d: int, base: float, rope_scaling: dict | None) -> torch.Tenso
     low, high = max(low, 0), min(high, d - 1)
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
     return freq / factor * ramp + freq * (1 - ramp)
 
 
-def rope_inv_freq(cfg: KimiK2Config) -> torch.Tensor:
+def rope_inv_freq(cfg: KimiK2Config, device=None) -> torch.Tensor:
     """The target's rope inverse frequencies, float32 [qk_rope_head_dim / 2]."""
-    return yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling)
+    return yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling, device)
 
 
 def rope_cos_sin(cfg: KimiK2Config, positions: torch.Tensor, dtype):
     """cos, sin ``[..., rope]`` (halves layout, no amplitude factor) at integer ``positions``."""
-    return cos_sin(rope_inv_freq(cfg), positions, dtype)
+    return cos_sin(rope_inv_freq(cfg, positions.device), positions, dtype)
 
 
 def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype, amplitude: float = 1.0):
     """cos, sin ``[..., 2 * len(inv_freq)]`` in the halves layout at integer ``positions``, times
     ``amplitude``; computed in float32 and cast to ``dtype``."""
-    ang = positions[..., None].float() * inv_freq.to(positions.device)
+    ang = positions[..., None].float() * inv_freq
     emb = torch.cat([ang, ang], dim=-1)
     return (emb.cos() * amplitude).to(dtype), (emb.sin() * amplitude).to(dtype)
 
