@@ -247,3 +247,72 @@ def test_bad_inputs(monkeypatch):
         accept_tree(tree.tokens, tree.parents, tree.tree_lens, target)
     with pytest.raises(TypeError, match="tokens must have dtype"):
         accept_tree(tree.tokens.long(), tree.parents, tree.tree_lens, target)
+
+
+@settings(max_examples=8)
+@given(st.integers(1, 2), st.integers(1, 3000), st.integers(1, 300), st.booleans(), st.integers(0, 2**31 - 1))
+def test_chunked_topk_equals_torch_topk_of_the_order_keys(rows, V, k, ties, seed):
+    """The GPU top-k (rounds of chunk sorts) selects exactly torch.topk's keys, in order, across
+    several rounds (V up to 3000 with k up to 300: chunks of 2048 or more), with and without massive
+    ties. The interpreter's sort is slow; the GPU tests cover V = 163840."""
+    from tritree.kernels.tree import _order_keys, _topk_keys
+    k = min(k, V)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, 4, (rows, V), generator=g).float() if ties else torch.randn(rows, V, generator=g)
+    lp = torch.log_softmax(logits, -1).to(DEVICE)
+    got = _topk_keys(lp, k).cpu()
+    want = torch.topk(_order_keys(lp.cpu()), k, dim=-1).indices
+    assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the real vocabulary
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,D,budget", [(1, 7, 64), (2, 15, 1024), (3, 7, 16)])
+def test_gpu_build_tree_at_kimi_vocabulary(B, D, budget):
+    g = torch.Generator().manual_seed(budget)
+    logits = torch.randn(B, D, 163_840, generator=g) * 3
+    root = torch.randint(0, 163_840, (B,), generator=g, dtype=torch.int32)
+    tree = build_tree(logits.cuda(), budget, root.cuda())
+    ref = build_tree_reference(logits, budget, root)
+    for name, got, want in zip(tree._fields, tree, ref):
+        if name == "scores":  # CPU and GPU log-softmax may differ in the last bit
+            assert torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(got.cpu(), want), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 64, 1000, 1024])
+def test_gpu_chunked_topk_at_kimi_vocabulary(k):
+    from tritree.kernels.tree import _order_keys, _topk_keys
+    g = torch.Generator().manual_seed(k)
+    lp = torch.log_softmax(torch.randint(0, 50, (20, 163_840), generator=g).float(), -1).cuda()  # massive ties
+    assert torch.equal(_topk_keys(lp, k), torch.topk(_order_keys(lp), k, dim=-1).indices)
+
+
+@pytest.mark.gpu
+def test_gpu_accept_and_graph_replay_with_a_device_step():
+    B, T, V = 4, 65, 163_840
+    g = torch.Generator().manual_seed(3)
+    tree = build_tree((torch.randn(B, 7, V, generator=g) * 3).cuda(), T - 1, torch.zeros(B, dtype=torch.int32).cuda())
+    target = torch.randn(B, T, V, generator=g).cuda().to(torch.bfloat16)
+    idx, n, bonus, picks = accept_tree(tree.tokens, tree.parents, tree.tree_lens, target)
+    ridx, rn, rbonus = accept_tree_reference(tree.tokens.cpu(), tree.parents.cpu(), tree.tree_lens.cpu(), picks.cpu())
+    assert torch.equal(picks.cpu(), torch.argmax(target.float().cpu(), dim=-1).to(torch.int32))
+    assert torch.equal(idx.cpu(), ridx) and torch.equal(n.cpu(), rn) and torch.equal(bonus.cpu(), rbonus)
+    step = torch.zeros(1, dtype=torch.int64, device="cuda")
+    eager = [accept_tree(tree.tokens, tree.parents, tree.tree_lens, target, temperature=1.0, seed=9,
+                         step=torch.full_like(step, s))[3] for s in range(3)]
+    out = {}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out["picks"] = accept_tree(tree.tokens, tree.parents, tree.tree_lens, target, temperature=1.0, seed=9,
+                                   step=step)[3]
+    for s in range(3):
+        step.fill_(s)
+        graph.replay()
+        assert torch.equal(out["picks"], eager[s])
+    assert not torch.equal(eager[0], eager[1])

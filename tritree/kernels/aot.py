@@ -141,6 +141,31 @@ def draft_attention_reports(dtype: str = "bf16", archs=None, split_variants=(1, 
     return reports
 
 
+def tree_reports(archs=None) -> list[CompileReport]:
+    """The DDTree top-k rounds and search at the launch shapes of budgets 64 and 1024."""
+    from .tree import _chunk_topk_kernel, _ddtree_kernel
+
+    reports = []
+    topk_sig = {"In": "*fp32", "Out": "*i64", "n": "i32", "stride_in": "i32", "stride_out": "i32", "Vv": "i32",
+                "id_bits": "i32"}
+    search_sig = {"LP": "*fp32", "IDS": "*i32", "RootTokens": "*i32", "Tokens": "*i32", "Parents": "*i32",
+                  "Depth": "*i32", "Scores": "*fp32", "Ranks": "*i32", "TreeLens": "*i32", "stride_lb": "i32",
+                  "stride_ld": "i32", "stride_tb": "i32", "D": "i32", "K": "i32", "budget": "i32"}
+    for arch in (archs or ("sm_90", "sm_120")):
+        if arch not in CAPABILITY:
+            continue
+        for ch, kp, warps in ((2048, 64, 4), (4096, 1024, 8)):
+            for from_lp in (True, False):
+                sig = dict(topk_sig, In="*fp32" if from_lp else "*i64")
+                reports.append(audit(_chunk_topk_kernel, sig, {"FROM_LP": from_lp, "CH": ch, "KP": kp}, arch, warps, 1,
+                                     ("In", "Out"), f"CH{ch} KP{kp} w{warps}{' lp' if from_lp else ''}"))
+        for budget, warps in ((64, 1), (1024, 4)):
+            front = 1 << (2 * budget + 2 - 1).bit_length()
+            reports.append(audit(_ddtree_kernel, search_sig, {"FRONT": front, "BLOCK_T": budget}, arch, warps, 1, (),
+                                 f"budget {budget} w{warps}"))
+    return reports
+
+
 def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     """The grouped-expert kernels at their launch defaults (``moe.MOE_LAUNCH``)."""
     from .moe import MOE_LAUNCH, _down_kernel, _gate_up_kernel
@@ -197,7 +222,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json", action="store_true", help="one JSON list of reports on stdout")
     args = ap.parse_args(argv)
     reports = (verify_mla_reports(archs=args.arch) + draft_attention_reports(archs=args.arch)
-               + moe_reports(archs=args.arch))
+               + moe_reports(archs=args.arch) + tree_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
+from .configs import num_sms
 from .verify_mla import tree_mask_from_parents
 
 
@@ -51,18 +52,78 @@ def _interpreting() -> bool:
 # Top-K per depth with the deterministic tie rule
 # --------------------------------------------------------------------------------------------------
 
-def topk_per_depth(draft_logits: torch.Tensor, k: int):
-    """``(lp [B, D, k] float32, ids [B, D, k] int32)``: the k most likely tokens per depth, sorted by
-    log-probability (descending), ties by lower token id. One log-softmax and one top-k over V."""
-    B, D, Vv = draft_logits.shape
-    lp = torch.log_softmax(draft_logits.float(), dim=-1)
+def _order_keys(lp: torch.Tensor) -> torch.Tensor:
+    """int64 keys in the total order of the tie rule: larger key = larger lp, then lower token id."""
+    Vv = lp.shape[-1]
     bits = lp.contiguous().view(torch.int32)
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)  # monotonic in the float
-    id_bits = max(1, (Vv - 1).bit_length())
     ids = torch.arange(Vv, device=lp.device, dtype=torch.int64)
-    key = (ordered << id_bits) | (Vv - 1 - ids)  # larger key: larger lp, then lower id
-    top = torch.topk(key, k, dim=-1, sorted=True).indices
+    return (ordered << _id_bits(Vv)) | (Vv - 1 - ids)
+
+
+def _id_bits(Vv: int) -> int:
+    return max(1, (Vv - 1).bit_length())
+
+
+def topk_per_depth(draft_logits: torch.Tensor, k: int, *, kernel: bool = False):
+    """``(lp [B, D, k] float32, ids [B, D, k] int32)``: the k most likely tokens per depth, sorted by
+    log-probability (descending), ties by lower token id. One log-softmax, then a top-k over V: with
+    ``kernel`` the chunked sort of :func:`_topk_keys` (build_tree's GPU path), else ``torch.topk`` of
+    the same keys (the reference)."""
+    lp = torch.log_softmax(draft_logits.float(), dim=-1)
+    if kernel:
+        top = _topk_keys(lp, k)
+    else:
+        top = torch.topk(_order_keys(lp), k, dim=-1, sorted=True).indices
     return torch.gather(lp, -1, top), top.to(torch.int32)
+
+
+@triton.jit
+def _chunk_topk_kernel(In, Out, n, stride_in, stride_out, Vv, id_bits,
+                       FROM_LP: tl.constexpr, CH: tl.constexpr, KP: tl.constexpr):
+    """One round of the top-k: chunk ``c`` of row ``r`` (``CH`` entries: log-probabilities when
+    ``FROM_LP``, else keys of an earlier round) is sorted by key and its best ``KP`` keys written."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    j = c * CH + tl.arange(0, CH)
+    ok = j < n
+    if FROM_LP:
+        x = tl.load(In + r.to(tl.int64) * stride_in + j, mask=ok, other=0.0)
+        bits = x.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+        key = (ordered << id_bits) | (Vv - 1 - j).to(tl.int64)
+    else:
+        key = tl.load(In + r.to(tl.int64) * stride_in + j, mask=ok, other=0)
+    key = tl.where(ok, key, -9223372036854775808)
+    key = tl.sort(key, descending=True)
+    pos = tl.arange(0, CH)
+    tl.store(Out + r.to(tl.int64) * stride_out + c * KP + pos, key, mask=pos < KP)
+
+
+def _topk_keys(lp: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices ``[..., k]`` (int64) of the k largest keys per row of ``lp [..., V]``, best first.
+
+    Rounds of :func:`_chunk_topk_kernel`: each keeps the best ``KP = next_pow2(k)`` of every chunk of
+    ``CH >= 2 KP`` entries, so the candidates shrink by ``CH / KP`` per round until one chunk holds
+    them. Exact (a row's top k lies within the union of its chunks' top k) and a few launches, where
+    ``torch.topk`` needs one radix pass per 2 bits of a 64-bit key."""
+    shape = lp.shape
+    Vv = shape[-1]
+    rows = lp.reshape(-1, Vv)
+    R = rows.shape[0]
+    KP = triton.next_power_of_2(k)
+    cur, n, from_lp = rows, Vv, True
+    while True:
+        CH = max(KP, min(max(2048, 2 * KP), triton.next_power_of_2(n)))
+        chunks = triton.cdiv(n, CH)
+        out = torch.empty(R, chunks * KP, dtype=torch.int64, device=lp.device)
+        _chunk_topk_kernel[(R, chunks)](cur, out, n, cur.stride(0), out.stride(0), Vv, _id_bits(Vv),
+                                        FROM_LP=from_lp, CH=CH, KP=KP, num_warps=4 if CH <= 2048 else 8)
+        cur, n, from_lp = out, chunks * KP, False
+        if chunks == 1:
+            break
+    ids = (Vv - 1) - (cur[:, :k] & ((1 << _id_bits(Vv)) - 1))
+    return ids.reshape(*shape[:-1], k)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -70,19 +131,23 @@ def topk_per_depth(draft_logits: torch.Tensor, k: int):
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _ddtree_kernel(LP, IDS, RootTokens, Tokens, Parents, Depth, Scores, TreeLens,
+def _ddtree_kernel(LP, IDS, RootTokens, Tokens, Parents, Depth, Scores, Ranks, TreeLens,
                    stride_lb, stride_ld, stride_tb, D, K, budget,
-                   FRONT: tl.constexpr):
+                   FRONT: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Best-first search of one request. The frontier is ``FRONT`` slots in push order; a slot's key
+    packs (score, push order) so one max-reduction pops the best candidate with the tie rule, and one
+    more fetches its (depth, rank, parent). Run on one warp, the reductions are shuffles only."""
     b = tl.program_id(0)
     lp_row = LP + b.to(tl.int64) * stride_lb
-    ids_row = IDS + b.to(tl.int64) * stride_lb
     out = b.to(tl.int64) * stride_tb
     slot = tl.arange(0, FRONT)
-    neg_inf = float("-inf")
-    f_score = tl.where(slot == 0, tl.load(lp_row), neg_inf)
-    f_depth = tl.where(slot == 0, 1, 0)
-    f_rank = tl.zeros([FRONT], dtype=tl.int32)
-    f_parent = tl.zeros([FRONT], dtype=tl.int32)
+    EMPTY: tl.constexpr = -9223372036854775808
+    # key = ordered(score) << 32 | (FRONT - 1 - slot): larger score first, then the earlier push
+    s0 = tl.load(lp_row)
+    b0 = s0.to(tl.int32, bitcast=True)
+    k0 = (tl.where(b0 < 0, b0 ^ 0x7FFFFFFF, b0).to(tl.int64) << 32) | (FRONT - 1)
+    f_key = tl.where(slot == 0, tl.where(s0 > float("-inf"), k0, EMPTY), EMPTY)
+    f_info = tl.where(slot == 0, 1 << 48, 0).to(tl.int64)  # depth << 48 | rank << 24 | parent
     n_push = 1
     n_nodes = 0
     tl.store(Tokens + out, tl.load(RootTokens + b))
@@ -90,39 +155,55 @@ def _ddtree_kernel(LP, IDS, RootTokens, Tokens, Parents, Depth, Scores, TreeLens
     tl.store(Depth + out, 0)
     tl.store(Scores + out, 0.0)
     for _ in range(budget):
-        s = tl.max(f_score, 0)
-        if s > neg_inf:
-            best = tl.min(tl.where(f_score == s, slot, FRONT), 0)  # first pushed among equal scores
+        kmax = tl.max(f_key, 0)
+        if kmax != EMPTY:
+            hi = kmax >> 32
+            best = FRONT - 1 - (kmax - (hi << 32)).to(tl.int32)
+            sb = hi.to(tl.int32)
+            s = tl.where(sb < 0, sb ^ 0x7FFFFFFF, sb).to(tl.float32, bitcast=True)
             hit = slot == best
-            d = tl.sum(tl.where(hit, f_depth, 0), 0)
-            r = tl.sum(tl.where(hit, f_rank, 0), 0)
-            par = tl.sum(tl.where(hit, f_parent, 0), 0)
-            f_score = tl.where(hit, neg_inf, f_score)
+            info = tl.sum(tl.where(hit, f_info, 0), 0)
+            d = (info >> 48).to(tl.int32)
+            r = ((info >> 24) - ((info >> 48) << 24)).to(tl.int32)
+            par = (info - ((info >> 24) << 24)).to(tl.int32)
+            f_key = tl.where(hit, EMPTY, f_key)
             n_nodes += 1
             node = n_nodes
             at = out + node
-            tl.store(Tokens + at, tl.load(ids_row + (d - 1) * stride_ld + r))
             tl.store(Parents + at, par)
             tl.store(Depth + at, d)
             tl.store(Scores + at, s)
-            if r + 1 < K:  # next sibling
-                lp_r = tl.load(lp_row + (d - 1) * stride_ld + r)
-                lp_r1 = tl.load(lp_row + (d - 1) * stride_ld + r + 1)
+            tl.store(Ranks + at, r)
+            has_sib = r + 1 < K
+            has_child = d < D
+            # independent loads, issued together
+            lp_r = tl.load(lp_row + (d - 1) * stride_ld + r)
+            lp_r1 = tl.load(lp_row + (d - 1) * stride_ld + r + 1, mask=has_sib, other=float("-inf"))
+            lp_c = tl.load(lp_row + d * stride_ld, mask=has_child, other=float("-inf"))
+            if has_sib:  # next sibling
+                sc = (s - lp_r) + lp_r1
+                bs = sc.to(tl.int32, bitcast=True)
+                ks = (tl.where(bs < 0, bs ^ 0x7FFFFFFF, bs).to(tl.int64) << 32) | (FRONT - 1 - n_push)
                 new = slot == n_push
-                f_score = tl.where(new, (s - lp_r) + lp_r1, f_score)
-                f_depth = tl.where(new, d, f_depth)
-                f_rank = tl.where(new, r + 1, f_rank)
-                f_parent = tl.where(new, par, f_parent)
+                f_key = tl.where(new, tl.where(sc > float("-inf"), ks, EMPTY), f_key)
+                f_info = tl.where(new, (d.to(tl.int64) << 48) | ((r + 1).to(tl.int64) << 24) | par, f_info)
                 n_push += 1
-            if d < D:  # first child
-                lp_c = tl.load(lp_row + d * stride_ld)
+            if has_child:  # first child
+                cc = s + lp_c
+                bc = cc.to(tl.int32, bitcast=True)
+                kc = (tl.where(bc < 0, bc ^ 0x7FFFFFFF, bc).to(tl.int64) << 32) | (FRONT - 1 - n_push)
                 new = slot == n_push
-                f_score = tl.where(new, s + lp_c, f_score)
-                f_depth = tl.where(new, d + 1, f_depth)
-                f_rank = tl.where(new, 0, f_rank)
-                f_parent = tl.where(new, node, f_parent)
+                f_key = tl.where(new, tl.where(cc > float("-inf"), kc, EMPTY), f_key)
+                f_info = tl.where(new, ((d + 1).to(tl.int64) << 48) | node, f_info)
                 n_push += 1
     tl.store(TreeLens + b, n_nodes + 1)
+    # Tokens after the search, in one vectorised gather (no dependent load inside the loop).
+    i = 1 + tl.arange(0, BLOCK_T)
+    ok = i <= n_nodes
+    d = tl.load(Depth + out + i, mask=ok, other=1)
+    r = tl.load(Ranks + out + i, mask=ok, other=0)
+    tok = tl.load(IDS + b.to(tl.int64) * stride_lb + (d - 1) * stride_ld + r, mask=ok, other=0)
+    tl.store(Tokens + out + i, tok, mask=ok)
 
 
 def build_tree_reference(draft_logits, budget: int, root_tokens):
@@ -188,17 +269,19 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
         t = build_tree_reference(draft_logits, budget, root_tokens)
         return Tree(*(x.to(dev) for x in t))
     K = min(budget, Vv)
-    lp, ids = topk_per_depth(draft_logits, K)
+    lp, ids = topk_per_depth(draft_logits, K, kernel=True)
     T = budget + 1
     tokens = torch.zeros(B, T, dtype=torch.int32, device=dev)
     parents = torch.full((B, T), -1, dtype=torch.int32, device=dev)
     depth = torch.zeros(B, T, dtype=torch.int32, device=dev)
     scores = torch.full((B, T), float("-inf"), dtype=torch.float32, device=dev)
     tree_lens = torch.empty(B, dtype=torch.int32, device=dev)
+    ranks = torch.empty(B, T, dtype=torch.int32, device=dev)
     front = triton.next_power_of_2(2 * budget + 2)
-    _ddtree_kernel[(B,)](lp, ids, root_tokens, tokens, parents, depth, scores, tree_lens,
+    _ddtree_kernel[(B,)](lp, ids, root_tokens, tokens, parents, depth, scores, ranks, tree_lens,
                          lp.stride(0), lp.stride(1), tokens.stride(0), D, K, budget,
-                         FRONT=front, num_warps=4 if front <= 1024 else 8)
+                         FRONT=front, BLOCK_T=triton.next_power_of_2(budget),
+                         num_warps=1 if front <= 1024 else 4)
     mask, depth2 = tree_mask_from_parents(parents, tree_lens)
     return Tree(tokens, parents, depth2, scores, tree_lens, mask)
 
@@ -208,11 +291,13 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _gumbel_pick_kernel(Logits, Thresh, Picks, stride_r, R, V, inv_temp, seed, step, T,
+def _gumbel_pick_kernel(Logits, Thresh, PartVal, PartIdx, stride_r, R, V, chunk, n_chunks, inv_temp, seed, StepPtr, T,
                         BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Per row (request b, node i): argmax over v of logits/temp + Gumbel(u(seed, step, b, i, v)),
-    over tokens with logit >= Thresh[row]; one pass over the logits, BLOCK_R rows per program."""
+    """Per row (request b, node i) and chunk of the vocabulary: the max over the chunk's v of
+    logits/temp + Gumbel(u(seed, step, b, i, v)) among tokens with logit >= Thresh[row], and its
+    lowest index; the partials are reduced across chunks afterwards (first max = lowest id)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1)
     r_ok = rows < R
     b = rows // T
     i = rows % T
@@ -220,9 +305,12 @@ def _gumbel_pick_kernel(Logits, Thresh, Picks, stride_r, R, V, inv_temp, seed, s
     thresh = tl.load(Thresh + rows, mask=r_ok, other=0.0)
     best_val = tl.full([BLOCK_R], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK_R], dtype=tl.int32)
-    for v0 in range(0, V, BLOCK_V):
+    lo = c * chunk
+    hi = tl.minimum(lo + chunk, V)
+    step = tl.load(StepPtr)  # from memory: a captured graph replays with the current step
+    for v0 in range(lo, hi, BLOCK_V):
         v = v0 + tl.arange(0, BLOCK_V)
-        ok = r_ok[:, None] & (v < V)[None, :]
+        ok = r_ok[:, None] & (v < hi)[None, :]
         x = tl.load(base + v[None, :], mask=ok, other=float("-inf")).to(tl.float32)
         # Philox counter: (seed, step) pick the key, (request, node, token) the counter
         u = tl.rand(seed + step * 1000003, (b * T + i)[:, None].to(tl.int64) * V + v[None, :])
@@ -234,7 +322,8 @@ def _gumbel_pick_kernel(Logits, Thresh, Picks, stride_r, R, V, inv_temp, seed, s
         take = m > best_val
         best_idx = tl.where(take, idx, best_idx)
         best_val = tl.where(take, m, best_val)
-    tl.store(Picks + rows, best_idx, mask=r_ok)
+    tl.store(PartVal + rows * n_chunks + c, best_val, mask=r_ok)
+    tl.store(PartIdx + rows * n_chunks + c, best_idx, mask=r_ok)
 
 
 @triton.jit
@@ -294,20 +383,35 @@ def target_picks(target_logits, *, temperature=0.0, top_k=None, top_p=None, seed
     logits2d = target_logits.reshape(B * T, Vv)
     thresh = _filter_threshold(logits2d, temperature, top_k, top_p)
     if target_logits.device.type != "cuda" and not _interpreting():  # CPU path: torch's own generator
-        g = torch.Generator().manual_seed((int(seed) * 1000003 + int(step)) & 0x7FFFFFFFFFFF)
+        g = torch.Generator().manual_seed((int(seed) * 1000003 + int(step)) & 0x7FFFFFFFFFFF)  # int(tensor) on the CPU
         u = torch.rand(logits2d.shape, generator=g).clamp(1e-20, 1 - 1e-7)
         score = torch.where(logits2d.float() >= thresh[:, None], logits2d.float() / temperature - torch.log(-torch.log(u)),
                             float("-inf"))
         return torch.argmax(score, dim=-1).to(torch.int32).view(B, T)
-    picks = torch.empty(B * T, dtype=torch.int32, device=target_logits.device)
     if logits2d.stride(1) != 1:
         logits2d = logits2d.contiguous()
+    R = B * T
+    if isinstance(step, torch.Tensor):
+        V.check_tensor("step", step, dtypes=(torch.int64,), device=target_logits.device)
+        if step.numel() != 1:
+            raise ValueError(f"step must be an int or a one-element int64 tensor, got shape {tuple(step.shape)}")
+        step_t = step.reshape(1)
+    else:
+        step_t = torch.tensor([int(step)], dtype=torch.int64, device=target_logits.device)
     block_v = min(4096, triton.next_power_of_2(Vv))
     block_r = max(1, min(64, 4096 // block_v))
-    _gumbel_pick_kernel[(triton.cdiv(B * T, block_r),)](
-        logits2d, thresh, picks, logits2d.stride(0), B * T, Vv, 1.0 / temperature, int(seed) & 0x7FFFFFFF, int(step),
-        T, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=4)
-    return picks.view(B, T)
+    row_blocks = triton.cdiv(R, block_r)
+    # Split the vocabulary too, so that a few rows still fill the GPU (~4 programs per SM).
+    n_chunks = max(1, min(triton.cdiv(Vv, block_v), triton.cdiv(4 * num_sms(target_logits.device), row_blocks)))
+    chunk = triton.cdiv(triton.cdiv(Vv, n_chunks), block_v) * block_v
+    n_chunks = triton.cdiv(Vv, chunk)
+    part_val = torch.empty(R, n_chunks, dtype=torch.float32, device=target_logits.device)
+    part_idx = torch.empty(R, n_chunks, dtype=torch.int32, device=target_logits.device)
+    _gumbel_pick_kernel[(row_blocks, n_chunks)](
+        logits2d, thresh, part_val, part_idx, logits2d.stride(0), R, Vv, chunk, n_chunks, 1.0 / temperature,
+        int(seed) & 0x7FFFFFFF, step_t, T, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=4)
+    best = torch.argmax(part_val, dim=1, keepdim=True)  # first max: the lowest chunk, so the lowest id
+    return torch.gather(part_idx, 1, best).view(B, T)
 
 
 def accept_tree_reference(tokens, parents, tree_lens, picks):
@@ -343,6 +447,8 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
         temperature: 0 = greedy (argmax, lowest id on ties); > 0 samples (Gumbel-max) from
             ``softmax(logits / temperature)`` restricted to the top-k tokens and the top-p nucleus.
         seed, step: key the counter-based RNG (with request and node): reproducible, graph-capturable.
+            ``step`` may be a one-element int64 tensor on the device (read by the kernel, so a captured
+            graph advances it without recapture).
     Returns ``(accept_idx [B, T] int32 (root first, -1 padded), accept_len [B], bonus [B], picks [B, T])``.
     """
     V.check_tensor("tokens", tokens, ndim=2, dtypes=(torch.int32,))
