@@ -1,0 +1,149 @@
+"""The speculative decoding engine: lossless against plain greedy decoding and against an independent
+full-sequence recomputation, batches with different prompt lengths, stop tokens, bad requests, sampling
+exactness (chi-square), and the captured-graph step against the eager step (GPU)."""
+
+import math
+
+import pytest
+import torch
+
+from tritree.engine import Engine
+from tritree.model import dflash
+from tritree.model.config import dflash_tiny, kimi_tiny
+from tritree.model.kimi_k2 import init_params, prefill
+
+from .conftest import DEVICE
+
+
+def make_engine(vocab=97, seed=0, device=DEVICE, num_pages=256, **kw):
+    tcfg = kimi_tiny(vocab_size=vocab)
+    dcfg = dflash_tiny(tcfg)
+    tp = init_params(tcfg, seed=seed, device=device)
+    dp = dflash.init_params(dcfg, seed=seed + 1, device=device)
+    return Engine(tp, tcfg, dp, dcfg, page_size=8, num_pages=num_pages, **kw)
+
+
+@pytest.fixture
+def reference_path(monkeypatch):
+    """Kernels' CPU reference paths instead of the Triton interpreter (fast; the kernels themselves are
+    tested against the same references elsewhere)."""
+    if DEVICE.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def greedy_oracle(engine, prompt, n):
+    """Plain greedy continuation by recomputing the whole sequence each token (no cache, no tree)."""
+    seq = list(prompt)
+    for _ in range(n):
+        logits, _, _ = prefill(engine.tparams, engine.tcfg, torch.tensor([seq], device=engine.device))
+        seq.append(int(torch.argmax(logits[0, -1])))
+    return seq[len(prompt):]
+
+
+PROMPTS = [[5, 17, 3, 88, 41, 9, 12], [60], [7, 7, 7, 30, 2, 19, 44, 45, 46, 1, 0, 90, 13]]
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+def test_greedy_speculative_equals_plain_greedy(reference_path, budget):
+    eng = make_engine()
+    spec = eng.generate(PROMPTS, 12, budget=budget)
+    plain = eng.generate(PROMPTS, 12, budget=budget, speculative=False)
+    for s, p, prompt in zip(spec, plain, PROMPTS):
+        assert s.error is None and p.error is None
+        assert s.tokens == p.tokens, (s.tokens, p.tokens)
+        assert len(s.tokens) == 12 and s.finish == "length"
+        assert s.steps <= p.steps
+    assert spec[0].tokens == greedy_oracle(eng, PROMPTS[0], 12)
+    if budget == 64:  # a wide tree over a 97-token vocabulary accepts several tokens per step
+        assert sum(r.steps for r in spec) < sum(r.steps for r in plain)
+
+
+def test_greedy_through_the_triton_kernels():
+    """The same equality with every op in its Triton kernel (the interpreter on the CPU)."""
+    eng = make_engine()
+    prompts = PROMPTS[:2]
+    spec = eng.generate(prompts, 6, budget=8)
+    for r, prompt in zip(spec, prompts):
+        assert r.tokens == greedy_oracle(eng, prompt, 6)
+
+
+def test_stop_tokens_and_streaming(reference_path):
+    eng = make_engine()
+    full = eng.generate(PROMPTS, 10, budget=16)
+    stop = full[0].tokens[4]
+    streamed = {i: [] for i in range(len(PROMPTS))}
+    res = eng.generate(PROMPTS, 10, budget=16, stop_tokens=[stop], stream=lambda i, t: streamed[i].extend(t))
+    for r, f, i in zip(res, full, range(len(PROMPTS))):
+        if stop in f.tokens:
+            cut = f.tokens.index(stop) + 1
+            assert r.tokens == f.tokens[:cut] and r.finish == "stop"
+        else:
+            assert r.tokens == f.tokens and r.finish == "length"
+        assert streamed[i] == r.tokens
+
+
+def test_bad_requests_do_not_take_down_the_batch(reference_path):
+    eng = make_engine()
+    prompts = [[1, 2, 3], [], [4, 500], list(range(90)) * 30, [9, 8]]
+    res = eng.generate(prompts, 5, budget=4)
+    assert res[1].error and "empty" in res[1].error
+    assert res[2].error and "vocabulary" in res[2].error
+    assert res[3].error and "cache" in res[3].error
+    good = eng.generate([prompts[0], prompts[4]], 5, budget=4)
+    assert res[0].tokens == good[0].tokens and res[4].tokens == good[1].tokens
+    with pytest.raises(ValueError, match="budget"):
+        eng.generate([[1, 2]], 5, budget=0)
+
+
+def _chi2_critical(df, z=3.719):  # upper 1e-4 quantile, Wilson-Hilferty
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampling_matches_the_target_distribution(reference_path):
+    """Temperature 1 on an 8-token vocabulary: the joint law of the first two generated tokens (the
+    second comes out of a speculative step) equals plain sampling from the target."""
+    V, N = 8, 1600
+    eng = make_engine(vocab=V, seed=3, num_pages=2 * N + 8)
+    prompt = [1, 5, 2]
+    res = eng.generate([prompt] * N, 2, temperature=1.0, budget=6, seed=11)
+    pairs = [tuple(r.tokens[:2]) for r in res]
+    with torch.no_grad():
+        logits, _, _ = prefill(eng.tparams, eng.tcfg, torch.tensor([prompt], device=eng.device))
+        p1 = torch.softmax(logits[0, -1].double(), -1)
+        seqs = torch.tensor([prompt + [a] for a in range(V)], device=eng.device)
+        l2, _, _ = prefill(eng.tparams, eng.tcfg, seqs)
+        p2 = torch.softmax(l2[:, -1].double(), -1)
+    joint = (p1[:, None] * p2).cpu()
+    counts = torch.zeros(V, V)
+    for a, b in pairs:
+        counts[a, b] += 1
+    expected = joint * N
+    keep = expected >= 5  # chi-square cells with enough mass; the rest pooled
+    stat = (((counts - expected) ** 2 / expected)[keep]).sum()
+    rest_e, rest_c = expected[~keep].sum(), counts[~keep].sum()
+    df = int(keep.sum()) - 1
+    if rest_e > 0:
+        stat += (rest_c - rest_e) ** 2 / rest_e
+        df += 1
+    assert stat < _chi2_critical(df), f"chi2 {stat:.1f} with {df} dof"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [4, 64])
+def test_gpu_graph_step_equals_eager_step_and_plain_greedy(budget):
+    eng_graph = make_engine(device="cuda", graphs=True)
+    eng_eager = make_engine(device="cuda", graphs=False)
+    a = eng_graph.generate(PROMPTS, 16, budget=budget)
+    b = eng_eager.generate(PROMPTS, 16, budget=budget)
+    c = eng_eager.generate(PROMPTS, 16, budget=budget, speculative=False)
+    for x, y, z in zip(a, b, c):
+        assert x.tokens == y.tokens == z.tokens
+    assert a[0].tokens == greedy_oracle(eng_eager, PROMPTS[0], 16)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_graph_step():
+    eng = make_engine(device="cuda", graphs=True, compile=True)
+    ref = make_engine(device="cuda", graphs=False)
+    assert [r.tokens for r in eng.generate(PROMPTS, 10, budget=16)] == \
+        [r.tokens for r in ref.generate(PROMPTS, 10, budget=16)]

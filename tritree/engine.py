@@ -1,0 +1,384 @@
+"""Speculative decoding: Kimi K2 target + DFlash draft + DDTree, the whole decode step on the device.
+
+A decode step (:func:`decode_step_`) is a pure function of the parameters and an explicit state of
+static buffers, updated in place:
+
+    materialise draft context of last step's accepted tokens -> draft block -> build_tree
+    -> target verify (tree KV written, verify attention, logits, taps) -> accept_tree
+    -> kv_commit_ on every target layer -> keep the accepted nodes' taps and the emitted tokens
+
+No host sync happens inside a step, so on a GPU the step is captured once per (batch, budget) in a
+CUDA graph and replayed. :class:`Engine` is the host-side driver: it admits requests (pages from a
+:class:`~tritree.PagePool`), prefills them, replays steps, streams the emitted tokens, applies stop
+tokens and length limits, and retires finished requests (they stay in the batch, inactive, so the
+captured graph keeps its shapes).
+
+State (B requests, T = budget + 1 tree tokens):
+    tkv [target layers, pages, P, latent]; dkv [draft layers, pages, P, 2, Hkv, D]; page_table [B, max_pages]
+    kv_lens [B] committed tokens (target); dlens [B] tokens with draft context; anchor [B] last emitted
+    token (position kv_lens); pending [B, T, n_taps, hidden] taps of tokens not yet in the draft cache,
+    pending_n [B]; active [B] bool; step [1] int64 (RNG counter); emitted [B, T], n_emitted [B].
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from .kernels import PagePool, accept_tree, build_tree, kv_commit_
+from .kernels.tree import target_picks
+from .model import dflash
+from .model.kimi_k2 import prefill, verify
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Result:
+    """One request's outcome: ``tokens`` generated (stop token included), or ``error``."""
+
+    tokens: list = field(default_factory=list)
+    error: str | None = None
+    steps: int = 0
+    finish: str | None = None  # "stop", "length" or None (error)
+
+
+# --------------------------------------------------------------------------------------------------
+# The step: pure functions of params and explicit state
+# --------------------------------------------------------------------------------------------------
+
+class PhaseTimer:
+    """Per-phase timing with CUDA events (or the host clock on the CPU); free when disabled."""
+
+    def __init__(self, enabled: bool, device):
+        self.enabled = enabled
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks = []
+
+    def mark(self, name):
+        if not self.enabled:
+            return
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append((name, e))
+        else:
+            self.marks.append((name, time.perf_counter()))
+
+    def durations_ms(self) -> dict:
+        if not self.marks:
+            return {}
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+        self.marks = []
+        return out
+
+
+def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, sampling: SamplingConfig,
+                 timer: PhaseTimer | None = None) -> dict:
+    """One speculative decode step for every request of ``state`` (see module), in place.
+
+    ``budget = 0`` is plain decoding (a root-only tree: one token per step, no draft). Returns
+    ``state`` (same buffers)."""
+    timer = timer or PhaseTimer(False, state["anchor"].device)
+    B = state["anchor"].shape[0]
+    dev = state["anchor"].device
+    T = budget + 1
+    active = state["active"]
+    tcache = {"kv": state["tkv"], "page_table": state["page_table"], "kv_lens": state["kv_lens"]}
+    timer.mark("start")
+    if budget > 0:
+        dcache = {"kv": state["dkv"], "page_table": state["page_table"], "kv_lens": state["dlens"]}
+        pos = state["dlens"][:, None].to(torch.long) + torch.arange(state["pending"].shape[1], device=dev)
+        dcache = dflash.materialize_context_(dparams, dcfg, state["pending"], pos, dcache, counts=state["pending_n"])
+        state["dlens"].copy_(dcache["kv_lens"])
+        draft_logits = dflash.draft(dparams, dcfg, tparams["model.embed_tokens.weight"], tparams["lm_head.weight"],
+                                    state["anchor"], state["dlens"], dcache)
+        timer.mark("draft")
+        tree = build_tree(draft_logits, budget, state["anchor"])
+        tokens, parents, depth, tree_mask, tree_lens = tree.tokens, tree.parents, tree.depth, tree.tree_mask, tree.tree_lens
+    else:
+        tokens = state["anchor"][:, None]
+        parents = torch.full((B, 1), -1, dtype=torch.int32, device=dev)
+        depth = torch.zeros(B, 1, dtype=torch.int32, device=dev)
+        tree_mask = torch.ones(B, 1, 1, dtype=torch.int32, device=dev)
+        tree_lens = torch.ones(B, dtype=torch.int32, device=dev)
+    timer.mark("tree")
+    logits, taps = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens,
+                          taps=tuple(dcfg.target_layer_ids) if budget > 0 else ())
+    timer.mark("verify")
+    idx, n, bonus, _ = accept_tree(tokens, parents, tree_lens, logits, temperature=sampling.temperature,
+                                   top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, step=state["step"])
+    n = torch.where(active, n, 0)
+    timer.mark("accept")
+    new_lens = kv_commit_(state["tkv"], state["page_table"], state["kv_lens"], idx, n, stacked=True)
+    state["kv_lens"].copy_(new_lens)
+    timer.mark("commit")
+    # Emitted: the accepted nodes after the root, then the bonus token.
+    j = torch.arange(T, device=dev)[None, :]
+    nodes = torch.gather(tokens, 1, torch.clamp(torch.roll(idx, -1, dims=1), min=0).long())
+    em = torch.where(j < (n - 1)[:, None], nodes, torch.where(j == (n - 1)[:, None], bonus[:, None], -1))
+    state["emitted"][:, :T].copy_(em)
+    state["n_emitted"].copy_(n)
+    state["anchor"].copy_(torch.where(active, bonus, state["anchor"]))
+    if budget > 0:
+        sel = torch.clamp(idx, min=0).long()[:, :, None, None].expand(-1, -1, taps.shape[2], taps.shape[3])
+        state["pending"][:, :T].copy_(torch.gather(taps, 1, sel).to(state["pending"].dtype))
+        state["pending_n"].copy_(n)
+    state["step"].add_(1)
+    return state
+
+
+# --------------------------------------------------------------------------------------------------
+# Host-side driver
+# --------------------------------------------------------------------------------------------------
+
+def _profile_env():
+    v = os.environ.get("TRITREE_PROFILE", "0")
+    return v not in ("", "0", "false", "False"), v == "eager"
+
+
+class Engine:
+    """Generation with a target/draft pair (parameters as dicts, configs as dataclasses).
+
+    ``page_size``/``num_pages``: the paged caches (target latent and draft K/V share one page table).
+    ``graphs``: capture the step in a CUDA graph (default: on a GPU). ``compile``: torch.compile the
+    target verify and the draft forward (GPU).
+    """
+
+    def __init__(self, tparams, tcfg, dparams, dcfg, *, page_size: int = 16, num_pages: int = 4096,
+                 device=None, dtype=None, graphs: bool | None = None, compile: bool = False, profile_every: int = 20):
+        self.tparams, self.tcfg, self.dparams, self.dcfg = tparams, tcfg, dparams, dcfg
+        self.device = torch.device(device or tparams["lm_head.weight"].device)
+        self.dtype = dtype or tparams["lm_head.weight"].dtype
+        self.page_size, self.num_pages = page_size, num_pages
+        self.graphs = (self.device.type == "cuda") if graphs is None else graphs
+        self.compile = compile
+        self.profile, self.profile_eager = _profile_env()
+        self.profile_every = profile_every
+        self.phase_stats = defaultdict(list)
+        self._graphs = {}
+        self.pool = PagePool(num_pages, page_size)
+        self._tkv = torch.zeros(tcfg.num_hidden_layers, num_pages, page_size, tcfg.latent_dim, dtype=self.dtype,
+                                device=self.device)
+        self._dkv = torch.zeros(dcfg.num_hidden_layers, num_pages, page_size, 2, dcfg.num_key_value_heads,
+                                dcfg.head_dim, dtype=self.dtype, device=self.device)
+        self.log = print
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def _check_prompt(self, prompt, max_new_tokens, budget) -> str | None:
+        if len(prompt) == 0:
+            return "empty prompt"
+        bad = [t for t in prompt if not isinstance(t, int) or t < 0 or t >= self.tcfg.vocab_size]
+        if bad:
+            return f"token id {bad[0]!r} is outside the vocabulary [0, {self.tcfg.vocab_size})"
+        need = len(prompt) + max_new_tokens + budget + 2
+        limit = min(self.num_pages * self.page_size, self.tcfg.max_position_embeddings)
+        if need > limit:
+            return (f"prompt of {len(prompt)} tokens + {max_new_tokens} new + tree of {budget + 1} needs {need} "
+                    f"positions, more than the cache/model allows ({limit})")
+        return None
+
+    def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k=None, top_p=None,
+                 budget: int = 16, seed: int = 0, stop_tokens=(), stream=None, speculative: bool = True):
+        """Generates for a batch of prompts (lists of token ids); returns a list of :class:`Result`.
+
+        ``budget``: draft-tree nodes per step (>= 1); ``speculative=False`` decodes plainly with the
+        target (one token per step). ``stream(i, new_tokens)`` is called as tokens are accepted.
+        Bad requests get a :class:`Result` with ``error`` set; the others proceed.
+        """
+        if not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"budget must be an int >= 1, got {budget!r}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        eff_budget = budget if speculative else 0
+        results = [Result() for _ in prompts]
+        live = []
+        for i, p in enumerate(prompts):
+            p = list(p)
+            err = self._check_prompt(p, max_new_tokens, budget)
+            if err:
+                results[i].error = err
+            else:
+                live.append(i)
+        if not live:
+            return results
+        stop = set(int(t) for t in stop_tokens)
+        state = self._admit([list(prompts[i]) for i in live], max_new_tokens, eff_budget, sampling)
+        try:
+            first = state.pop("first").tolist()
+            done = [False] * len(live)
+            for k, i in enumerate(live):
+                results[i].tokens.append(first[k])
+                if stream:
+                    stream(i, [first[k]])
+                if first[k] in stop or max_new_tokens <= 1:
+                    done[k] = True
+                    results[i].finish = "stop" if first[k] in stop else "length"
+            self._set_active(state, done)
+            run = self._runner(state, eff_budget, sampling)
+            steps = 0
+            while not all(done):
+                run()
+                steps += 1
+                n = state["n_emitted"].tolist()
+                em = state["emitted"].tolist()
+                for k, i in enumerate(live):
+                    if done[k]:
+                        continue
+                    results[i].steps += 1
+                    new = []
+                    for t in em[k][:n[k]]:
+                        new.append(t)
+                        if t in stop:
+                            results[i].finish = "stop"
+                            break
+                        if len(results[i].tokens) + len(new) >= max_new_tokens:
+                            results[i].finish = "length"
+                            break
+                    results[i].tokens.extend(new)
+                    if stream and new:
+                        stream(i, new)
+                    if results[i].finish:
+                        done[k] = True
+                self._set_active(state, done)
+                if self.profile and steps % self.profile_every == 0:
+                    self.report_phases()
+        finally:
+            for k in range(len(live)):
+                self.pool.release(("req", k))
+        return results
+
+    def _admit(self, prompts, max_new_tokens, budget, sampling):
+        """Pages, prefill of every prompt (target KV + taps, then the draft context), first token."""
+        B = len(prompts)
+        dev = self.device
+        T = budget + 1
+        for k, p in enumerate(prompts):
+            self.pool.release(("req", k))
+            self.pool.reserve(("req", k), len(p) + max_new_tokens + T + 2)
+        max_pages = max(len(self.pool.pages[("req", k)]) for k in range(B))
+        page_table = self.pool.page_table([("req", k) for k in range(B)], max_pages, device=dev)
+        taps_ids = tuple(self.dcfg.target_layer_ids)
+        kv_lens = torch.zeros(B, dtype=torch.int32, device=dev)
+        dlens = torch.zeros(B, dtype=torch.int32, device=dev)
+        last = []
+        for k, p in enumerate(prompts):
+            toks = torch.tensor([p], dtype=torch.long, device=dev)
+            cache = {"kv": self._tkv, "page_table": page_table[k:k + 1], "kv_lens": kv_lens[k:k + 1].clone()}
+            logits, taps, cache = prefill(self.tparams, self.tcfg, toks, cache, taps=taps_ids)
+            kv_lens[k] = len(p)
+            last.append(logits[:, -1])
+            if budget > 0:
+                dcache = {"kv": self._dkv, "page_table": page_table[k:k + 1], "kv_lens": dlens[k:k + 1].clone()}
+                pos = torch.arange(len(p), device=dev)[None]
+                dflash.materialize_context_(self.dparams, self.dcfg, taps.to(self.dtype), pos, dcache)
+                dlens[k] = len(p)
+        step0 = torch.zeros(1, dtype=torch.int64, device=dev)
+        first = target_picks(torch.stack(last), temperature=sampling.temperature, top_k=sampling.top_k,
+                             top_p=sampling.top_p, seed=sampling.seed, step=step0)[:, 0]
+        tmax = max(T, 1)
+        return {
+            "tkv": self._tkv, "dkv": self._dkv, "page_table": page_table, "kv_lens": kv_lens, "dlens": dlens,
+            "anchor": first.to(torch.int32).clone(), "first": first,
+            "pending": torch.zeros(B, tmax, self.dcfg.n_taps, self.tcfg.hidden_size, dtype=self.dtype, device=dev),
+            "pending_n": torch.zeros(B, dtype=torch.int32, device=dev),
+            "active": torch.ones(B, dtype=torch.bool, device=dev), "step": step0 + 1,
+            "emitted": torch.full((B, tmax), -1, dtype=torch.int32, device=dev),
+            "n_emitted": torch.zeros(B, dtype=torch.int32, device=dev),
+        }
+
+    def _set_active(self, state, done):
+        state["active"].copy_(torch.tensor([not d for d in done], dtype=torch.bool), non_blocking=False)
+
+    # ---- running steps ------------------------------------------------------------------------
+
+    def _step_fn(self):
+        if not self.compile:
+            return decode_step_
+        if not hasattr(self, "_compiled"):
+            self._compiled = torch.compile(decode_step_, dynamic=False)
+        return self._compiled
+
+    def _runner(self, state, budget, sampling):
+        """A callable running one step: eager, eager with phase timing, or a CUDA graph replay."""
+        args = (self.tparams, self.tcfg, self.dparams, self.dcfg)
+        step = self._step_fn()
+        if self.profile and (self.profile_eager or not self.graphs):
+            def run():
+                timer = PhaseTimer(True, self.device)
+                decode_step_(*args, state, budget=budget, sampling=sampling, timer=timer)
+                for k, v in timer.durations_ms().items():
+                    self.phase_stats[k].append(v)
+            return run
+        if not self.graphs:
+            return lambda: step(*args, state, budget=budget, sampling=sampling)
+        return self._graph_runner(state, budget, sampling, step, args)
+
+    def _graph_runner(self, state, budget, sampling, step, args):
+        """Captures the step on ``state``'s buffers (after one warm-up step on a copy of the mutable
+        state, so the real sequence is not advanced) and returns the replay."""
+        mutable = ("kv_lens", "dlens", "anchor", "pending", "pending_n", "step", "emitted", "n_emitted")
+        saved = {k: state[k].clone() for k in mutable}
+        tkv_saved, dkv_saved = None, None
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warm-up: compiles kernels, allocates on the side stream
+            active = state["active"].clone()
+            state["active"].zero_()  # inactive: commits nothing, so the caches' committed entries stay intact
+            step(*args, state, budget=budget, sampling=sampling)
+            state["active"].copy_(active)
+        torch.cuda.current_stream().wait_stream(s)
+        for k in mutable:
+            state[k].copy_(saved[k])
+        graph = torch.cuda.CUDAGraph()
+        active = state["active"].clone()
+        state["active"].zero_()
+        with torch.cuda.graph(graph):
+            step(*args, state, budget=budget, sampling=sampling)
+        state["active"].copy_(active)
+        for k in mutable:
+            state[k].copy_(saved[k])
+        del tkv_saved, dkv_saved
+        timer = self.profile
+
+        def run():
+            if timer:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                graph.replay()
+                b.record()
+                b.synchronize()
+                self.phase_stats["step (graph)"].append(a.elapsed_time(b))
+            else:
+                graph.replay()
+        self._graphs[(state["anchor"].shape[0], budget)] = graph
+        return run
+
+    def report_phases(self):
+        for name, vals in self.phase_stats.items():
+            if vals:
+                self.log(f"{name}: n={len(vals)} mean={sum(vals) / len(vals):.3f}ms last={vals[-1]:.3f}ms")
