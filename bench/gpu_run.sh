@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, config exploration and the sweeps; everything lands in $OUT.
-# usage: bash bench/gpu_run.sh [tests] [explore] [sweep] [sm120] [kv] [draft] [tree] [pybench] [ncu]
+# usage: bash bench/gpu_run.sh [tests] [explore] [sweep] [sm120] [kv] [draft] [main] [decode] [tree] [pybench] [ncu]
 #   env: TESTS (pytest args), CONFIGS / CONFIGS120 (BM,BN,warps,stages[,programs_per_sm[,scalar_page]];...),
 #        FILTER (python expression over B,T,H,L,P), GRID (sweep grids), DRAFT_CONFIGS, NCU_CASE ("B T H L P [cfg]|...")
 set -u
@@ -21,6 +21,8 @@ for step in "$@"; do
                --variant tritree-sm120 --ceilings "$OUT/ceilings.json" --out "$OUT/sm120.jsonl" ${CONFIGS120:+--configs "$CONFIGS120"} ${FILTER:+--filter "$FILTER"} 2>&1 | tee "$OUT/sm120.txt" ;;
     kv) timeout 120 python3 -m bench.kv_sweep --out "$OUT/kv.jsonl" 2>&1 | tee "$OUT/kv.txt" ;;
     draft) timeout 420 python3 -m bench.draft_sweep --ceilings "$OUT/ceilings.json" --out "$OUT/draft.jsonl" ${DRAFT_CONFIGS:+--configs "$DRAFT_CONFIGS"} 2>&1 | tee "$OUT/draft.txt" ;;
+    main) TRITREE_PROFILE=1 timeout 300 python3 -m tritree --check 2>&1 | tail -20 | tee "$OUT/main.txt" ;;
+    decode) timeout ${DECODE_TIMEOUT:-420} python3 -m tritree bench decode --ctx ${CTX:-46000} --out "$OUT/decode.jsonl" 2>&1 | tee "$OUT/decode.txt" ;;
     tree) timeout 300 python3 -m bench.tree_sweep --out "$OUT/tree.jsonl" 2>&1 | tee "$OUT/tree.txt" ;;
     pybench) timeout 300 python3 -m pytest -q bench/test_bench_verify_mla.py --benchmark-json="$OUT/pybench.json" \
                --benchmark-columns=median,rounds 2>&1 | tail -30 | tee "$OUT/pybench.txt" ;;

@@ -1,9 +1,13 @@
-"""Command line: ``python -m tritree [demo] ...`` (also the ``tritree`` console script).
+"""Command line: ``python -m tritree [generate|demo] ...`` (also the ``tritree`` console script).
 
-Until the decoding engine exists, the main job is the verify-attention demo: a random tree over a
-random paged latent cache, the Triton kernel's output checked against the float64 reference and, on a
-GPU, its time against the hardware floor. Without a GPU the kernel runs in Triton's interpreter
-(small default shape).
+``generate`` (the default): speculative decoding (target + DFlash draft + DDTree) of a batch of
+prompts, printing the tokens, tokens per second, the mean acceptance length and the phase split;
+``--check`` also decodes without speculation and confirms the outputs match. Without ``--model`` /
+``--draft`` it uses a tiny random target/draft pair (random weights: acceptance lengths are not
+meaningful). Without a GPU every kernel runs in Triton's interpreter.
+
+``demo``: the verify-attention kernel on a random tree over a random paged latent cache, checked
+against the float64 reference and, on a GPU, timed against the hardware floor.
 """
 
 from __future__ import annotations
@@ -69,11 +73,120 @@ def demo(args) -> int:
     return 0 if ok else 1
 
 
+def _load_pair(args, device, dtype):
+    import torch
+
+    from .model import dflash
+    from .model.config import dflash_tiny, kimi_tiny
+    from .model.kimi_k2 import init_params
+    from .model.loading import load_dflash_params, load_params
+
+    if bool(args.model) != bool(args.draft):
+        raise SystemExit("--model and --draft go together")
+    if args.model:
+        tparams, tcfg = load_params(args.model, device=device, dtype=dtype)
+        dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype)
+        return tparams, tcfg, dparams, dcfg, f"target {args.model}, draft {args.draft}"
+    tcfg = kimi_tiny()
+    dcfg = dflash_tiny(tcfg)
+    tparams = init_params(tcfg, seed=args.seed, device=device, dtype=dtype)
+    dparams = dflash.init_params(dcfg, seed=args.seed + 1, device=device, dtype=dtype)
+    del torch
+    return tparams, tcfg, dparams, dcfg, ("tiny random target/draft pair (random weights: the acceptance length "
+                                          "means nothing until trained models exist)")
+
+
+def generate(args) -> int:
+    import time
+
+    import torch
+    from tqdm import tqdm
+
+    from .engine import Engine
+
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype or ("bf16" if gpu else "fp32")]
+    tparams, tcfg, dparams, dcfg, what = _load_pair(args, device, dtype)
+    where = f"GPU {torch.cuda.get_device_name()}" if gpu else "CPU (kernels in the Triton interpreter)"
+    print(f"tritree generate on {where}: {what}")
+    g = torch.Generator().manual_seed(args.seed)
+    if args.prompt_ids:
+        prompts = [[int(t) for t in p.split(",")] for p in args.prompt_ids.split(";")]
+    else:
+        prompts = [torch.randint(0, tcfg.vocab_size, (n,), generator=g).tolist()
+                   for n in [11, 4, 23, 7][:args.batch]]
+    engine = Engine(tparams, tcfg, dparams, dcfg, page_size=args.page_size, num_pages=args.num_pages,
+                    graphs=gpu and not args.eager, compile=args.compile)
+    total = len(prompts) * args.max_new_tokens
+    bar = tqdm(total=total, desc="tokens", unit="tok", disable=args.quiet)
+    t0 = time.perf_counter()
+    res = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, budget=args.budget, seed=args.seed, stop_tokens=args.stop,
+                          stream=lambda i, toks: bar.update(len(toks)))
+    if gpu:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    bar.close()
+    n_tok = sum(len(r.tokens) for r in res)
+    for i, r in enumerate(res):
+        print(f"[{i}] prompt {prompts[i]}\n    -> " + (f"ERROR: {r.error}" if r.error else f"{r.tokens} ({r.finish})"))
+    steps = sum(r.steps for r in res if not r.error)
+    gen_after_first = sum(max(0, len(r.tokens) - 1) for r in res if not r.error)
+    acc = gen_after_first / steps if steps else float("nan")
+    print(f"{n_tok} tokens in {dt:.2f} s ({n_tok / dt:.1f} tokens/s, prefill and graph capture included); "
+          f"mean acceptance length {acc:.2f} tokens per step (budget {args.budget})")
+    if engine.phase_stats:
+        engine.report_phases()
+    else:
+        print("phase split: set TRITREE_PROFILE=1 (TRITREE_PROFILE=eager for per-phase times under CUDA graphs)")
+    ok = True
+    if args.check:
+        plain = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, budget=args.budget, seed=args.seed, stop_tokens=args.stop,
+                                speculative=False)
+        same = all(a.tokens == b.tokens for a, b in zip(res, plain))
+        if args.temperature == 0:
+            ok = same
+            print(f"check: speculative output {'equals' if same else 'DIFFERS FROM'} plain greedy decoding")
+        else:
+            print("check: at temperature > 0 the outputs are samples; the distributions are equal "
+                  "(tests/test_engine.py), the tokens need not be")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tritree", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
+    gen = sub.add_parser("generate", help="speculative decoding of a batch of prompts (the default)")
+    gen.add_argument("--model", help="target checkpoint directory (HF layout)")
+    gen.add_argument("--draft", help="DFlash draft checkpoint directory (HF layout)")
+    gen.add_argument("--prompt-ids", help="prompts as token ids: '1,2,3;4,5' (default: random prompts)")
+    gen.add_argument("--batch", type=int, default=2, help="random prompts when --prompt-ids is not given")
+    gen.add_argument("--max-new-tokens", "-n", type=int, default=None, help="default 16 on the CPU, 64 on a GPU")
+    gen.add_argument("--budget", type=int, default=None, help="draft-tree nodes per step (default 8 CPU, 32 GPU)")
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--stop", type=int, action="append", default=[], help="stop token id (repeatable)")
+    gen.add_argument("--page-size", type=int, default=16)
+    gen.add_argument("--num-pages", type=int, default=1024)
+    gen.add_argument("--eager", action="store_true", help="no CUDA graph")
+    gen.add_argument("--compile", action="store_true", help="torch.compile the step (GPU)")
+    gen.add_argument("--check", action="store_true", help="also decode without speculation and compare")
+    gen.add_argument("--quiet", action="store_true", help="no progress bar")
+    gen.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    bench = sub.add_parser("bench", help="benchmarks on a GPU: 'decode' (the motivating scenario)")
+    bench.add_argument("which", choices=["decode"])
+    bench.add_argument("--ctx", type=int, default=46_000, help="committed context tokens")
+    bench.add_argument("--gen", type=int, default=160, help="tokens' worth of steps to time (steps = gen / 8)")
+    bench.add_argument("--budgets", type=int, nargs="+", default=[7, 16, 64], help="7 = the DFlash chain's size")
+    bench.add_argument("--layers", type=int, default=2, help="target layers of the slice (layer 0 dense, MoE after)")
+    bench.add_argument("--batch", type=int, default=1)
+    bench.add_argument("--out", default=None, help="append JSON rows here")
     d = sub.add_parser("demo", help="verify-attention check against the reference (+ timing on a GPU)")
-    for p in (ap, d):
+    for p in (d,):
         p.add_argument("--batch", "-B", type=int, default=1)
         p.add_argument("--tree", "-T", type=int, default=16, help="tree tokens per request, root included")
         p.add_argument("--heads", "-H", type=int, default=8, help="query heads (8 = Kimi K2.6 at TP8)")
@@ -81,9 +194,21 @@ def main(argv=None) -> int:
         p.add_argument("--page-size", "-P", type=int, default=64)
         p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
         p.add_argument("--seed", type=int, default=0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-"):
+        argv = ["generate", *argv]
     args = ap.parse_args(argv)
     _ensure_interpreter_without_gpu()
-    return demo(args)
+    if args.cmd == "demo":
+        return demo(args)
+    if args.cmd == "bench":
+        from .bench_decode import main as bench_main
+        return bench_main(args)
+    import torch
+    gpu = torch.cuda.is_available()
+    args.max_new_tokens = args.max_new_tokens or (64 if gpu else 16)
+    args.budget = args.budget or (32 if gpu else 8)
+    return generate(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+"""``python -m tritree bench decode``: the motivating scenario on a GPU. A real-shape Kimi K2.6 slice
+(one tensor-parallel rank of TP8: 8 of 64 heads, 48 of 384 experts with one routed expert per token
+on this rank, the average share; a few layers, random weights) and a K2.6-DFlash-shaped draft, with
+paged caches filled to ``--ctx`` tokens. Reports the decode step per phase (eager, CUDA events) and as
+one CUDA graph, the verify attention against its floor, and the extrapolation to 61 layers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+from .engine import PhaseTimer, SamplingConfig, decode_step_
+from .model import dflash
+from .model.config import kimi_k26, kimi_k26_dflash
+from .model.kimi_k2 import param_shapes
+
+
+def _random_params(shapes: dict, device, dtype):
+    out = {}
+    for k, shape in shapes.items():
+        if k.endswith("norm.weight") or "layernorm" in k:
+            out[k] = torch.ones(shape, device=device, dtype=dtype)
+        elif k.endswith("e_score_correction_bias"):
+            out[k] = torch.zeros(shape, device=device, dtype=torch.float32)
+        else:
+            t = torch.randn(shape, device=device, dtype=torch.float32 if "mlp.gate." in k else dtype)
+            out[k] = t.mul_(shape[-1] ** -0.5)
+    return out
+
+
+def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, dtype=torch.bfloat16, device="cuda"):
+    tcfg = kimi_k26(num_hidden_layers=layers, num_local_heads=8, n_routed_experts=48, num_experts_per_tok=1,
+                    weight_prefix="")
+    dcfg = kimi_k26_dflash()
+    tparams = _random_params(param_shapes(tcfg), device, dtype)
+    dparams = _random_params(dflash.param_shapes(dcfg), device, dtype)
+    T = budget + 1
+    cap = ctx + 4 * T + 64
+    pages_per = math.ceil(cap / page_size)
+    num_pages = pages_per * batch
+    page_table = torch.arange(num_pages, dtype=torch.int32, device=device).view(batch, pages_per)
+    state = {
+        "tkv": torch.randn(layers, num_pages, page_size, tcfg.latent_dim, device=device, dtype=dtype),
+        "dkv": torch.randn(dcfg.num_hidden_layers, num_pages, page_size, 2, dcfg.num_key_value_heads, dcfg.head_dim,
+                           device=device, dtype=dtype),
+        "page_table": page_table,
+        "kv_lens": torch.full((batch,), ctx, dtype=torch.int32, device=device),
+        "dlens": torch.full((batch,), ctx, dtype=torch.int32, device=device),
+        "anchor": torch.randint(0, tcfg.vocab_size, (batch,), dtype=torch.int32, device=device),
+        "pending": torch.randn(batch, T, dcfg.n_taps, tcfg.hidden_size, device=device, dtype=dtype),
+        "pending_n": torch.full((batch,), 5, dtype=torch.int32, device=device),  # ~5 accepted last step
+        "active": torch.ones(batch, dtype=torch.bool, device=device),
+        "step": torch.zeros(1, dtype=torch.int64, device=device),
+        "emitted": torch.full((batch, T), -1, dtype=torch.int32, device=device),
+        "n_emitted": torch.zeros(batch, dtype=torch.int32, device=device),
+    }
+    state["dlens"] -= 5
+    return tcfg, dcfg, tparams, dparams, state
+
+
+def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20) -> dict:
+    from .roofline import graph_time_us, measure_ceilings, verify_mla_counts
+
+    tcfg, dcfg, tp, dp, state = build(layers, ctx, budget, batch)
+    mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+    sampling = SamplingConfig()
+
+    def reset():
+        for k, v in mutable.items():
+            state[k].copy_(v)
+
+    def step(timer=None):
+        reset()
+        decode_step_(tp, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, timer=timer)
+
+    step()
+    torch.cuda.synchronize()
+    phases = {}
+    eager_ms = []
+    for _ in range(reps):
+        timer = PhaseTimer(True, "cuda")
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        step(timer)
+        b.record()
+        b.synchronize()
+        eager_ms.append(a.elapsed_time(b))
+        for k, v in timer.durations_ms().items():
+            phases.setdefault(k, []).append(v)
+    med = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
+    graph_ms = graph_time_us([step], reps=reps) / 1e3
+    # the verify attention alone at this shape, per layer
+    from .kernels import verify_mla
+    from .testing import random_verify_inputs
+    T = budget + 1
+    case = random_verify_inputs(batch, T, 8, 64, [ctx] * batch, None, ("wide",), torch.bfloat16, device="cuda")
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    attn_us = graph_time_us([lambda: verify_mla(*args, sm_scale=tcfg.softmax_scale)])
+    ceil = measure_ceilings()
+    nbytes, flops = verify_mla_counts(batch, T, 8, ctx)
+    floor_us, bound = ceil.floor_us(nbytes, flops)
+    return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
+                graph_ms=graph_ms, phases_ms=med, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
+                floor_bound=bound)
+
+
+def main(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench decode needs a GPU")
+        return 1
+    rows = []
+    for budget in args.budgets:
+        per = {}
+        for layers in (args.layers, args.layers + 1):
+            r = run(layers, args.ctx, budget, args.batch, reps=max(5, min(50, args.gen // 8)))
+            per[layers] = r
+            rows.append(r)
+            ph = ", ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
+            print(f"budget {budget:>3} layers {layers}: eager {r['eager_ms']:.3f} ms, graph {r['graph_ms']:.3f} ms "
+                  f"(host overhead {r['eager_ms'] - r['graph_ms']:.3f} ms); phases ms: {ph}", flush=True)
+        a, b = per[args.layers], per[args.layers + 1]
+        moe_layer = b["graph_ms"] - a["graph_ms"]
+        est61 = a["graph_ms"] + (61 - args.layers) * moe_layer
+        verify_share = 61 * b["verify_attention_us"] / 1e3
+        ph = b["phases_ms"]
+        non_target = ph.get("draft", 0) + ph.get("tree", 0) + ph.get("accept", 0) + ph["commit"] * 61 / b["layers"]
+        print(f"budget {budget:>3}: one more MoE layer costs {moe_layer:.3f} ms; 61-layer step ~ {est61:.1f} ms "
+              f"(TP8 rank, EP-local experts); verify attention {b['verify_attention_us']:.1f} us/layer vs floor "
+              f"{b['verify_attention_floor_us']:.1f} us ({b['verify_attention_us'] / b['verify_attention_floor_us']:.2f}x, "
+              f"{b['floor_bound']}), {verify_share:.1f} ms over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
+              f"= {100 * non_target / est61:.1f}% of the extrapolated step", flush=True)
+        rows.append(dict(budget=budget, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target))
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    return 0
