@@ -34,7 +34,9 @@ def _random_params(shapes: dict, device, dtype):
 def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, dtype=torch.bfloat16, device="cuda"):
     tcfg = kimi_k26(num_hidden_layers=layers, num_local_heads=8, n_routed_experts=48, num_experts_per_tok=1,
                     weight_prefix="")
-    dcfg = kimi_k26_dflash()
+    # The slice has only the first layers; the draft taps them instead of layers 1, 12, ..., 58 (same
+    # shapes and cost, other values).
+    dcfg = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
     tparams = _random_params(param_shapes(tcfg), device, dtype)
     dparams = _random_params(dflash.param_shapes(dcfg), device, dtype)
     T = budget + 1

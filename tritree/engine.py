@@ -343,7 +343,6 @@ class Engine:
         state, so the real sequence is not advanced) and returns the replay."""
         mutable = ("kv_lens", "dlens", "anchor", "pending", "pending_n", "step", "emitted", "n_emitted")
         saved = {k: state[k].clone() for k in mutable}
-        tkv_saved, dkv_saved = None, None
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):  # warm-up: compiles kernels, allocates on the side stream
@@ -362,7 +361,6 @@ class Engine:
         state["active"].copy_(active)
         for k in mutable:
             state[k].copy_(saved[k])
-        del tkv_saved, dkv_saved
         timer = self.profile
 
         def run():

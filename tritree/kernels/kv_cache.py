@@ -75,8 +75,19 @@ def _pool(kv, stacked: bool, name: str = "kv") -> _Pool:
         raise ValueError(f"{name} page size P = {P} must be a power of two")
     E = math.prod(tok)
     view = kv.unsqueeze(0) if not stacked else kv
-    view = view.as_strided((view.shape[0], view.shape[1], P, E), (view.stride(0), view.stride(1), view.stride(2), 1))
+    # flatten (a view: the per-token dims are one contiguous run), not as_strided: torch.compile cannot
+    # functionalise a kernel's mutation through an as_strided view
+    view = view.flatten(3) if view.dim() > 4 else view
     return _Pool(view, tok, stacked)
+
+
+def _pool_strides(kv, stacked: bool) -> tuple[int, int, int]:
+    """(layer, page, slot) element strides of ``kv`` as the kernels index it. The kernels receive the
+    caller's tensor itself rather than a view made here: torch.compile functionalises a kernel's
+    mutation of its input, not of a view created inside the op."""
+    if stacked:
+        return kv.stride(0), kv.stride(1), kv.stride(2)
+    return 0, kv.stride(0), kv.stride(1)
 
 
 def _check_table(page_table, kv_lens, B_expected, device):
@@ -190,10 +201,9 @@ def kv_write_(kv, page_table, kv_lens, new, tree_lens=None, *, stacked=False):
     rows = min(16, triton.next_power_of_2(T))
     t_blocks = triton.cdiv(T, rows)
     block_e = _block_e(pool.row)
-    kv4 = pool.view
     _kv_write_kernel[(B * t_blocks, pool.layers, triton.cdiv(pool.row, block_e))](
-        kv4, newv, page_table, kv_lens, tree_lens,
-        kv4.stride(0), kv4.stride(1), kv4.stride(2),
+        kv, newv, page_table, kv_lens, tree_lens,
+        *_pool_strides(kv, stacked),
         newv.stride(0), newv.stride(1), newv.stride(2),
         page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks,
         PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, num_warps=4)
@@ -274,10 +284,9 @@ def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False
     if not _use_kernel(kv):
         return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
     block_e = _block_e(pool.row)
-    kv4 = pool.view
     _kv_commit_kernel[(B, pool.layers, triton.cdiv(pool.row, block_e))](
-        kv4, page_table, kv_lens, accept_idx, accept_len,
-        kv4.stride(0), kv4.stride(1), kv4.stride(2), page_table.stride(0), accept_idx.stride(0),
+        kv, page_table, kv_lens, accept_idx, accept_len,
+        *_pool_strides(kv, stacked), page_table.stride(0), accept_idx.stride(0),
         pool.row, page_table.shape[1], pool.num_pages,
         PAGE_SIZE=pool.page_size, ROWS=min(16, triton.next_power_of_2(T)), BLOCK_E=block_e, num_warps=4)
     return kv_lens + accept_len

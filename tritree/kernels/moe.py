@@ -110,7 +110,7 @@ def routed_experts(x, topk_idx, topk_w, w_gate, w_up, w_down, *, block_m: int = 
     order = torch.argsort(flat, stable=True)
     sorted_tok = (order // k).to(torch.int32)
     sorted_w = topk_w.reshape(-1)[order].float().contiguous()
-    counts = torch.bincount(flat, minlength=E)
+    counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))  # bincount syncs
     seg_end = torch.cumsum(counts, 0)
     seg_start = seg_end - counts
     blocks = (counts + block_m - 1) // block_m

@@ -397,7 +397,7 @@ def target_picks(target_logits, *, temperature=0.0, top_k=None, top_p=None, seed
             raise ValueError(f"step must be an int or a one-element int64 tensor, got shape {tuple(step.shape)}")
         step_t = step.reshape(1)
     else:
-        step_t = torch.tensor([int(step)], dtype=torch.int64, device=target_logits.device)
+        step_t = torch.full((1,), int(step), dtype=torch.int64, device=target_logits.device)  # no host copy: capturable
     block_v = min(4096, triton.next_power_of_2(Vv))
     block_r = max(1, min(64, 4096 // block_v))
     row_blocks = triton.cdiv(R, block_r)

@@ -119,7 +119,7 @@ class KimiK2Config:
 def kimi_k26(**overrides) -> KimiK2Config:
     """Kimi K2.6 text model (real values; SPEC.md section 2). ``num_hidden_layers`` can be reduced to
     load a slice."""
-    return KimiK2Config(weight_prefix="language_model.", **overrides)
+    return KimiK2Config(**{"weight_prefix": "language_model.", **overrides})
 
 
 def kimi_tiny(**overrides) -> KimiK2Config:
