@@ -196,6 +196,25 @@ def kv_write_(kv, page_table, kv_lens, new, tree_lens=None, *, stacked=False):
         return kv_write_reference(kv, page_table, kv_lens, new, tree_lens, stacked=stacked)
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=kv.device)
+    if kv.device.type == "cuda":
+        _kv_write_op(kv, page_table, kv_lens, new, tree_lens, stacked)
+    else:
+        _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked)
+    return kv
+
+
+# Opaque to torch.compile (declared mutation of kv): traced into, a model's compiled verify gave wrong
+# logits on the H200 (bench/compile_diag.py) and these launches are the kernels that mutate an input.
+@torch.library.custom_op("tritree::kv_write_", mutates_args=("kv",))
+def _kv_write_op(kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor, new: torch.Tensor,
+                 tree_lens: torch.Tensor, stacked: bool) -> None:
+    _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked)
+
+
+def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
+    pool = _pool(kv, stacked)
+    lead = 3 if stacked else 2
+    B, T = new.shape[lead - 2], new.shape[lead - 1]
     newv = (new if stacked else new.unsqueeze(0))
     newv = newv.view(*newv.shape[:3], pool.row) if newv[0, 0, 0].is_contiguous() else newv.reshape(*newv.shape[:3], pool.row)
     rows = min(16, triton.next_power_of_2(T))
@@ -207,7 +226,6 @@ def kv_write_(kv, page_table, kv_lens, new, tree_lens=None, *, stacked=False):
         newv.stride(0), newv.stride(1), newv.stride(2),
         page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks,
         PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, num_warps=4)
-    return kv
 
 
 # --------------------------------------------------------------------------------------------------
@@ -283,13 +301,28 @@ def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False
                               accept_idx.max(dim=1).values.clamp(min=-1).cpu() + 1)
     if not _use_kernel(kv):
         return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
+    if kv.device.type == "cuda":
+        _kv_commit_op(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+    else:
+        _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+    return kv_lens + accept_len
+
+
+@torch.library.custom_op("tritree::kv_commit_", mutates_args=("kv",))
+def _kv_commit_op(kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor, accept_idx: torch.Tensor,
+                  accept_len: torch.Tensor, stacked: bool) -> None:
+    _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+
+
+def _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked):
+    pool = _pool(kv, stacked)
+    B, T = accept_idx.shape
     block_e = _block_e(pool.row)
     _kv_commit_kernel[(B, pool.layers, triton.cdiv(pool.row, block_e))](
         kv, page_table, kv_lens, accept_idx, accept_len,
         *_pool_strides(kv, stacked), page_table.stride(0), accept_idx.stride(0),
         pool.row, page_table.shape[1], pool.num_pages,
         PAGE_SIZE=pool.page_size, ROWS=min(16, triton.next_power_of_2(T)), BLOCK_E=block_e, num_warps=4)
-    return kv_lens + accept_len
 
 
 def _check_accept(accept_idx, accept_len):

@@ -100,12 +100,34 @@ MOE_LAUNCH = dict(block_m=16, block_n=64, block_k=64, num_warps=8)
 def routed_experts(x, topk_idx, topk_w, w_gate, w_up, w_down, *, block_m: int = MOE_LAUNCH["block_m"],
                    block_n: int = MOE_LAUNCH["block_n"], block_k: int = MOE_LAUNCH["block_k"],
                    num_warps: int = MOE_LAUNCH["num_warps"]):
-    """Grouped routed-expert SwiGLU, no host sync (see module). Shapes as :func:`moe_reference`."""
+    """Grouped routed-expert SwiGLU, no host sync (see module). Shapes as :func:`moe_reference`.
+
+    On a GPU this is the opaque op ``tritree::routed_experts`` for torch.compile: traced into, Inductor
+    dropped the down kernel's atomic accumulation into its zero-initialised output (seen on the H200:
+    the compiled model lost its routed experts), so the launch stays out of its sight."""
+    if x.device.type != "cuda" and not _interpreting():
+        return moe_reference(x, topk_idx, topk_w, w_gate, w_up, w_down)
+    if x.device.type == "cuda":
+        return _routed_experts_op(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, block_n, block_k, num_warps)
+    return _routed_experts_launch(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, block_n, block_k, num_warps)
+
+
+@torch.library.custom_op("tritree::routed_experts", mutates_args=())
+def _routed_experts_op(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, w_gate: torch.Tensor,
+                       w_up: torch.Tensor, w_down: torch.Tensor, block_m: int, block_n: int, block_k: int,
+                       num_warps: int) -> torch.Tensor:
+    return _routed_experts_launch(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, block_n, block_k, num_warps)
+
+
+@_routed_experts_op.register_fake
+def _(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, block_n, block_k, num_warps):
+    return x.new_empty(x.shape)
+
+
+def _routed_experts_launch(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, block_n, block_k, num_warps):
     N, Hd = x.shape
     E, I, _ = w_gate.shape
     k = topk_idx.shape[1]
-    if x.device.type != "cuda" and not _interpreting():
-        return moe_reference(x, topk_idx, topk_w, w_gate, w_up, w_down)
     flat = topk_idx.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)
     sorted_tok = (order // k).to(torch.int32)
@@ -135,4 +157,4 @@ def routed_experts(x, topk_idx, topk_w, w_gate, w_up, w_down, *, block_m: int = 
         hbuf, w_down, out, sorted_w, block_expert, block_start, block_end, sorted_tok, E, Hd, I,
         hbuf.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, num_warps=num_warps)
-    return out.to(x.dtype)
+    return out.to(x.dtype) if x.dtype != torch.float32 else out
