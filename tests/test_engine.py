@@ -58,6 +58,13 @@ def test_greedy_speculative_equals_plain_greedy(reference_path, budget):
         assert sum(r.steps for r in spec) < sum(r.steps for r in plain)
 
 
+def test_greedy_dflash_chain_equals_plain_greedy(reference_path):
+    eng = make_engine()
+    chain = eng.generate(PROMPTS, 12, chain=True)
+    plain = eng.generate(PROMPTS, 12, speculative=False)
+    assert [r.tokens for r in chain] == [r.tokens for r in plain]
+
+
 def test_greedy_through_the_triton_kernels():
     """The same equality with every op in its Triton kernel (the interpreter on the CPU)."""
     eng = make_engine()

@@ -18,6 +18,12 @@ import os
 import sys
 
 
+def torch_has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _ensure_interpreter_without_gpu() -> None:
     """Triton reads TRITON_INTERPRET when it is imported; re-run this command with it set when there is
     no GPU, so that the demo exercises the kernel rather than the CPU reference path."""
@@ -73,6 +79,17 @@ def demo(args) -> int:
     return 0 if ok else 1
 
 
+def shipped_pair(device, dtype):
+    """The tiny target/draft pair trained by ``python -m tritree train`` and shipped in the package."""
+    from .model.loading import load_dflash_params, load_params
+    from .train import ASSETS
+
+    tparams, tcfg = load_params(str(ASSETS / "target"), device=device, dtype=dtype)
+    dparams, dcfg = load_dflash_params(str(ASSETS / "draft"), device=device, dtype=dtype)
+    return tparams, tcfg, dparams, dcfg, ("the shipped tiny pair (trained on the Python standard library's source, "
+                                          "bytes as tokens; tritree/assets/tiny/TRAINING.md)")
+
+
 def _load_pair(args, device, dtype):
     import torch
 
@@ -87,6 +104,9 @@ def _load_pair(args, device, dtype):
         tparams, tcfg = load_params(args.model, device=device, dtype=dtype)
         dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype)
         return tparams, tcfg, dparams, dcfg, f"target {args.model}, draft {args.draft}"
+    from .train import ASSETS
+    if not args.random and (ASSETS / "target" / "model.safetensors").exists():
+        return shipped_pair(device, dtype)
     tcfg = kimi_tiny()
     dcfg = dflash_tiny(tcfg)
     tparams = init_params(tcfg, seed=args.seed, device=device, dtype=dtype)
@@ -111,8 +131,11 @@ def generate(args) -> int:
     where = f"GPU {torch.cuda.get_device_name()}" if gpu else "CPU (kernels in the Triton interpreter)"
     print(f"tritree generate on {where}: {what}")
     g = torch.Generator().manual_seed(args.seed)
+    text = tcfg.vocab_size == 257  # bytes as tokens (the shipped pair)
     if args.prompt_ids:
         prompts = [[int(t) for t in p.split(",")] for p in args.prompt_ids.split(";")]
+    elif text:
+        prompts = [list(p.encode()) for p in (args.prompt or ["def __init__(self, ", "import os\nimport sys\n\n\ndef main("])]
     else:
         prompts = [torch.randint(0, tcfg.vocab_size, (n,), generator=g).tolist()
                    for n in [11, 4, 23, 7][:args.batch]]
@@ -123,14 +146,19 @@ def generate(args) -> int:
     t0 = time.perf_counter()
     res = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, budget=args.budget, seed=args.seed, stop_tokens=args.stop,
-                          stream=lambda i, toks: bar.update(len(toks)))
+                          stream=lambda i, toks: bar.update(len(toks)), chain=args.chain)
     if gpu:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     bar.close()
     n_tok = sum(len(r.tokens) for r in res)
     for i, r in enumerate(res):
-        print(f"[{i}] prompt {prompts[i]}\n    -> " + (f"ERROR: {r.error}" if r.error else f"{r.tokens} ({r.finish})"))
+        if text and not r.error:
+            shown_p = bytes(prompts[i]).decode(errors="replace")
+            shown = bytes(t for t in r.tokens if t < 256).decode(errors="replace")
+            print(f"[{i}] {shown_p!r}\n    -> {shown!r} ({r.finish})")
+        else:
+            print(f"[{i}] prompt {prompts[i]}\n    -> " + (f"ERROR: {r.error}" if r.error else f"{r.tokens} ({r.finish})"))
     steps = sum(r.steps for r in res if not r.error)
     gen_after_first = sum(max(0, len(r.tokens) - 1) for r in res if not r.error)
     acc = gen_after_first / steps if steps else float("nan")
@@ -161,7 +189,10 @@ def main(argv=None) -> int:
     gen = sub.add_parser("generate", help="speculative decoding of a batch of prompts (the default)")
     gen.add_argument("--model", help="target checkpoint directory (HF layout)")
     gen.add_argument("--draft", help="DFlash draft checkpoint directory (HF layout)")
-    gen.add_argument("--prompt-ids", help="prompts as token ids: '1,2,3;4,5' (default: random prompts)")
+    gen.add_argument("--prompt", action="append", help="a text prompt (repeatable; the shipped byte-level pair)")
+    gen.add_argument("--prompt-ids", help="prompts as token ids: '1,2,3;4,5' (default: built-in prompts)")
+    gen.add_argument("--random", action="store_true", help="a tiny random pair instead of the shipped one")
+    gen.add_argument("--chain", action="store_true", help="the DFlash chain instead of a DDTree")
     gen.add_argument("--batch", type=int, default=2, help="random prompts when --prompt-ids is not given")
     gen.add_argument("--max-new-tokens", "-n", type=int, default=None, help="default 16 on the CPU, 64 on a GPU")
     gen.add_argument("--budget", type=int, default=None, help="draft-tree nodes per step (default 8 CPU, 32 GPU)")
@@ -178,13 +209,26 @@ def main(argv=None) -> int:
     gen.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
     gen.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="benchmarks on a GPU: 'decode' (the motivating scenario)")
-    bench.add_argument("which", choices=["decode"])
+    bench.add_argument("which", choices=["decode", "accept"])
+    bench.add_argument("--prompts", type=int, default=16, help="accept: held-out prompts")
+    bench.add_argument("--prompt-len", type=int, default=96, help="accept: prompt bytes")
+    bench.add_argument("--new", type=int, default=48, help="accept: new tokens per prompt")
+    bench.add_argument("--plot", default="bench/results/acceptance.png", help="accept: PNG path")
     bench.add_argument("--ctx", type=int, default=46_000, help="committed context tokens")
     bench.add_argument("--gen", type=int, default=160, help="tokens' worth of steps to time (steps = gen / 8)")
-    bench.add_argument("--budgets", type=int, nargs="+", default=[7, 16, 64], help="7 = the DFlash chain's size")
+    bench.add_argument("--budgets", type=int, nargs="+", default=None,
+                       help="decode: 7 16 64 (7 = the DFlash chain's size); accept: 8 16 32 64 128")
     bench.add_argument("--layers", type=int, default=2, help="target layers of the slice (layer 0 dense, MoE after)")
     bench.add_argument("--batch", type=int, default=1)
     bench.add_argument("--out", default=None, help="append JSON rows here")
+    tr = sub.add_parser("train", help="train the tiny target + DFlash draft on the stdlib's source")
+    tr.add_argument("--out", default="tritree/assets/tiny")
+    tr.add_argument("--target-steps", type=int, default=1500)
+    tr.add_argument("--draft-steps", type=int, default=1500)
+    tr.add_argument("--batch", type=int, default=16)
+    tr.add_argument("--seq", type=int, default=128)
+    tr.add_argument("--lr", type=float, default=3e-3)
+    tr.add_argument("--device", default=None)
     d = sub.add_parser("demo", help="verify-attention check against the reference (+ timing on a GPU)")
     for p in (d,):
         p.add_argument("--batch", "-B", type=int, default=1)
@@ -198,11 +242,21 @@ def main(argv=None) -> int:
     if not argv or argv[0].startswith("-"):
         argv = ["generate", *argv]
     args = ap.parse_args(argv)
+    if args.cmd == "train":
+        from .train import main as train_main
+        return train_main(args)
     _ensure_interpreter_without_gpu()
     if args.cmd == "demo":
         return demo(args)
     if args.cmd == "bench":
+        if args.which == "accept":
+            if not torch_has_gpu():
+                os.environ["TRITON_INTERPRET"] = "0"  # the CPU reference path: the interpreter is too slow here
+            from .bench_accept import main as accept_main
+            args.budgets = args.budgets or [8, 16, 32, 64, 128]
+            return accept_main(args)
         from .bench_decode import main as bench_main
+        args.budgets = args.budgets or [7, 16, 64]
         return bench_main(args)
     import torch
     gpu = torch.cuda.is_available()

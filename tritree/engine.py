@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kernels import PagePool, accept_tree, build_tree, kv_commit_
+from .kernels import PagePool, accept_tree, build_tree, kv_commit_, tree_mask_from_parents
 from .kernels.tree import target_picks
 from .model import dflash
 from .model.kimi_k2 import prefill, verify
@@ -96,11 +96,12 @@ class PhaseTimer:
 
 
 def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, sampling: SamplingConfig,
-                 timer: PhaseTimer | None = None) -> dict:
+                 timer: PhaseTimer | None = None, chain: bool = False) -> dict:
     """One speculative decode step for every request of ``state`` (see module), in place.
 
-    ``budget = 0`` is plain decoding (a root-only tree: one token per step, no draft). Returns
-    ``state`` (same buffers)."""
+    ``budget = 0`` is plain decoding (a root-only tree: one token per step, no draft); ``chain`` is
+    DFlash's own chain (the draft's top token at every depth, ``budget = block_size - 1``) instead of
+    a DDTree. Returns ``state`` (same buffers)."""
     timer = timer or PhaseTimer(False, state["anchor"].device)
     B = state["anchor"].shape[0]
     dev = state["anchor"].device
@@ -116,8 +117,15 @@ def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, samp
         draft_logits = dflash.draft(dparams, dcfg, tparams["model.embed_tokens.weight"], tparams["lm_head.weight"],
                                     state["anchor"], state["dlens"], dcache)
         timer.mark("draft")
-        tree = build_tree(draft_logits, budget, state["anchor"])
-        tokens, parents, depth, tree_mask, tree_lens = tree.tokens, tree.parents, tree.depth, tree.tree_mask, tree.tree_lens
+        if chain:
+            tokens = torch.cat([state["anchor"][:, None], torch.argmax(draft_logits, dim=-1).to(torch.int32)], dim=1)
+            parents = (torch.arange(T, device=dev, dtype=torch.int32) - 1)[None].expand(B, -1).contiguous()
+            tree_lens = torch.full((B,), T, dtype=torch.int32, device=dev)
+            tree_mask, depth = tree_mask_from_parents(parents, tree_lens)
+        else:
+            tree = build_tree(draft_logits, budget, state["anchor"])
+            tokens, parents, depth, tree_mask, tree_lens = (tree.tokens, tree.parents, tree.depth, tree.tree_mask,
+                                                            tree.tree_lens)
     else:
         tokens = state["anchor"][:, None]
         parents = torch.full((B, 1), -1, dtype=torch.int32, device=dev)
@@ -179,6 +187,7 @@ class Engine:
         self.profile_every = profile_every
         self.phase_stats = defaultdict(list)
         self._graphs = {}
+        self._chain = False
         self.pool = PagePool(num_pages, page_size)
         self._tkv = torch.zeros(tcfg.num_hidden_layers, num_pages, page_size, tcfg.latent_dim, dtype=self.dtype,
                                 device=self.device)
@@ -202,11 +211,13 @@ class Engine:
         return None
 
     def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k=None, top_p=None,
-                 budget: int = 16, seed: int = 0, stop_tokens=(), stream=None, speculative: bool = True):
+                 budget: int = 16, seed: int = 0, stop_tokens=(), stream=None, speculative: bool = True,
+                 chain: bool = False):
         """Generates for a batch of prompts (lists of token ids); returns a list of :class:`Result`.
 
-        ``budget``: draft-tree nodes per step (>= 1); ``speculative=False`` decodes plainly with the
-        target (one token per step). ``stream(i, new_tokens)`` is called as tokens are accepted.
+        ``budget``: draft-tree nodes per step (>= 1); ``chain=True`` uses the DFlash chain instead (the
+        budget is then ``block_size - 1``); ``speculative=False`` decodes plainly with the target (one
+        token per step). ``stream(i, new_tokens)`` is called as tokens are accepted.
         Bad requests get a :class:`Result` with ``error`` set; the others proceed.
         """
         if not isinstance(budget, int) or budget < 1:
@@ -214,7 +225,10 @@ class Engine:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        if chain:
+            budget = self.dcfg.block_size - 1
         eff_budget = budget if speculative else 0
+        self._chain = chain and speculative
         results = [Result() for _ in prompts]
         live = []
         for i, p in enumerate(prompts):
@@ -325,12 +339,14 @@ class Engine:
 
     def _runner(self, state, budget, sampling):
         """A callable running one step: eager, eager with phase timing, or a CUDA graph replay."""
+        import functools
+
         args = (self.tparams, self.tcfg, self.dparams, self.dcfg)
-        step = self._step_fn()
+        step = functools.partial(self._step_fn(), chain=self._chain)
         if self.profile and (self.profile_eager or not self.graphs):
             def run():
                 timer = PhaseTimer(True, self.device)
-                decode_step_(*args, state, budget=budget, sampling=sampling, timer=timer)
+                decode_step_(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain)
                 for k, v in timer.durations_ms().items():
                     self.phase_stats[k].append(v)
             return run
@@ -373,7 +389,7 @@ class Engine:
                 self.phase_stats["step (graph)"].append(a.elapsed_time(b))
             else:
                 graph.replay()
-        self._graphs[(state["anchor"].shape[0], budget)] = graph
+        self._graphs[(state["anchor"].shape[0], budget, self._chain)] = graph
         return run
 
     def report_phases(self):

@@ -105,7 +105,8 @@ def routed_experts(x, topk_idx, topk_w, w_gate, w_up, w_down, *, block_m: int = 
     On a GPU this is the opaque op ``tritree::routed_experts`` for torch.compile: traced into, Inductor
     dropped the down kernel's atomic accumulation into its zero-initialised output (seen on the H200:
     the compiled model lost its routed experts), so the launch stays out of its sight."""
-    if x.device.type != "cuda" and not _interpreting():
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, topk_w, w_gate, w_up, w_down))
+    if needs_grad or (x.device.type != "cuda" and not _interpreting()):  # the kernels have no backward
         return moe_reference(x, topk_idx, topk_w, w_gate, w_up, w_down)
     if x.device.type == "cuda":
         return _routed_experts_op(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, block_n, block_k, num_warps)

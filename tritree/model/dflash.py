@@ -77,6 +77,22 @@ def context_features(params, cfg: DFlashConfig, taps: torch.Tensor) -> torch.Ten
     return rms_norm(_lin(taps.reshape(B, n, -1), params["fc.weight"]), params["hidden_norm.weight"], cfg.rms_norm_eps)
 
 
+def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Tensor) -> list:
+    """Every layer's context ``(k, v)``, each ``[B, n, Hkv, D]``: ``k = rope(k_norm(k_proj ctx))`` at
+    ``positions [B, n]``, ``v = v_proj ctx``. Per-layer GEMMs: stacking the weights would copy them."""
+    B, n = ctx.shape[:2]
+    Hkv, D = cfg.num_key_value_heads, cfg.head_dim
+    cos, sin = _rope(cfg, positions, ctx.dtype)
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    out = []
+    for i in range(cfg.num_hidden_layers):
+        p = layer_prefix(i) + "self_attn."
+        k = rms_norm(_lin(ctx, params[p + "k_proj.weight"]).view(B, n, Hkv, D), params[p + "k_norm.weight"],
+                     cfg.rms_norm_eps)
+        out.append((apply_rope(k, cos, sin), _lin(ctx, params[p + "v_proj.weight"]).view(B, n, Hkv, D)))
+    return out
+
+
 def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, positions: torch.Tensor, draft_cache: dict,
                          counts: torch.Tensor | None = None) -> dict:
     """Writes the context K/V of newly committed tokens into the draft cache, every layer at once.
@@ -95,27 +111,29 @@ def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, position
     kv = draft_cache["kv"]
     Hkv, D = cfg.num_key_value_heads, cfg.head_dim
     ctx = context_features(params, cfg, taps.to(kv.dtype))
-    cos, sin = _rope(cfg, positions, kv.dtype)
-    cos, sin = cos[:, :, None], sin[:, :, None]
-    per_layer = []
-    for i in range(cfg.num_hidden_layers):  # per-layer GEMMs: stacking the weights would copy them every call
-        p = layer_prefix(i) + "self_attn."
-        k = rms_norm(_lin(ctx, params[p + "k_proj.weight"]).view(B, n, Hkv, D), params[p + "k_norm.weight"],
-                     cfg.rms_norm_eps)
-        v = _lin(ctx, params[p + "v_proj.weight"]).view(B, n, Hkv, D)
-        per_layer.append(torch.stack([apply_rope(k, cos, sin), v], dim=2))
+    per_layer = [torch.stack(kv_i, dim=2) for kv_i in context_kv(params, cfg, ctx, positions)]
     new = torch.stack(per_layer).to(kv.dtype)  # [layers, B, n, 2, Hkv, D]
     kv_write_(kv, draft_cache["page_table"], draft_cache["kv_lens"], new.contiguous(), counts, stacked=True)
     added = counts if counts is not None else torch.full_like(draft_cache["kv_lens"], n)
     return {**draft_cache, "kv_lens": draft_cache["kv_lens"] + added}
 
 
-def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Tensor, draft_cache: dict) -> torch.Tensor:
+def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Tensor, draft_cache: dict | None,
+                 attend=None) -> torch.Tensor:
     """The draft's layers over block inputs ``x [B, S, hidden]`` at ``positions [B, S]`` attending to
-    the cached context (``kv_lens`` tokens) and the whole block; returns ``norm(hidden) [B, S, hidden]``."""
+    the cached context (``kv_lens`` tokens) and the whole block; returns ``norm(hidden) [B, S, hidden]``.
+
+    ``attend(layer, q, k_blk, v_blk) -> [B, S, Hq, D]`` replaces the paged attention (training uses a
+    dense, differentiable one)."""
     B, S, _ = x.shape
     Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    kv = draft_cache["kv"]
+    if attend is None:
+        kv = draft_cache["kv"]
+
+        def attend(i, q, k, v):
+            return draft_attention(q.contiguous(), kv[i, :, :, 0], kv[i, :, :, 1], draft_cache["page_table"],
+                                   draft_cache["kv_lens"], k.to(kv.dtype), v.to(kv.dtype), sm_scale=cfg.softmax_scale,
+                                   window=cfg.windows[i])
     cos, sin = _rope(cfg, positions, x.dtype)
     cos, sin = cos[:, :, None], sin[:, :, None]
     for i in range(cfg.num_hidden_layers):
@@ -127,9 +145,7 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
                      cfg.rms_norm_eps)
         v = _lin(h, params[p + "self_attn.v_proj.weight"]).view(B, S, Hkv, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = draft_attention(q.contiguous(), kv[i, :, :, 0], kv[i, :, :, 1], draft_cache["page_table"],
-                            draft_cache["kv_lens"], k.to(kv.dtype), v.to(kv.dtype), sm_scale=cfg.softmax_scale,
-                            window=cfg.windows[i])
+        o = attend(i, q, k, v)
         x = x + _lin(o.reshape(B, S, Hq * D), params[p + "self_attn.o_proj.weight"])
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
         x = x + swiglu(h, params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"],
