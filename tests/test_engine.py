@@ -136,7 +136,7 @@ def test_sampling_matches_the_target_distribution(reference_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("budget", [4, 64])
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
 def test_gpu_graph_step_equals_eager_step_and_plain_greedy(budget):
     eng_graph = make_engine(device="cuda", graphs=True)
     eng_eager = make_engine(device="cuda", graphs=False)
@@ -146,6 +146,11 @@ def test_gpu_graph_step_equals_eager_step_and_plain_greedy(budget):
     for x, y, z in zip(a, b, c):
         assert x.tokens == y.tokens == z.tokens
     assert a[0].tokens == greedy_oracle(eng_eager, PROMPTS[0], 16)
+    chain = eng_graph.generate(PROMPTS, 16, chain=True)
+    assert [r.tokens for r in chain] == [r.tokens for r in c]
+    stop = c[0].tokens[5]
+    stopped = eng_graph.generate(PROMPTS, 16, budget=budget, stop_tokens=[stop])
+    assert stopped[0].tokens == c[0].tokens[:c[0].tokens.index(stop) + 1] and stopped[0].finish == "stop"
 
 
 @pytest.mark.gpu
