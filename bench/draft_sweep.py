@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 
 import torch
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 
 from tritree import draft_attention
 from tritree.kernels.configs import AttnConfig
+from tritree.roofline import append_jsonl
 from tritree.testing import paged_layout
 
 
@@ -140,17 +140,10 @@ def main(argv=None):
         def ceil(nbytes, flops):
             return float("nan"), "n/a"
     else:
-        import os
-
-        from tritree.roofline import Ceilings, graph_time_us, measure_ceilings
+        from tritree.roofline import cached_ceilings, graph_time_us
         dev = "cuda"
         timer = graph_time_us
-        if args.ceilings and os.path.exists(args.ceilings):
-            c = Ceilings(**json.load(open(args.ceilings)))
-        else:
-            c = measure_ceilings()
-            if args.ceilings:
-                json.dump(c.__dict__, open(args.ceilings, "w"))
+        c = cached_ceilings(args.ceilings)
         print(f"ceilings: copy {c.copy_gbps:.0f} GB/s, bf16 matmul {c.matmul_tflops:.0f} TFLOP/s", flush=True)
         ceil = c.floor_us
     rows = []
@@ -158,10 +151,7 @@ def main(argv=None):
         rows += attention_rows(args, timer, ceil, dev)
     if not args.no_step:
         rows += step_rows(args, timer, ceil, dev)
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

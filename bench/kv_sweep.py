@@ -9,13 +9,13 @@ on a fragmented pool before and after ``defrag_``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 
 import torch
 
 from tritree import PagePool, defrag_, kv_commit_, kv_gather, kv_write_, tree_mask_from_parents, verify_mla
+from tritree.roofline import append_jsonl
 from tritree.testing import random_trees
 
 
@@ -115,10 +115,7 @@ def run(smoke: bool, out_path: str | None):
     us_after = timer([lambda: verify_mla(q, lat, new_table, vlens, mask, sm_scale=scale, out=o, lse=lse)])
     rows.append(dict(op="verify P=1 before/after defrag", before_us=us_before, after_us=us_after, L=Lv, T=Tv, H=H))
     print(f"verify_mla P=1 L={Lv} T={Tv} H={H}: fragmented {us_before:.1f} us, after defrag_ {us_after:.1f} us", flush=True)
-    if out_path:
-        with open(out_path, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(out_path, rows)
     return rows
 
 

@@ -11,7 +11,6 @@ and layer 1 (MoE) are timed; L = 46000 committed tokens, T in {16, 64}, batch 1.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
@@ -19,7 +18,7 @@ from tritree import tree_mask_from_parents, verify_mla
 from tritree.bench_decode import _random_params
 from tritree.model import kimi_k2
 from tritree.model.config import kimi_k26
-from tritree.roofline import graph_time_us, measure_ceilings, verify_mla_counts
+from tritree.roofline import append_jsonl, graph_time_us, measure_ceilings, verify_mla_counts
 from tritree.testing import random_trees
 
 
@@ -102,12 +101,9 @@ def main(argv=None):
                 desc = "; ".join(f"{k} {v[0]:.1f} us (floor {v[1]:.1f} {v[2]})" for k, v in parts.items())
                 print(f"{view} T={T:>2} layer {layer} ({'MoE, ' + str(n_used) + ' experts used' if layer else 'dense'}): "
                       f"{t_layer:.1f} us = {desc}", flush=True)
-        del params
+        params.clear()  # free the slice before the next view
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

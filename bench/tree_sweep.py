@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 
 import torch
 
 from tritree import accept_tree, build_tree
+from tritree.roofline import append_jsonl
 
 
 def main(argv=None):
@@ -53,10 +53,7 @@ def main(argv=None):
         rows.append(dict(op="accept_tree", T=T, V=V, temperature=temp, us=us, gbps=gbps, frac_copy=gbps / copy_gbps))
         print(f"accept_tree T={T:>4} temp={temp}: {us:9.1f} us, logits read at {gbps:7.0f} GB/s "
               f"({100 * gbps / copy_gbps:.1f}% of copy)", flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ from tritree import tree_mask_from_parents, verify_mla
 from tritree.kernels.configs import AttnConfig
 from tritree.testing import paged_layout, random_trees
 
-from tritree.roofline import Ceilings, graph_time_us, measure_ceilings, rotation_count, verify_mla_counts, versions
+from tritree.roofline import (Ceilings, cached_ceilings, graph_time_us, rotation_count,
+                              verify_mla_counts, versions)
 
 SM_SCALE = 192**-0.5 * (1 + 0.1 * math.log(64)) ** 2
 GRIDS = {
@@ -135,12 +136,7 @@ def main(argv=None):
     variants = args.variant or ["tritree"]
     if "tritree-sm120" in variants and (os.environ.get("DISABLE_MMA_V3") != "1" or os.environ.get("TRITREE_ARCH") != "sm_120"):
         sys.exit("tritree-sm120 needs DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 in the environment")
-    if args.ceilings and os.path.exists(args.ceilings):
-        ceil = Ceilings(**json.load(open(args.ceilings)))
-    else:
-        ceil = measure_ceilings()
-        if args.ceilings:
-            json.dump(ceil.__dict__, open(args.ceilings, "w"))
+    ceil = cached_ceilings(args.ceilings)
     print(f"# {versions()}; copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
     configs = [None]
     if args.configs:

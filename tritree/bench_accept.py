@@ -7,11 +7,12 @@ files, the wall-clock time against plain decoding on the same machine, and a PNG
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import torch
+
+from .roofline import append_jsonl
 
 
 def main(args) -> int:
@@ -53,10 +54,7 @@ def main(args) -> int:
     chain = {r["temperature"]: r["acceptance"] for r in rows if r["mode"] == "chain"}
     for r in rows:
         r["vs_chain"] = r["acceptance"] / chain[r["temperature"]]
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
     try:
         import matplotlib
         matplotlib.use("Agg")

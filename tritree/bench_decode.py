@@ -7,7 +7,6 @@ one CUDA graph, the verify attention against its floor, and the extrapolation to
 
 from __future__ import annotations
 
-import json
 import math
 
 import torch
@@ -16,6 +15,7 @@ from .engine import PhaseTimer, SamplingConfig, decode_step_
 from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
 from .model.kimi_k2 import param_shapes
+from .roofline import append_jsonl
 
 
 def _random_params(shapes: dict, device, dtype):
@@ -138,8 +138,5 @@ def main(args) -> int:
               f"{b['floor_bound']}), {verify_share:.1f} ms over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
               f"= {100 * non_target / est61:.1f}% of the extrapolated step", flush=True)
         rows.append(dict(budget=budget, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target))
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
     return 0

@@ -85,3 +85,30 @@ def versions() -> str:
     import triton
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return f"{dev}, torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}"
+
+
+def cached_ceilings(path: str | None = None) -> Ceilings:
+    """The ceilings stored in the JSON file ``path`` if it exists, else measured now (and stored
+    there when ``path`` is given), so the sweeps of one device call share one measurement."""
+    import json
+    import os
+
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return Ceilings(**json.load(f))
+    c = measure_ceilings()
+    if path:
+        with open(path, "w") as f:
+            json.dump(c.__dict__, f)
+    return c
+
+
+def append_jsonl(path: str | None, rows) -> None:
+    """Appends ``rows`` (dicts) to ``path`` as JSON lines; nothing when ``path`` is empty."""
+    import json
+
+    if not path:
+        return
+    with open(path, "a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")

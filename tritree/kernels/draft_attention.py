@@ -91,6 +91,29 @@ def _ctx_tile(Cache, PageTable, s, s_ok, page_base, kvh, stride_p, stride_s, str
 
 
 @triton.jit
+def _scores(q, k, IEEE: tl.constexpr):
+    if IEEE:  # exact fp32 products for fp32 inputs
+        return tl.dot(q, tl.trans(k), input_precision="ieee")
+    return tl.dot(q, tl.trans(k))
+
+
+@triton.jit
+def _ctx_step(q, KC, VC, PageTable, s, s_ok, visible, page_base, kvh, stride_kcp, stride_kcs, stride_kch,
+              stride_vcp, stride_vcs, stride_vch, max_pages, num_pages, m_i, l_i, acc, sm_scale_log2e,
+              PAGE_SIZE: tl.constexpr, HEAD_D: tl.constexpr, MASKED: tl.constexpr, UPCAST: tl.constexpr,
+              IEEE: tl.constexpr):
+    """One tile of context keys ``s``: K and V from the paged pools, then the softmax update."""
+    k = _ctx_tile(KC, PageTable, s, s_ok, page_base, kvh, stride_kcp, stride_kcs, stride_kch, max_pages, num_pages,
+                  PAGE_SIZE, HEAD_D)
+    v = _ctx_tile(VC, PageTable, s, s_ok, page_base, kvh, stride_vcp, stride_vcs, stride_vch, max_pages, num_pages,
+                  PAGE_SIZE, HEAD_D)
+    if UPCAST:  # interpreter: its bf16 dot is wrong
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return attend_tile(_scores(q, k, IEEE), v, visible, m_i, l_i, acc, sm_scale_log2e, MASKED, IEEE)
+
+
+@triton.jit
 def _draft_attention_kernel(
     Q, KC, VC, PageTable, CtxLens, KB, VB,
     Out, Lse,
@@ -148,37 +171,21 @@ def _draft_attention_kernel(
     page_base = b.to(tl.int64) * stride_ptb
     offs_n = tl.arange(0, BLOCK_N)
 
-    # Full context tiles: unmasked unless a window applies.
+    # Full context tiles: unmasked unless a window applies; then the chunk's remainder (< BLOCK_N keys).
     for n in range(start, full_end, BLOCK_N):
         s = n + offs_n
-        s_ok = s < full_end
-        k = _ctx_tile(KC, PageTable, s, s_ok, page_base, kvh, stride_kcp, stride_kcs, stride_kch, max_pages,
-                      num_pages, PAGE_SIZE, HEAD_D)
-        v = _ctx_tile(VC, PageTable, s, s_ok, page_base, kvh, stride_vcp, stride_vcs, stride_vch, max_pages,
-                      num_pages, PAGE_SIZE, HEAD_D)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = attend_tile(qk, v, s[None, :] > key_floor[:, None], m_i, l_i, acc, sm_scale_log2e,
-                                    HAS_WINDOW, IEEE)
-
-    # The chunk's remainder (< BLOCK_N keys).
+        m_i, l_i, acc = _ctx_step(q, KC, VC, PageTable, s, s < full_end, s[None, :] > key_floor[:, None], page_base,
+                                  kvh, stride_kcp, stride_kcs, stride_kch, stride_vcp, stride_vcs, stride_vch,
+                                  max_pages, num_pages, m_i, l_i, acc, sm_scale_log2e, PAGE_SIZE, HEAD_D,
+                                  HAS_WINDOW, UPCAST, IEEE)
     if full_end < end:
         s = full_end + offs_n
-        s_ok = s < end
-        k = _ctx_tile(KC, PageTable, s, s_ok, page_base, kvh, stride_kcp, stride_kcs, stride_kch, max_pages,
-                      num_pages, PAGE_SIZE, HEAD_D)
-        v = _ctx_tile(VC, PageTable, s, s_ok, page_base, kvh, stride_vcp, stride_vcs, stride_vch, max_pages,
-                      num_pages, PAGE_SIZE, HEAD_D)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
-        visible = s_ok[None, :]
+        visible = (s < end)[None, :]
         if HAS_WINDOW:
             visible = visible & (s[None, :] > key_floor[:, None])
-        m_i, l_i, acc = attend_tile(qk, v, visible, m_i, l_i, acc, sm_scale_log2e, True, IEEE)
+        m_i, l_i, acc = _ctx_step(q, KC, VC, PageTable, s, s < end, visible, page_base, kvh, stride_kcp, stride_kcs,
+                                  stride_kch, stride_vcp, stride_vcs, stride_vch, max_pages, num_pages, m_i, l_i,
+                                  acc, sm_scale_log2e, PAGE_SIZE, HEAD_D, True, UPCAST, IEEE)
 
     # The block's own keys, in the last split.
     if pid_s == num_splits - 1:
@@ -191,7 +198,7 @@ def _draft_attention_kernel(
         if UPCAST:
             kb = kb.to(tl.float32)
             vb = vb.to(tl.float32)
-        qk = tl.dot(q, tl.trans(kb), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(kb))
+        qk = _scores(q, kb, IEEE)
         visible = j_ok[None, :]
         if HAS_WINDOW:
             dist = slot[:, None] - j[None, :]

@@ -15,7 +15,6 @@ chunk's sources (>= j0 + ROWS). Programs own disjoint (layer, request, element b
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -73,7 +72,6 @@ def _pool(kv, stacked: bool, name: str = "kv") -> _Pool:
     P = kv.shape[lead - 1]
     if P < 1 or P & (P - 1):
         raise ValueError(f"{name} page size P = {P} must be a power of two")
-    E = math.prod(tok)
     view = kv.unsqueeze(0) if not stacked else kv
     # flatten (a view: the per-token dims are one contiguous run), not as_strided: torch.compile cannot
     # functionalise a kernel's mutation through an as_strided view
@@ -294,7 +292,6 @@ def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False
     if accept_idx.shape[0] != B:
         raise ValueError(f"accept_idx must have shape [B, T] with B = {B}, got {tuple(accept_idx.shape)}")
     V.check_shape("accept_len", accept_len, (B,), "[B]")
-    T = accept_idx.shape[1]
     if V.values_checkable(kv_lens, page_table, accept_idx, accept_len):
         _check_accept(accept_idx, accept_len)
         V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens,

@@ -8,6 +8,17 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 
 
+def read_hf_config(path_or_dict) -> dict:
+    """A HF ``config.json`` as a dict: a file, a checkpoint directory or a dict (copied)."""
+    if isinstance(path_or_dict, (str, os.PathLike)):
+        path = os.fspath(path_or_dict)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        with open(path) as f:
+            return json.load(f)
+    return dict(path_or_dict)
+
+
 @dataclass(frozen=True)
 class KimiK2Config:
     """DeepSeek-V3-architecture target (Kimi K2 / K2.5 / K2.6). Field names follow the HF config.
@@ -82,14 +93,7 @@ class KimiK2Config:
     def from_hf(cls, path_or_dict, **overrides) -> "KimiK2Config":
         """From a HF ``config.json`` (file, directory or dict); K2.5/K2.6's ``text_config`` nesting is
         unwrapped and sets ``weight_prefix = "language_model."``."""
-        if isinstance(path_or_dict, (str, os.PathLike)):
-            path = os.fspath(path_or_dict)
-            if os.path.isdir(path):
-                path = os.path.join(path, "config.json")
-            with open(path) as f:
-                raw = json.load(f)
-        else:
-            raw = dict(path_or_dict)
+        raw = read_hf_config(path_or_dict)
         prefix = ""
         if "text_config" in raw and isinstance(raw["text_config"], dict):
             raw, prefix = dict(raw["text_config"]), "language_model."
@@ -206,14 +210,7 @@ class DFlashConfig:
     def from_hf(cls, path_or_dict, **overrides) -> "DFlashConfig":
         """From a draft's HF ``config.json`` (file, directory or dict). The amplitude is what
         transformers computes from the rope parameters unless ``rope_amplitude`` is overridden."""
-        if isinstance(path_or_dict, (str, os.PathLike)):
-            path = os.fspath(path_or_dict)
-            if os.path.isdir(path):
-                path = os.path.join(path, "config.json")
-            with open(path) as f:
-                raw = json.load(f)
-        else:
-            raw = dict(path_or_dict)
+        raw = read_hf_config(path_or_dict)
         if raw.get("attention_bias"):
             raise ValueError("DFlash drafts with attention biases are not supported")
         dflash = dict(raw.get("dflash_config") or {})

@@ -109,7 +109,6 @@ def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, position
     """
     B, n = taps.shape[:2]
     kv = draft_cache["kv"]
-    Hkv, D = cfg.num_key_value_heads, cfg.head_dim
     ctx = context_features(params, cfg, taps.to(kv.dtype))
     per_layer = [torch.stack(kv_i, dim=2) for kv_i in context_kv(params, cfg, ctx, positions)]
     new = torch.stack(per_layer).to(kv.dtype)  # [layers, B, n, 2, Hkv, D]
