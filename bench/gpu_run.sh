@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, config exploration and the sweeps; everything lands in $OUT.
-# usage: bash bench/gpu_run.sh [tests] [explore] [sweep] [sm120] [kv] [draft] [main] [decode] [tree] [pybench] [ncu]
+# usage: bash bench/gpu_run.sh [tests] [explore] [sweep] [sm120] [kv] [draft] [main] [decode] [tree] [model] [accept] [pybench] [ncu]
 #   env: TESTS (pytest args), CONFIGS / CONFIGS120 (BM,BN,warps,stages[,programs_per_sm[,scalar_page]];...),
 #        FILTER (python expression over B,T,H,L,P), GRID (sweep grids), DRAFT_CONFIGS, NCU_CASE ("B T H L P [cfg]|...")
 set -u
@@ -11,7 +11,7 @@ python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'trit
 for step in "$@"; do
   case $step in
     tests) timeout 300 python3 -m pytest -q -rf --tb=short -p no:logging ${TESTS:-tests} 2>&1 | tail -60 | tee "$OUT/gpu_tests.txt" ;;
-    explore) timeout 420 python3 -m bench.verify_sweep --grid targets --ceilings "$OUT/ceilings.json" --out "$OUT/explore.jsonl" \
+    explore) timeout ${EXPLORE_TIMEOUT:-420} python3 -m bench.verify_sweep --grid targets --ceilings "$OUT/ceilings.json" --out "$OUT/explore.jsonl" \
                --configs "${CONFIGS:-32,64,8,2;16,64,4,2;64,32,8,2;64,64,8,1;32,32,4,2}" ${FILTER:+--filter "$FILTER"} 2>&1 | tee "$OUT/explore.txt" ;;
     sweep) for grid in ${GRID:-issue batch}; do
              timeout ${SWEEP_TIMEOUT:-300} python3 -m bench.verify_sweep --grid "$grid" --variant tritree --variant torch \
@@ -24,6 +24,9 @@ for step in "$@"; do
     main) TRITREE_PROFILE=1 timeout 300 python3 -m tritree --check 2>&1 | tail -20 | tee "$OUT/main.txt" ;;
     decode) timeout ${DECODE_TIMEOUT:-420} python3 -m tritree bench decode --ctx ${CTX:-46000} --out "$OUT/decode.jsonl" 2>&1 | tee "$OUT/decode.txt" ;;
     tree) timeout 300 python3 -m bench.tree_sweep --out "$OUT/tree.jsonl" 2>&1 | tee "$OUT/tree.txt" ;;
+    model) timeout ${MODEL_TIMEOUT:-300} python3 -m bench.model_sweep --out "$OUT/model.jsonl" 2>&1 | tee "$OUT/model.txt" ;;
+    accept) timeout ${ACCEPT_TIMEOUT:-300} python3 -m tritree bench accept --new ${ACCEPT_NEW:-96} --out "$OUT/accept.jsonl" \
+               --plot "$OUT/acceptance_h200.png" 2>&1 | tee "$OUT/accept.txt" ;;
     pybench) timeout 300 python3 -m pytest -q bench/test_bench_verify_mla.py --benchmark-json="$OUT/pybench.json" \
                --benchmark-columns=median,rounds 2>&1 | tail -30 | tee "$OUT/pybench.txt" ;;
   esac

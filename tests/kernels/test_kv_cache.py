@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 from tritree.kernels.kv_cache import (
     PagePool,
     PoolExhausted,
+    _commit_layout,
+    _kv_commit_launch,
+    _kv_commit_op,
     _move_rounds,
     defrag_,
     kv_commit_,
@@ -89,8 +92,12 @@ def random_accept(T, rng):
 
 
 @settings(max_examples=30)
-@given(paged_cases(max_T=24), st.integers(0, 2**31 - 1), st.sampled_from(["random", "fast", "skip1"]))
-def test_kv_commit_moves_exactly_the_accepted_entries(c, seed, pattern):
+@given(paged_cases(max_T=24), st.integers(0, 2**31 - 1), st.sampled_from(["random", "fast", "skip1"]),
+       st.sampled_from([None, None, 4, 8]))
+def test_kv_commit_moves_exactly_the_accepted_entries(c, seed, pattern, chunk):
+    """``chunk``: the launch's rows per chunk forced small, so trees of several chunks (a loop over
+    chunks, each read-then-write) are covered at interpreter sizes; None: the launcher's layout (one
+    chunk holds the whole tree here)."""
     g, kv, page_table, kv_lens = build(c)
     stacked = c["layers"] > 0
     B, T, P = c["B"], c["T"], c["P"]
@@ -114,7 +121,10 @@ def test_kv_commit_moves_exactly_the_accepted_entries(c, seed, pattern):
     snap = logical(before, page_table.cpu(), tree_end, P, stacked)
     ref = kv.clone()
     ref_lens = kv_commit_reference(ref, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
-    new_lens = kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
+    if chunk is None:
+        new_lens = kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
+    else:
+        new_lens = _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked, rows=chunk)
     assert torch.equal(new_lens, ref_lens) and torch.equal(new_lens.cpu(), torch.tensor(c["kv_lens"]) + torch.tensor(lens))
     assert torch.equal(kv, ref)
     # Directly: the prefix is unchanged, the accepted entries sit in order, nothing else moved.
@@ -158,16 +168,71 @@ def test_kv_gather_matches_reference(c, max_len):
 
 
 def test_commit_chain_of_64_layers_in_one_call():
+    """61 layers in one launch (rows of 72 bf16: two column blocks, the second partly masked)."""
     g = torch.Generator().manual_seed(0)
-    kv = torch.randn(61, 12, 16, 576, generator=g).to(DEVICE)
+    kv = torch.randn(61, 12, 16, 72, generator=g).to(torch.bfloat16).to(DEVICE)
     page_table = torch.randperm(12, generator=g)[:8].view(2, 4).int().to(DEVICE)
     kv_lens = torch.tensor([40, 3], dtype=torch.int32, device=DEVICE)
     accept_idx = torch.tensor([[0, 2, 3, 7] + [-1] * 12, [0, 1, 2, 3] + [-1] * 12], dtype=torch.int32, device=DEVICE)
     accept_len = torch.tensor([4, 4], dtype=torch.int32, device=DEVICE)
     ref = kv.clone()
-    kv_commit_reference(ref, page_table, kv_lens, accept_idx, accept_len, stacked=True)
-    kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, stacked=True)
-    assert torch.equal(kv, ref)
+    ref_lens = kv_commit_reference(ref, page_table, kv_lens, accept_idx, accept_len, stacked=True)
+    new_lens = kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, stacked=True)
+    assert torch.equal(kv, ref) and torch.equal(new_lens, ref_lens)
+
+
+def test_commit_layout():
+    assert _commit_layout(64, 576, 2) == (64, 64)     # one request-layer's whole tree in one program, 9 columns
+    assert _commit_layout(128, 576, 2) == (128, 64)
+    assert _commit_layout(1025, 576, 2) == (128, 64)  # larger trees: chunks of 128 accepted nodes
+    assert _commit_layout(16, 576, 4) == (16, 32)
+    assert _commit_layout(300, 576, 1) == (128, 128)
+    assert _commit_layout(8, 3, 4) == (8, 4)
+
+
+@pytest.mark.parametrize("P", [1, 16])
+def test_commit_tree_larger_than_one_chunk(P):
+    """The launcher's own layout with T > ROWS (300 nodes, bf16 rows: chunks of 128): accepted paths
+    that cross chunk boundaries, every destination the next one's source."""
+    T, E, L = 300, 64, 37
+    rows, _ = _commit_layout(T, E, 2)
+    assert rows < T
+    g = torch.Generator().manual_seed(P)
+    page_table, num_pages = paged_layout([L + T, 5 + T], 2, P, extra_pages=2, generator=g)
+    page_table = page_table.to(DEVICE)
+    kv = torch.randn(num_pages, P, E, generator=g).to(torch.bfloat16).to(DEVICE)
+    kv_lens = torch.tensor([L, 5], dtype=torch.int32, device=DEVICE)
+    shifted = [0] + list(range(2, 262))  # 261 accepted: rows 1..260 each take the next row
+    sparse = [0] + sorted(random.Random(P).sample(range(1, T), 199))
+    accept_idx = torch.tensor([shifted + [-1] * (T - len(shifted)), sparse + [-1] * (T - len(sparse))],
+                              dtype=torch.int32, device=DEVICE)
+    accept_len = torch.tensor([len(shifted), len(sparse)], dtype=torch.int32, device=DEVICE)
+    ref = kv.clone()
+    ref_lens = kv_commit_reference(ref, page_table, kv_lens, accept_idx, accept_len)
+    new_lens = kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len)
+    assert torch.equal(kv, ref) and torch.equal(new_lens, ref_lens)
+
+
+def test_commit_custom_op_registration():
+    """The op torch.compile and CUDA graphs see: declared mutation of kv, the new lengths returned
+    (written by the kernel, a fresh tensor), a fake implementation for tracing."""
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(2, 6, 4, 8, generator=g).to(DEVICE)
+    page_table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32, device=DEVICE)
+    kv_lens = torch.tensor([2, 1], dtype=torch.int32, device=DEVICE)
+    accept_idx = torch.tensor([[0, 2, 3, -1], [0, 1, 3, -1]], dtype=torch.int32, device=DEVICE)
+    accept_len = torch.tensor([3, 3], dtype=torch.int32, device=DEVICE)
+    torch.library.opcheck(_kv_commit_op, (kv.clone(), page_table, kv_lens, accept_idx, accept_len, True))
+    ref = kv.clone()
+    ref_lens = kv_commit_reference(ref, page_table, kv_lens, accept_idx, accept_len, stacked=True)
+    new_lens = _kv_commit_op(kv, page_table, kv_lens, accept_idx, accept_len, True)
+    assert torch.equal(kv, ref) and torch.equal(new_lens, ref_lens)
+    # traced by torch.compile (functionalised mutation of kv, the returned lengths used downstream)
+    kv2, ref2 = kv.clone(), kv.clone()
+    ref2_lens = kv_commit_reference(ref2, page_table, kv_lens, accept_idx, accept_len, stacked=True)
+    step = torch.compile(lambda *a: _kv_commit_op(*a, True) + 1, backend="aot_eager", fullgraph=True)
+    out = step(kv2, page_table, kv_lens, accept_idx, accept_len)
+    assert torch.equal(kv2, ref2) and torch.equal(out, ref2_lens + 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,3 +425,54 @@ def test_gpu_real_sizes_commit_and_gather():
     for j, a in enumerate(idx):
         assert torch.equal(after[:, 0, L + j], before[:, 0, L + a])
     assert torch.equal(after[:, :, L + len(idx):], before[:, :, L + len(idx):])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,pattern", [(64, "tree"), (128, "shifted"), (300, "shifted")])
+def test_gpu_commit_layouts_eager_graph_and_compiled(T, pattern):
+    """bf16 latent rows, 61 layers, B = 16 at the launch layouts (T = 64: one chunk of 64; T = 128: one
+    chunk of 128; T = 300: chunks of 128), against the reference: eager, replayed from a CUDA graph,
+    and (T = 128) under torch.compile (the custom op, its returned lengths)."""
+    P, B, layers = 16, 16, 61
+    g = torch.Generator().manual_seed(T)
+    rng = random.Random(T)
+    lens = [rng.randint(0, 300) for _ in range(B)]
+    page_table, num_pages = paged_layout([L + T for L in lens], B, P, extra_pages=4, generator=g)
+    page_table = page_table.cuda()
+    gc = torch.Generator(device="cuda").manual_seed(T)
+    kv0 = torch.randn(layers, num_pages, P, 576, generator=gc, device="cuda", dtype=torch.bfloat16)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    rows, ns = [], []
+    for b in range(B):
+        if pattern == "shifted":
+            n = T - 1 - b
+            row = [0] + list(range(2, n + 1))
+        else:
+            row, n = random_accept(T, rng)
+            row = row[:n]
+        rows.append(row + [-1] * (T - len(row)))
+        ns.append(len(row))
+    accept_idx = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    accept_len = torch.tensor(ns, dtype=torch.int32, device="cuda")
+    ref = kv0.clone()
+    ref_lens = kv_commit_reference(ref, page_table, kv_lens, accept_idx, accept_len, stacked=True)
+    kv = kv0.clone()
+    assert torch.equal(kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, stacked=True), ref_lens)
+    assert torch.equal(kv, ref)
+    kv.copy_(kv0)
+    out = torch.empty_like(kv_lens)
+    kv_commit_(kv0.clone(), page_table, kv_lens, accept_idx, accept_len, stacked=True)  # warm
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, stacked=True))
+    kv.copy_(kv0)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(kv, ref) and torch.equal(out, ref_lens)
+    if T != 128:
+        return
+    kv.copy_(kv0)
+    step = torch.compile(lambda *a: kv_commit_(*a, stacked=True) + 0, fullgraph=True)
+    assert torch.equal(step(kv, page_table, kv_lens, accept_idx, accept_len), ref_lens)
+    assert torch.equal(kv, ref)

@@ -69,10 +69,11 @@ def verify_cases(draw):
     dtype = draw(st.sampled_from([torch.float32, torch.float16]))
     num_splits = draw(st.sampled_from([None, 1, 2, 3, 7]))
     scalar_page = draw(st.booleans())
+    tma = draw(st.booleans())
     fragmented = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     return dict(B=B, T=T, H=H, P=P, kv_lens=kv_lens, tree_lens=tree_lens, kinds=kinds, dtype=dtype,
-                num_splits=num_splits, fragmented=fragmented, seed=seed, scalar_page=scalar_page)
+                num_splits=num_splits, fragmented=fragmented, seed=seed, scalar_page=scalar_page, tma=tma)
 
 
 @settings(max_examples=40)
@@ -80,8 +81,31 @@ def verify_cases(draw):
 def test_verify_mla_matches_reference(c):
     case = make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"], c["dtype"],
                      seed=c["seed"], fragmented=c["fragmented"])
-    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"])
+    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"])
     check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
+
+
+def poison_unused_slots(case):
+    """NaN in every pool slot that no request uses (including padding tree rows): a kernel that reads
+    whole pages (TMA) must keep them out of the result."""
+    kv, pt = case["kv"], case["page_table"]
+    P = kv.shape[1]
+    used = torch.zeros(kv.shape[:2], dtype=torch.bool, device=kv.device)
+    T = case["q"].shape[1]
+    for b, L in enumerate(case["kv_lens"].tolist()):
+        n = T if case["tree_lens"] is None else int(case["tree_lens"][b])
+        pos = torch.arange(L + n, device=kv.device)
+        used[pt[b, pos // P].long(), pos % P] = True
+    case["kv"] = torch.where(used[..., None], kv, float("nan")).to(kv.dtype)
+    return case
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("P", [16, 64])
+def test_garbage_outside_the_request_is_never_read(P, tma):
+    case = poison_unused_slots(make_case(2, 7, 3, P, [37, 70], [5, 7], ("random", "wide"), torch.float32,
+                                         seed=P + tma))
+    check_against_reference(case, torch.float32, config=AttnConfig(16, 16, 4, 1, tma=tma), num_splits=3)
 
 
 @pytest.mark.parametrize("kind", ["chain", "star"])
@@ -194,6 +218,31 @@ def test_gpu_bf16_large(B, T, H, P, L):
     tree_lens = [T - (b % 3) for b in range(B)]
     case = make_case(B, T, H, P, kv_lens, tree_lens, ("random", "wide", "chain"), torch.bfloat16, seed=L + T)
     check_against_reference(case, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [AttnConfig(64, 64, 8, 1, tma=True), AttnConfig(64, 32, 8, 3, tma=True),
+                                 AttnConfig(16, 64, 4, 3, tma=True)])
+def test_gpu_tma_tiles(cfg):
+    case = poison_unused_slots(make_case(2, 19, 8, 64, [46_000, 1_000], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=cfg.block_n))
+    check_against_reference(case, torch.bfloat16, config=cfg)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    ref = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg)
+    fn = torch.compile(lambda *a: verify_mla(*a, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg),
+                       fullgraph=True)
+    compiled = fn(*args)
+    assert ((compiled.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
 
 
 @pytest.mark.gpu

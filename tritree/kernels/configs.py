@@ -40,6 +40,8 @@ class AttnConfig:
     programs_per_sm: target number of resident programs per SM used to pick the split count.
     scalar_page: when P >= block_n, read one page id per KV tile instead of one per row (an
         experiment; not yet measured, so off in every table).
+    tma: when P >= block_n and the pool is contiguous, load KV tiles with tensor-memory-accelerator
+        copies (``tl.make_tensor_descriptor``; Hopper and later) instead of per-element pointers.
     """
 
     block_m: int
@@ -48,6 +50,14 @@ class AttnConfig:
     num_stages: int
     programs_per_sm: int = 1
     scalar_page: bool = False
+    tma: bool = False
+
+    @classmethod
+    def concrete(cls, block_m, block_n, num_warps, num_stages, **flags) -> "AttnConfig":
+        """A config from a traced op's arguments. After a recompilation torch.compile may pass these
+        ints as symbols, and Triton needs constants (num_warps, tile sizes): ``int()`` specialises
+        them, guarding on their values."""
+        return cls(int(block_m), int(block_n), int(num_warps), int(num_stages), **{k: bool(v) for k, v in flags.items()})
 
 
 # Rows bucket -> config. A launch with M = T*H packed rows takes the first bucket >= M (else the

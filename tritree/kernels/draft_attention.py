@@ -254,7 +254,8 @@ def _draft_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     _launch(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, out, lse, sm_scale, window if window > 0 else None,
-            AttnConfig(block_m, block_n, num_warps, num_stages), num_splits, launch=torch.library.wrap_triton)
+            AttnConfig.concrete(block_m, block_n, num_warps, num_stages), int(num_splits),
+            launch=torch.library.wrap_triton)
     return out, lse
 
 

@@ -10,7 +10,12 @@ The commit kernel's ordering argument: accepted indices are strictly increasing 
 ``kv_lens + a_j -> kv_lens + j`` has source >= destination. Moves are done in chunks of ``ROWS``
 accepted nodes in increasing ``j``; all sources of a chunk are read (and a CTA barrier passed) before
 any of its destinations is written, and a chunk's destinations (< j0 + ROWS) never hold a later
-chunk's sources (>= j0 + ROWS). Programs own disjoint (layer, request, element block) ranges.
+chunk's sources (>= j0 + ROWS). Programs own disjoint (layer, request, element block) ranges: a move
+touches only the same elements of two rows, so programs of different column blocks never conflict.
+The launch gives each program a 128-byte column block of every row and (up to a 16 KB tile, bf16
+trees of up to 128 nodes) all of its request's accepted rows in one chunk, so every (layer, request,
+column block) runs in parallel in one launch, each read-all-then-write; the kernel also writes the
+new lengths.
 """
 
 from __future__ import annotations
@@ -231,29 +236,54 @@ def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _kv_commit_kernel(KV, PageTable, KvLens, AcceptIdx, AcceptLen,
+def _commit_rows(base, PageTable, page_base, kv_len, n_acc, T, j, a, e, e_ok, max_pages, num_pages,
+                 stride_kp, stride_ks, PAGE_SIZE: tl.constexpr):
+    """Moves rows ``kv_len + a -> kv_len + j`` (the ROWS accepted nodes ``j`` of one chunk, columns
+    ``e``): every source of the chunk is read before any destination is written."""
+    move = (j < n_acc) & (j < T) & (a != j)  # the fast path (a == j) moves nothing
+    src = _row_offsets(PageTable, page_base, kv_len + a, move, max_pages, num_pages, stride_kp, stride_ks, PAGE_SIZE)
+    dst = _row_offsets(PageTable, page_base, kv_len + j, move, max_pages, num_pages, stride_kp, stride_ks, PAGE_SIZE)
+    m = move[:, None] & e_ok
+    vals = tl.load(base + src[:, None] + e[None, :], mask=m)
+    tl.debug_barrier()  # every thread's source reads are done before any thread writes a destination
+    tl.store(base + dst[:, None] + e[None, :], vals, mask=m)
+
+
+@triton.jit
+def _kv_commit_kernel(KV, PageTable, KvLens, AcceptIdx, AcceptLen, NewLens,
                       stride_kl, stride_kp, stride_ks, stride_ptb, stride_ab,
-                      E, max_pages, num_pages,
-                      PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
-    b = tl.program_id(0)
-    layer = tl.program_id(1).to(tl.int64)
-    pid_e = tl.program_id(2)
+                      T, E, max_pages, num_pages,
+                      PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, EVEN_E: tl.constexpr):
+    """One program per (column block, request, layer). The first chunk of ROWS accepted nodes (all of
+    them when T <= ROWS, the launcher's usual choice) is loaded without waiting for ``accept_len``, so
+    the dependent memory round trips are: {lengths, accept_idx} -> page table -> rows -> stores."""
+    pid_e = tl.program_id(0)
+    b = tl.program_id(1)
+    layer = tl.program_id(2)
+    b64 = b.to(tl.int64)
     kv_len = tl.load(KvLens + b)
     n_acc = tl.load(AcceptLen + b)
-    page_base = b.to(tl.int64) * stride_ptb
+    j = tl.arange(0, ROWS)
+    a = tl.load(AcceptIdx + b64 * stride_ab + j, mask=j < T, other=0)
+    # the new length, written once per request (no separate launch for kv_lens + accept_len)
+    tl.store(NewLens + b, kv_len + n_acc, mask=(pid_e == 0) & (layer == 0))
+    page_base = b64 * stride_ptb
     e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
-    e_ok = (e < E)[None, :]
-    base = KV + layer * stride_kl
-    for j0 in range(0, n_acc, ROWS):
-        j = j0 + tl.arange(0, ROWS)
-        a = tl.load(AcceptIdx + b.to(tl.int64) * stride_ab + j, mask=j < n_acc, other=0)
-        move = (j < n_acc) & (a != j)  # the fast path (a == j) moves nothing
-        src = _row_offsets(PageTable, page_base, kv_len + a, move, max_pages, num_pages, stride_kp, stride_ks, PAGE_SIZE)
-        dst = _row_offsets(PageTable, page_base, kv_len + j, move, max_pages, num_pages, stride_kp, stride_ks, PAGE_SIZE)
-        vals = tl.load(base + src[:, None] + e[None, :], mask=move[:, None] & e_ok)
-        tl.debug_barrier()  # every source row of the chunk is read before any destination is written
-        tl.store(base + dst[:, None] + e[None, :], vals, mask=move[:, None] & e_ok)
+    if EVEN_E:  # no column mask: the row segments load and store as 16-byte vectors
+        e_ok = tl.full([1, BLOCK_E], 1, tl.int1)
+    else:
+        e_ok = (e < E)[None, :]
+    base = KV + layer.to(tl.int64) * stride_kl
+    _commit_rows(base, PageTable, page_base, kv_len, n_acc, T, j, a, e, e_ok, max_pages, num_pages,
+                 stride_kp, stride_ks, PAGE_SIZE)
+    # Later chunks (trees larger than ROWS with more than ROWS accepted nodes), in increasing j: a
+    # chunk's destinations (< j0) never hold a later chunk's sources (a_j >= j >= j0).
+    for j0 in range(ROWS, n_acc, ROWS):
         tl.debug_barrier()
+        jj = j0 + tl.arange(0, ROWS)
+        aa = tl.load(AcceptIdx + b64 * stride_ab + jj, mask=(jj < n_acc) & (jj < T), other=0)
+        _commit_rows(base, PageTable, page_base, kv_len, n_acc, T, jj, aa, e, e_ok, max_pages, num_pages,
+                     stride_kp, stride_ks, PAGE_SIZE)
 
 
 def kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False):
@@ -299,27 +329,52 @@ def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False
     if not _use_kernel(kv):
         return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
     if kv.device.type == "cuda":
-        _kv_commit_op(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
-    else:
-        _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
-    return kv_lens + accept_len
+        return _kv_commit_op(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+    return _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
 
 
 @torch.library.custom_op("tritree::kv_commit_", mutates_args=("kv",))
 def _kv_commit_op(kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor, accept_idx: torch.Tensor,
-                  accept_len: torch.Tensor, stacked: bool) -> None:
-    _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+                  accept_len: torch.Tensor, stacked: bool) -> torch.Tensor:
+    return _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
 
 
-def _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked):
+@_kv_commit_op.register_fake
+def _kv_commit_fake(kv, page_table, kv_lens, accept_idx, accept_len, stacked):
+    return torch.empty_like(kv_lens)
+
+
+COMMIT_TILE_BYTES = 16 << 10  # a program's rows x columns tile (read into registers, then written)
+COMMIT_SEGMENT_BYTES = 128    # columns per program: one 128-byte segment of each row
+
+
+def _commit_layout(T: int, E: int, elem_bytes: int) -> tuple[int, int]:
+    """(ROWS, BLOCK_E) of the commit launch: narrow column blocks (128 B of each row) so that one
+    program holds every accepted row of its (request, layer) in one chunk up to a 16 KB tile (bf16:
+    T <= 128), and the grid has ``ceil(E / BLOCK_E)`` programs per request and layer, all in parallel."""
+    block_e = min(triton.next_power_of_2(E), max(1, COMMIT_SEGMENT_BYTES // elem_bytes))
+    max_rows = min(256, max(16, COMMIT_TILE_BYTES // (block_e * elem_bytes)))  # powers of two
+    return min(triton.next_power_of_2(max(T, 1)), max_rows), block_e
+
+
+def _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked, rows=None):
+    """Launches the commit; returns the new lengths (written by the kernel). ``rows`` overrides the
+    chunk size (tests use it to reach the multi-chunk path at small T)."""
     pool = _pool(kv, stacked)
     B, T = accept_idx.shape
-    block_e = _block_e(pool.row)
-    _kv_commit_kernel[(B, pool.layers, triton.cdiv(pool.row, block_e))](
-        kv, page_table, kv_lens, accept_idx, accept_len,
+    new_lens = torch.empty_like(kv_lens)
+    auto_rows, block_e = _commit_layout(T, pool.row, kv.element_size())
+    rows = auto_rows if rows is None else rows
+    if B == 0:
+        return new_lens
+    if pool.layers == 0:
+        return new_lens.copy_(kv_lens + accept_len)
+    _kv_commit_kernel[(triton.cdiv(pool.row, block_e), B, pool.layers)](
+        kv, page_table, kv_lens, accept_idx, accept_len, new_lens,
         *_pool_strides(kv, stacked), page_table.stride(0), accept_idx.stride(0),
-        pool.row, page_table.shape[1], pool.num_pages,
-        PAGE_SIZE=pool.page_size, ROWS=min(16, triton.next_power_of_2(T)), BLOCK_E=block_e, num_warps=4)
+        T, pool.row, page_table.shape[1], pool.num_pages,
+        PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, EVEN_E=pool.row % block_e == 0, num_warps=4)
+    return new_lens
 
 
 def _check_accept(accept_idx, accept_len):

@@ -142,11 +142,23 @@ def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tre
 @triton.jit
 def _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
                   PAGE_SIZE: tl.constexpr, D_LAT: tl.constexpr, D_PE: tl.constexpr, s_ok,
-                  SCALAR_PAGE: tl.constexpr = False):
+                  SCALAR_PAGE: tl.constexpr = False, TMA: tl.constexpr = False, lat_desc=None, pe_desc=None):
     """Rows ``s`` of a request's paged latent cache: ([BN, 512], [BN, 64]). Page-table columns and
     page ids are clamped into range so a bad layout can never read outside the pool (it is
     reported by the launcher's checks instead). ``SCALAR_PAGE``: the tile lies in one page (tiles
-    start at multiples of BLOCK_N <= P), so one page id is read instead of one per row."""
+    start at multiples of BLOCK_N <= P), so one page id is read instead of one per row.
+
+    With tensor descriptors (``lat_desc``/``pe_desc``, P >= BLOCK_N) the tile is one TMA copy: no
+    per-element addresses in registers, and the copy engine runs ahead of the math. Only for full
+    tiles: TMA reads whole rows, and rows past the request may hold anything (0 * NaN would poison
+    P @ V), so the masked tail keeps the pointer loads."""
+    if TMA:
+        first = tl.min(s, 0)
+        col = tl.minimum(first // PAGE_SIZE, max_pages - 1)
+        page = tl.load(PageTable + page_base + col)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        row = page * PAGE_SIZE + first % PAGE_SIZE
+        return lat_desc.load([row, 0]), pe_desc.load([row, 0])
     if SCALAR_PAGE:
         first = tl.min(s, 0)
         col = tl.minimum(first // PAGE_SIZE, max_pages - 1)
@@ -200,6 +212,7 @@ def _verify_mla_kernel(
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     SCALAR_PAGE: tl.constexpr,
+    TMA: tl.constexpr = False,
     D_LAT: tl.constexpr = 512,
     D_PE: tl.constexpr = 64,
 ):
@@ -232,12 +245,19 @@ def _verify_mla_kernel(
     page_base = b.to(tl.int64) * stride_ptb
     offs_n = tl.arange(0, BLOCK_N)
     all_rows = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+    lat_desc = None
+    pe_desc = None
+    if TMA:  # the pool as a [pages * P, 576] matrix; P >= BLOCK_N, so a tile never crosses a page
+        lat_desc = tl.make_tensor_descriptor(KV, shape=[num_pages * PAGE_SIZE, D_LAT + D_PE], strides=[stride_kvs, 1],
+                                             block_shape=[BLOCK_N, D_LAT])
+        pe_desc = tl.make_tensor_descriptor(KV + D_LAT, shape=[num_pages * PAGE_SIZE, D_PE], strides=[stride_kvs, 1],
+                                            block_shape=[BLOCK_N, D_PE])
 
     # Committed prefix: every key visible to every row, no mask.
     for n in range(start, full_end, BLOCK_N):
         s = n + offs_n
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                    PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE)
+                                    PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE, TMA, lat_desc, pe_desc)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
                                     False, UPCAST, IEEE)
 
@@ -269,9 +289,39 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_ALLOCATOR_SET = False
+
+
+def _scratch_allocator(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_usable(kv: torch.Tensor, cfg: AttnConfig) -> bool:
+    """TMA tiles need P >= BLOCK_N (a tile within one page), the pool addressable as one
+    ``[pages * P, D]`` row-major matrix with 16-byte aligned rows, and row indices within int32.
+    (Alignment from the storage offset: torch's allocations start 256-byte aligned, and fake
+    tensors under torch.compile have no data pointer.)"""
+    num_pages, P, D = kv.shape
+    return (cfg.tma and P >= cfg.block_n and kv.stride(2) == 1 and kv.stride(0) == P * kv.stride(1)
+            and (kv.stride(1) * kv.element_size()) % 16 == 0 and (kv.storage_offset() * kv.element_size()) % 16 == 0
+            and num_pages * P < 2**31 and (kv.is_cuda or _interpreting()))
+
+
+def _ensure_scratch_allocator() -> None:
+    # Device-side tensor descriptors live in a small global scratch buffer that Triton asks for at
+    # launch; torch's caching allocator serves it (also during CUDA-graph capture).
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        triton.set_allocator(_scratch_allocator)
+        _ALLOCATOR_SET = True
+
+
 def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
                    num_splits, launch=None):
     B, T, H, _ = q.shape
+    tma = _tma_usable(kv, cfg)
+    if tma and not _interpreting():
+        _ensure_scratch_allocator()
     M = T * H
     d_lat = out.shape[-1]
     row_blocks = triton.cdiv(M, cfg.block_m)
@@ -291,7 +341,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         T, H, num_splits,
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         UPCAST=upcast, IEEE=q.dtype == torch.float32,
-        SCALAR_PAGE=cfg.scalar_page and kv.shape[1] >= cfg.block_n, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
+        SCALAR_PAGE=cfg.scalar_page and kv.shape[1] >= cfg.block_n, TMA=tma, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
@@ -302,12 +352,14 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
 def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                    tree_mask: torch.Tensor, tree_lens: torch.Tensor, sm_scale: float, block_m: int, block_n: int,
                    num_warps: int, num_stages: int, scalar_page: bool, num_splits: int,
-                   d_rope: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+                   d_rope: int = 64, tma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, H, D = q.shape
     out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page), num_splits, launch=torch.library.wrap_triton)
+                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma),
+                   int(num_splits),
+                   launch=torch.library.wrap_triton)
     return out, lse
 
 
@@ -315,9 +367,11 @@ def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, 
 def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                        tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                       scalar_page: bool, num_splits: int) -> None:
+                       scalar_page: bool, num_splits: int, tma: bool = False) -> None:
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page), num_splits, launch=torch.library.wrap_triton)
+                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma),
+                   int(num_splits),
+                   launch=torch.library.wrap_triton)
 
 
 def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope=D_ROPE):
@@ -425,7 +479,8 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(cfg.scalar_page),
                    int(num_splits))
     if out is None:
-        out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args, d_rope=d_rope)
+        out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args, d_rope=d_rope,
+                                  tma=bool(cfg.tma))
     else:
-        _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args)
+        _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args, tma=bool(cfg.tma))
     return (out, lse) if return_lse else out
