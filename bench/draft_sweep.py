@@ -109,6 +109,15 @@ def step_rows(args, timer, ceil, dev):
     kv_bytes = cfg.num_hidden_layers * (L + accepted) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
     floor, bound = ceil(weight_bytes + kv_bytes, 0)
     us = timer([step])
+    if args.profile and dev == "cuda":  # where the time over the floor goes, kernel by kernel
+        from torch.profiler import ProfilerActivity, profile
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
     row = dict(op="draft_step", L=L, accepted=accepted, layers=cfg.num_hidden_layers, block=cfg.block_size,
                weight_gb=weight_bytes / 1e9, kv_gb=kv_bytes / 1e9, us=us, floor_us=floor, x_floor=us / floor)
     print(f"draft step L={L} (+{accepted} materialised, block {cfg.block_size}, {cfg.num_hidden_layers} layers): "
@@ -125,6 +134,7 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, default=46_000)
     ap.add_argument("--no-step", action="store_true")
     ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="step: a torch.profiler table of the step's GPU kernels")
     ap.add_argument("--ceilings", default=None, help="JSON file of measured ceilings (written when missing)")
     args = ap.parse_args(argv)
     args.dtype = torch.float32 if args.smoke else torch.bfloat16

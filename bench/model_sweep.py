@@ -26,12 +26,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--ctx", type=int, default=46_000)
+    ap.add_argument("--compile", action="store_true", help="torch.compile each timed block")
+    ap.add_argument("--views", default="TP8,TP1", help="comma-separated subset of TP8,TP1")
     args = ap.parse_args(argv)
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
     rows = []
     dev, dt, L, P = "cuda", torch.bfloat16, args.ctx, 64
     for view, heads, experts, topk in (("TP8", 8, 48, 1), ("TP1", 64, 384, 8)):
+        if view not in args.views.split(","):
+            continue
         cfg = kimi_k26(num_hidden_layers=2, num_local_heads=heads, n_routed_experts=experts,
                        num_experts_per_tok=topk, weight_prefix="")
         params = _random_params(kimi_k2.param_shapes(cfg), dev, dt)
@@ -64,6 +68,9 @@ def main(argv=None):
                     h = kimi_k2.rms_norm(y, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
                     return y + kimi_k2.mlp(params, cfg, layer, h)
 
+                if args.compile:  # fuses the norms, RoPE and casts around the projections
+                    attn_block, mlp_block, whole_layer = (torch.compile(f, dynamic=False)
+                                                          for f in (attn_block, mlp_block, whole_layer))
                 t_layer = graph_time_us([whole_layer])
                 t_attn_block = graph_time_us([attn_block])
                 t_attn = graph_time_us([attention_only])
@@ -94,12 +101,12 @@ def main(argv=None):
                     "mlp" if layer == 0 else "moe": (t_mlp, *ceil.floor_us(mlp_bytes, mlp_flops)),
                     "rest": (t_layer - t_attn_block - t_mlp, 0.0, "-"),
                 }
-                row = dict(view=view, heads=heads, experts=experts, topk=topk, experts_used=n_used, T=T, L=L,
+                row = dict(view=view, compiled=args.compile, heads=heads, experts=experts, topk=topk, experts_used=n_used, T=T, L=L,
                            layer=layer, layer_us=t_layer,
                            parts={k: dict(us=v[0], floor_us=v[1], bound=v[2]) for k, v in parts.items()})
                 rows.append(row)
                 desc = "; ".join(f"{k} {v[0]:.1f} us (floor {v[1]:.1f} {v[2]})" for k, v in parts.items())
-                print(f"{view} T={T:>2} layer {layer} ({'MoE, ' + str(n_used) + ' experts used' if layer else 'dense'}): "
+                print(f"{view}{' compiled' if args.compile else ''} T={T:>2} layer {layer} ({'MoE, ' + str(n_used) + ' experts used' if layer else 'dense'}): "
                       f"{t_layer:.1f} us = {desc}", flush=True)
         params.clear()  # free the slice before the next view
         torch.cuda.empty_cache()

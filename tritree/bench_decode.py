@@ -3,6 +3,10 @@
 on this rank, the average share; a few layers, random weights) and a K2.6-DFlash-shaped draft, with
 paged caches filled to ``--ctx`` tokens. Reports the decode step per phase (eager, CUDA events) and as
 one CUDA graph, the verify attention against its floor, and the extrapolation to 61 layers.
+
+Under ``torchrun --nproc-per-node N -m tritree bench decode --tp N`` every rank holds its real shard of
+the slice instead (64/N heads, 384/N experts with the real top-8 routing, vocabulary-parallel head)
+and the step includes the collectives; rank 0 prints.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import math
 
 import torch
 
+from .dist import active
 from .engine import PhaseTimer, SamplingConfig, decode_step_
 from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
@@ -31,13 +36,22 @@ def _random_params(shapes: dict, device, dtype):
     return out
 
 
-def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, dtype=torch.bfloat16, device="cuda"):
-    tcfg = kimi_k26(num_hidden_layers=layers, num_local_heads=8, n_routed_experts=48, num_experts_per_tok=1,
-                    weight_prefix="")
+def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, dtype=torch.bfloat16, device="cuda",
+          tp=None):
+    if active(tp):  # the rank's real shard; replicated tensors equal on every rank (same seed, same shapes)
+        from .model.parallel import local_param_shapes, shard_config
+
+        torch.manual_seed(0)
+        full = kimi_k26(num_hidden_layers=layers, weight_prefix="")
+        tcfg, shapes = shard_config(full, tp), local_param_shapes(full, tp)
+    else:
+        tcfg = kimi_k26(num_hidden_layers=layers, num_local_heads=8, n_routed_experts=48, num_experts_per_tok=1,
+                        weight_prefix="")
+        shapes = param_shapes(tcfg)
     # The slice has only the first layers; the draft taps them instead of layers 1, 12, ..., 58 (same
     # shapes and cost, other values).
     dcfg = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
-    tparams = _random_params(param_shapes(tcfg), device, dtype)
+    tparams = _random_params(shapes, device, dtype)
     dparams = _random_params(dflash.param_shapes(dcfg), device, dtype)
     T = budget + 1
     cap = ctx + 4 * T + 64
@@ -63,10 +77,10 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     return tcfg, dcfg, tparams, dparams, state
 
 
-def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20) -> dict:
+def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None) -> dict:
     from .roofline import graph_time_us, measure_ceilings, verify_mla_counts
 
-    tcfg, dcfg, tp, dp, state = build(layers, ctx, budget, batch)
+    tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp)
     mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
     sampling = SamplingConfig()
 
@@ -76,7 +90,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20) -> dict:
 
     def step(timer=None):
         reset()
-        decode_step_(tp, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, timer=timer)
+        decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, timer=timer, tp=tp)
 
     step()
     torch.cuda.synchronize()
@@ -99,44 +113,47 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20) -> dict:
     from .kernels import verify_mla
     from .testing import random_verify_inputs
     T = budget + 1
-    case = random_verify_inputs(batch, T, 8, 64, [ctx] * batch, None, ("wide",), torch.bfloat16, device="cuda")
+    case = random_verify_inputs(batch, T, tcfg.heads, 64, [ctx] * batch, None, ("wide",), torch.bfloat16, device="cuda")
     args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
     attn_us = graph_time_us([lambda: verify_mla(*args, sm_scale=tcfg.softmax_scale)])
     ceil = measure_ceilings()
-    nbytes, flops = verify_mla_counts(batch, T, 8, ctx)
+    nbytes, flops = verify_mla_counts(batch, T, tcfg.heads, ctx)
     floor_us, bound = ceil.floor_us(nbytes, flops)
     return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
                 graph_ms=graph_ms, phases_ms=med, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
                 floor_bound=bound)
 
 
-def main(args) -> int:
+def main(args, tp=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
         print("bench decode needs a GPU")
         return 1
+    say = print if tp is None or tp.rank == 0 else (lambda *a, **k: None)
+    where = f"TP{tp.world} rank, collectives included" if active(tp) else "TP8 rank, EP-local experts"
     rows = []
     for budget in args.budgets:
         per = {}
         for layers in (args.layers, args.layers + 1):
-            r = run(layers, args.ctx, budget, args.batch, reps=max(5, min(50, args.gen // 8)))
+            r = run(layers, args.ctx, budget, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp)
             per[layers] = r
             rows.append(r)
             ph = ", ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
-            print(f"budget {budget:>3} layers {layers}: eager {r['eager_ms']:.3f} ms, graph {r['graph_ms']:.3f} ms "
-                  f"(host overhead {r['eager_ms'] - r['graph_ms']:.3f} ms); phases ms: {ph}", flush=True)
+            say(f"budget {budget:>3} layers {layers}: eager {r['eager_ms']:.3f} ms, graph {r['graph_ms']:.3f} ms "
+                f"(host overhead {r['eager_ms'] - r['graph_ms']:.3f} ms); phases ms: {ph}", flush=True)
         a, b = per[args.layers], per[args.layers + 1]
         moe_layer = b["graph_ms"] - a["graph_ms"]
         est61 = a["graph_ms"] + (61 - args.layers) * moe_layer
         verify_share = 61 * b["verify_attention_us"] / 1e3
         ph = b["phases_ms"]
         non_target = ph.get("draft", 0) + ph.get("tree", 0) + ph.get("accept", 0) + ph["commit"] * 61 / b["layers"]
-        print(f"budget {budget:>3}: one more MoE layer costs {moe_layer:.3f} ms; 61-layer step ~ {est61:.1f} ms "
-              f"(TP8 rank, EP-local experts); verify attention {b['verify_attention_us']:.1f} us/layer vs floor "
-              f"{b['verify_attention_floor_us']:.1f} us ({b['verify_attention_us'] / b['verify_attention_floor_us']:.2f}x, "
-              f"{b['floor_bound']}), {verify_share:.1f} ms over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
-              f"= {100 * non_target / est61:.1f}% of the extrapolated step", flush=True)
+        say(f"budget {budget:>3}: one more MoE layer costs {moe_layer:.3f} ms; 61-layer step ~ {est61:.1f} ms "
+            f"({where}); verify attention {b['verify_attention_us']:.1f} us/layer vs floor "
+            f"{b['verify_attention_floor_us']:.1f} us ({b['verify_attention_us'] / b['verify_attention_floor_us']:.2f}x, "
+            f"{b['floor_bound']}), {verify_share:.1f} ms over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
+            f"= {100 * non_target / est61:.1f}% of the extrapolated step", flush=True)
         rows.append(dict(budget=budget, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target))
-    append_jsonl(args.out, rows)
+    if tp is None or tp.rank == 0:
+        append_jsonl(args.out, [dict(r, tp=tp.world) for r in rows] if active(tp) else rows)
     return 0

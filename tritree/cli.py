@@ -8,6 +8,10 @@ meaningful). Without a GPU every kernel runs in Triton's interpreter.
 
 ``demo``: the verify-attention kernel on a random tree over a random paged latent cache, checked
 against the float64 reference and, on a GPU, timed against the hardware floor.
+
+Tensor parallelism (``generate``, ``bench decode``): ``torchrun --nproc-per-node N -m tritree generate
+--tp N`` (NCCL on GPUs, gloo on the CPU); ``--tp N`` without torchrun relaunches the command under
+``torchrun --standalone`` with N local processes; a torchrun launch without ``--tp`` uses WORLD_SIZE.
 """
 
 from __future__ import annotations
@@ -79,44 +83,46 @@ def demo(args) -> int:
     return 0 if ok else 1
 
 
-def shipped_pair(device, dtype):
-    """The tiny target/draft pair trained by ``python -m tritree train`` and shipped in the package."""
+def shipped_pair(device, dtype, tp=None):
+    """The tiny target/draft pair trained by ``python -m tritree train`` and shipped in the package
+    (``tp``: this rank's shard of the target)."""
     from .model.loading import load_dflash_params, load_params
     from .train import ASSETS
 
-    tparams, tcfg = load_params(str(ASSETS / "target"), device=device, dtype=dtype)
+    tparams, tcfg = load_params(str(ASSETS / "target"), device=device, dtype=dtype, tp=tp)
     dparams, dcfg = load_dflash_params(str(ASSETS / "draft"), device=device, dtype=dtype)
     return tparams, tcfg, dparams, dcfg, ("the shipped tiny pair (trained on the Python standard library's source, "
                                           "bytes as tokens; tritree/assets/tiny/TRAINING.md)")
 
 
-def _load_pair(args, device, dtype):
+def _load_pair(args, device, dtype, tp=None):
     import torch
 
     from .model import dflash
     from .model.config import dflash_tiny, kimi_tiny
     from .model.kimi_k2 import init_params
     from .model.loading import load_dflash_params, load_params
+    from .model.parallel import shard_params
 
     if bool(args.model) != bool(args.draft):
         raise SystemExit("--model and --draft go together")
     if args.model:
-        tparams, tcfg = load_params(args.model, device=device, dtype=dtype)
+        tparams, tcfg = load_params(args.model, device=device, dtype=dtype, tp=tp)
         dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype)
         return tparams, tcfg, dparams, dcfg, f"target {args.model}, draft {args.draft}"
     from .train import ASSETS
     if not args.random and (ASSETS / "target" / "model.safetensors").exists():
-        return shipped_pair(device, dtype)
+        return shipped_pair(device, dtype, tp)
     tcfg = kimi_tiny()
     dcfg = dflash_tiny(tcfg)
-    tparams = init_params(tcfg, seed=args.seed, device=device, dtype=dtype)
+    tparams, tcfg = shard_params(init_params(tcfg, seed=args.seed, device=device, dtype=dtype), tcfg, tp)
     dparams = dflash.init_params(dcfg, seed=args.seed + 1, device=device, dtype=dtype)
     del torch
     return tparams, tcfg, dparams, dcfg, ("tiny random target/draft pair (random weights: the acceptance length "
                                           "means nothing until trained models exist)")
 
 
-def generate(args) -> int:
+def generate(args, tp=None) -> int:
     import time
 
     import torch
@@ -125,11 +131,15 @@ def generate(args) -> int:
     from .engine import Engine
 
     gpu = torch.cuda.is_available()
-    device = "cuda" if gpu else "cpu"
+    device = "cuda" if gpu else "cpu"  # under TP: the rank's GPU, selected by init_tp
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype or ("bf16" if gpu else "fp32")]
-    tparams, tcfg, dparams, dcfg, what = _load_pair(args, device, dtype)
+    tparams, tcfg, dparams, dcfg, what = _load_pair(args, device, dtype, tp)
     where = f"GPU {torch.cuda.get_device_name()}" if gpu else "CPU (kernels in the Triton interpreter)"
-    print(f"tritree generate on {where}: {what}")
+    rank0 = tp is None or tp.rank == 0
+    say = print if rank0 else (lambda *a, **k: None)  # every rank computes the same tokens; one prints them
+    if tp is not None and tp.active:
+        where += f", tensor parallel over {tp.world} ranks"
+    say(f"tritree generate on {where}: {what}")
     g = torch.Generator().manual_seed(args.seed)
     text = tcfg.vocab_size == 257  # bytes as tokens (the shipped pair)
     if args.prompt_ids:
@@ -140,9 +150,10 @@ def generate(args) -> int:
         prompts = [torch.randint(0, tcfg.vocab_size, (n,), generator=g).tolist()
                    for n in [11, 4, 23, 7][:args.batch]]
     engine = Engine(tparams, tcfg, dparams, dcfg, page_size=args.page_size, num_pages=args.num_pages,
-                    graphs=gpu and not args.eager, compile=args.compile)
+                    graphs=gpu and not args.eager, compile=args.compile, tp=tp)
+    engine.log = say
     total = len(prompts) * args.max_new_tokens
-    bar = tqdm(total=total, desc="tokens", unit="tok", disable=args.quiet)
+    bar = tqdm(total=total, desc="tokens", unit="tok", disable=args.quiet or not rank0)
     t0 = time.perf_counter()
     res = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, budget=args.budget, seed=args.seed, stop_tokens=args.stop,
@@ -156,18 +167,18 @@ def generate(args) -> int:
         if text and not r.error:
             shown_p = bytes(prompts[i]).decode(errors="replace")
             shown = bytes(t for t in r.tokens if t < 256).decode(errors="replace")
-            print(f"[{i}] {shown_p!r}\n    -> {shown!r} ({r.finish})")
+            say(f"[{i}] {shown_p!r}\n    -> {shown!r} ({r.finish})")
         else:
-            print(f"[{i}] prompt {prompts[i]}\n    -> " + (f"ERROR: {r.error}" if r.error else f"{r.tokens} ({r.finish})"))
+            say(f"[{i}] prompt {prompts[i]}\n    -> " + (f"ERROR: {r.error}" if r.error else f"{r.tokens} ({r.finish})"))
     steps = sum(r.steps for r in res if not r.error)
     gen_after_first = sum(max(0, len(r.tokens) - 1) for r in res if not r.error)
     acc = gen_after_first / steps if steps else float("nan")
-    print(f"{n_tok} tokens in {dt:.2f} s ({n_tok / dt:.1f} tokens/s, prefill and graph capture included); "
-          f"mean acceptance length {acc:.2f} tokens per step (budget {args.budget})")
+    say(f"{n_tok} tokens in {dt:.2f} s ({n_tok / dt:.1f} tokens/s, prefill and graph capture included); "
+        f"mean acceptance length {acc:.2f} tokens per step (budget {args.budget})")
     if engine.phase_stats:
         engine.report_phases()
     else:
-        print("phase split: set TRITREE_PROFILE=1 (TRITREE_PROFILE=eager for per-phase times under CUDA graphs)")
+        say("phase split: set TRITREE_PROFILE=1 (TRITREE_PROFILE=eager for per-phase times under CUDA graphs)")
     ok = True
     if args.check:
         plain = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -176,11 +187,36 @@ def generate(args) -> int:
         same = all(a.tokens == b.tokens for a, b in zip(res, plain))
         if args.temperature == 0:
             ok = same
-            print(f"check: speculative output {'equals' if same else 'DIFFERS FROM'} plain greedy decoding")
+            say(f"check: speculative output {'equals' if same else 'DIFFERS FROM'} plain greedy decoding")
         else:
-            print("check: at temperature > 0 the outputs are samples; the distributions are equal "
-                  "(tests/test_engine.py), the tokens need not be")
+            say("check: at temperature > 0 the outputs are samples; the distributions are equal "
+                "(tests/test_engine.py), the tokens need not be")
     return 0 if ok else 1
+
+
+TP_HELP = ("tensor-parallel ranks: run under 'torchrun --nproc-per-node N -m tritree ... --tp N' (without "
+           "torchrun the command relaunches itself so); default WORLD_SIZE")
+
+
+def _tensor_parallel(args, argv):
+    """The rank's :class:`tritree.dist.TPGroup` (None for one process). ``--tp N`` outside torchrun
+    replaces this process with ``torchrun --standalone --nproc-per-node N -m tritree <argv>``."""
+    want = getattr(args, "tp", None)
+    if want is not None and want < 1:
+        raise SystemExit(f"--tp must be >= 1, got {want}")
+    if (want or 1) > 1 and "WORLD_SIZE" not in os.environ:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={want}",
+               "-m", "tritree", *argv]
+        os.execv(sys.executable, cmd)
+    if want is None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return None
+    from .dist import init_tp
+
+    try:
+        tp = init_tp(want)
+    except ValueError as e:
+        raise SystemExit(str(e))
+    return tp if tp.active else None
 
 
 def main(argv=None) -> int:
@@ -208,6 +244,7 @@ def main(argv=None) -> int:
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
     gen.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--tp", type=int, default=None, help=TP_HELP)
     bench = sub.add_parser("bench", help="benchmarks on a GPU: 'decode' (the motivating scenario)")
     bench.add_argument("which", choices=["decode", "accept"])
     bench.add_argument("--prompts", type=int, default=16, help="accept: held-out prompts")
@@ -221,6 +258,7 @@ def main(argv=None) -> int:
     bench.add_argument("--layers", type=int, default=2, help="target layers of the slice (layer 0 dense, MoE after)")
     bench.add_argument("--batch", type=int, default=1)
     bench.add_argument("--out", default=None, help="append JSON rows here")
+    bench.add_argument("--tp", type=int, default=None, help="decode: " + TP_HELP)
     tr = sub.add_parser("train", help="train the tiny target + DFlash draft on the stdlib's source")
     tr.add_argument("--out", default="tritree/assets/tiny")
     tr.add_argument("--target-steps", type=int, default=1500)
@@ -248,6 +286,18 @@ def main(argv=None) -> int:
     _ensure_interpreter_without_gpu()
     if args.cmd == "demo":
         return demo(args)
+    tp = _tensor_parallel(args, argv) if args.cmd == "generate" or (
+        args.cmd == "bench" and args.which == "decode") else None
+    try:
+        return _dispatch(args, tp)
+    finally:
+        if tp is not None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _dispatch(args, tp) -> int:
     if args.cmd == "bench":
         if args.which == "accept":
             if not torch_has_gpu():
@@ -257,12 +307,12 @@ def main(argv=None) -> int:
             return accept_main(args)
         from .bench_decode import main as bench_main
         args.budgets = args.budgets or [7, 16, 64]
-        return bench_main(args)
+        return bench_main(args, tp)
     import torch
     gpu = torch.cuda.is_available()
     args.max_new_tokens = args.max_new_tokens or (64 if gpu else 16)
     args.budget = args.budget or (32 if gpu else 8)
-    return generate(args)
+    return generate(args, tp)
 
 
 if __name__ == "__main__":

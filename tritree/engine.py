@@ -18,6 +18,11 @@ State (B requests, T = budget + 1 tree tokens):
     kv_lens [B] committed tokens (target); dlens [B] tokens with draft context; anchor [B] last emitted
     token (position kv_lens); pending [B, T, n_taps, hidden] taps of tokens not yet in the draft cache,
     pending_n [B]; active [B] bool; step [1] int64 (RNG counter); emitted [B, T], n_emitted [B].
+
+Tensor parallelism (``tp``, a :class:`tritree.dist.TPGroup`): every rank runs the same step on its
+shard of the target (:mod:`tritree.model.parallel`) and a replicated draft; the state, the caches and
+the trees are replicated and stay identical on every rank. The collectives are inside the step, so
+on GPUs the step is still one CUDA graph per rank.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kernels import PagePool, accept_tree, build_tree, kv_commit_, tree_mask_from_parents
-from .kernels.tree import target_picks
+from . import dist
+from .kernels import PagePool, build_tree, kv_commit_, tree_mask_from_parents
 from .model import dflash
 from .model.kimi_k2 import prefill, verify
 
@@ -96,12 +101,13 @@ class PhaseTimer:
 
 
 def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, sampling: SamplingConfig,
-                 timer: PhaseTimer | None = None, chain: bool = False) -> dict:
+                 timer: PhaseTimer | None = None, chain: bool = False, tp=None) -> dict:
     """One speculative decode step for every request of ``state`` (see module), in place.
 
     ``budget = 0`` is plain decoding (a root-only tree: one token per step, no draft); ``chain`` is
     DFlash's own chain (the draft's top token at every depth, ``budget = block_size - 1``) instead of
-    a DDTree. Returns ``state`` (same buffers)."""
+    a DDTree. ``tp``: this rank's group (``tparams``/``tcfg`` are then the rank's shard). Returns
+    ``state`` (same buffers)."""
     timer = timer or PhaseTimer(False, state["anchor"].device)
     B = state["anchor"].shape[0]
     dev = state["anchor"].device
@@ -115,7 +121,7 @@ def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, samp
         dcache = dflash.materialize_context_(dparams, dcfg, state["pending"], pos, dcache, counts=state["pending_n"])
         state["dlens"].copy_(dcache["kv_lens"])
         draft_logits = dflash.draft(dparams, dcfg, tparams["model.embed_tokens.weight"], tparams["lm_head.weight"],
-                                    state["anchor"], state["dlens"], dcache)
+                                    state["anchor"], state["dlens"], dcache, tp=tp)
         timer.mark("draft")
         if chain:
             tokens = torch.cat([state["anchor"][:, None], torch.argmax(draft_logits, dim=-1).to(torch.int32)], dim=1)
@@ -134,10 +140,12 @@ def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, samp
         tree_lens = torch.ones(B, dtype=torch.int32, device=dev)
     timer.mark("tree")
     logits, taps = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens,
-                          taps=tuple(dcfg.target_layer_ids) if budget > 0 else ())
+                          taps=tuple(dcfg.target_layer_ids) if budget > 0 else (), tp=tp)
     timer.mark("verify")
-    idx, n, bonus, _ = accept_tree(tokens, parents, tree_lens, logits, temperature=sampling.temperature,
-                                   top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, step=state["step"])
+    # under TP: greedy picks from the vocabulary shards without gathering the logits
+    idx, n, bonus, _ = dist.accept_tree(tp, tokens, parents, tree_lens, logits, tcfg.vocab_size,
+                                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                        seed=sampling.seed, step=state["step"])
     n = torch.where(active, n, 0)
     timer.mark("accept")
     new_lens = kv_commit_(state["tkv"], state["page_table"], state["kv_lens"], idx, n, stacked=True)
@@ -172,12 +180,16 @@ class Engine:
 
     ``page_size``/``num_pages``: the paged caches (target latent and draft K/V share one page table).
     ``graphs``: capture the step in a CUDA graph (default: on a GPU). ``compile``: torch.compile the
-    target verify and the draft forward (GPU).
+    target verify and the draft forward (GPU). ``tp``: a :class:`tritree.dist.TPGroup`; every rank
+    constructs its engine with its target shard and calls ``generate`` with the same arguments (the
+    results are the same on every rank).
     """
 
     def __init__(self, tparams, tcfg, dparams, dcfg, *, page_size: int = 16, num_pages: int = 4096,
-                 device=None, dtype=None, graphs: bool | None = None, compile: bool = False, profile_every: int = 20):
+                 device=None, dtype=None, graphs: bool | None = None, compile: bool = False, profile_every: int = 20,
+                 tp=None):
         self.tparams, self.tcfg, self.dparams, self.dcfg = tparams, tcfg, dparams, dcfg
+        self.tp = tp
         self.device = torch.device(device or tparams["lm_head.weight"].device)
         self.dtype = dtype or tparams["lm_head.weight"].dtype
         self.page_size, self.num_pages = page_size, num_pages
@@ -303,7 +315,7 @@ class Engine:
         for k, p in enumerate(prompts):
             toks = torch.tensor([p], dtype=torch.long, device=dev)
             cache = {"kv": self._tkv, "page_table": page_table[k:k + 1], "kv_lens": kv_lens[k:k + 1].clone()}
-            logits, taps, cache = prefill(self.tparams, self.tcfg, toks, cache, taps=taps_ids)
+            logits, taps, cache = prefill(self.tparams, self.tcfg, toks, cache, taps=taps_ids, tp=self.tp)
             kv_lens[k] = len(p)
             last.append(logits[:, -1])
             if budget > 0:
@@ -312,8 +324,8 @@ class Engine:
                 dflash.materialize_context_(self.dparams, self.dcfg, taps.to(self.dtype), pos, dcache)
                 dlens[k] = len(p)
         step0 = torch.zeros(1, dtype=torch.int64, device=dev)
-        first = target_picks(torch.stack(last), temperature=sampling.temperature, top_k=sampling.top_k,
-                             top_p=sampling.top_p, seed=sampling.seed, step=step0)[:, 0]
+        first = dist.target_picks(self.tp, torch.stack(last), self.tcfg.vocab_size, temperature=sampling.temperature,
+                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, step=step0)[:, 0]
         tmax = max(T, 1)
         return {
             "tkv": self._tkv, "dkv": self._dkv, "page_table": page_table, "kv_lens": kv_lens, "dlens": dlens,
@@ -342,11 +354,11 @@ class Engine:
         import functools
 
         args = (self.tparams, self.tcfg, self.dparams, self.dcfg)
-        step = functools.partial(self._step_fn(), chain=self._chain)
+        step = functools.partial(self._step_fn(), chain=self._chain, tp=self.tp)
         if self.profile and (self.profile_eager or not self.graphs):
             def run():
                 timer = PhaseTimer(True, self.device)
-                decode_step_(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain)
+                decode_step_(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain, tp=self.tp)
                 for k, v in timer.durations_ms().items():
                     self.phase_stats[k].append(v)
             return run

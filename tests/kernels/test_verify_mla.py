@@ -70,10 +70,11 @@ def verify_cases(draw):
     num_splits = draw(st.sampled_from([None, 1, 2, 3, 7]))
     scalar_page = draw(st.booleans())
     tma = draw(st.booleans())
+    hoist = draw(st.booleans())
     fragmented = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     return dict(B=B, T=T, H=H, P=P, kv_lens=kv_lens, tree_lens=tree_lens, kinds=kinds, dtype=dtype,
-                num_splits=num_splits, fragmented=fragmented, seed=seed, scalar_page=scalar_page, tma=tma)
+                num_splits=num_splits, fragmented=fragmented, seed=seed, scalar_page=scalar_page, tma=tma, hoist=hoist)
 
 
 @settings(max_examples=40)
@@ -81,7 +82,7 @@ def verify_cases(draw):
 def test_verify_mla_matches_reference(c):
     case = make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"], c["dtype"],
                      seed=c["seed"], fragmented=c["fragmented"])
-    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"])
+    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"], hoist_pages=c["hoist"])
     check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
 
 
@@ -100,12 +101,14 @@ def poison_unused_slots(case):
     return case
 
 
-@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("tma,scalar,hoist", [(False, False, False), (True, False, False), (True, False, True),
+                                              (False, True, True)])
 @pytest.mark.parametrize("P", [16, 64])
-def test_garbage_outside_the_request_is_never_read(P, tma):
-    case = poison_unused_slots(make_case(2, 7, 3, P, [37, 70], [5, 7], ("random", "wide"), torch.float32,
+def test_garbage_outside_the_request_is_never_read(P, tma, scalar, hoist):
+    case = poison_unused_slots(make_case(2, 7, 3, P, [37, 70 + P * 17], [5, 7], ("random", "wide"), torch.float32,
                                          seed=P + tma))
-    check_against_reference(case, torch.float32, config=AttnConfig(16, 16, 4, 1, tma=tma), num_splits=3)
+    cfg = AttnConfig(16, 16, 4, 1, tma=tma, scalar_page=scalar, hoist_pages=hoist)
+    check_against_reference(case, torch.float32, config=cfg, num_splits=3)
 
 
 @pytest.mark.parametrize("kind", ["chain", "star"])

@@ -42,6 +42,9 @@ class AttnConfig:
         experiment; not yet measured, so off in every table).
     tma: when P >= block_n and the pool is contiguous, load KV tiles with tensor-memory-accelerator
         copies (``tl.make_tensor_descriptor``; Hopper and later) instead of per-element pointers.
+    hoist_pages: with ``tma`` or ``scalar_page`` (one page per tile), split chunks start on page
+        boundaries and the page ids of 16 pages are read in one load ahead of their tiles, so no KV
+        address waits on a load inside the loop.
     """
 
     block_m: int
@@ -51,6 +54,7 @@ class AttnConfig:
     programs_per_sm: int = 1
     scalar_page: bool = False
     tma: bool = False
+    hoist_pages: bool = False
 
     @classmethod
     def concrete(cls, block_m, block_n, num_warps, num_stages, **flags) -> "AttnConfig":
@@ -65,6 +69,17 @@ class AttnConfig:
 # 101,376 B of shared memory (576-wide bf16 K tiles: 32x32 is the largest that fits, SPEC.md §6).
 VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
+        16: AttnConfig(16, 64, 4, 2),
+        # Pools with P >= BLOCK_N: TMA tiles with page ids loaded ahead (hoist_pages). At L=46000,
+        # P=64 (bench/RESULTS.md, session 3): T=8,H=8 56.6 us (was 61.2), T=16,H=8 78.9 (99.2),
+        # T=64,H=8 257.6 (279.7), T=16,H=64 566.2 (613.1).
+        64: AttnConfig(32, 64, 8, 3, tma=True, hoist_pages=True),
+        128: AttnConfig(64, 32, 8, 3, tma=True, hoist_pages=True),
+        1 << 30: AttnConfig(64, 32, 8, 3, programs_per_sm=2, tma=True, hoist_pages=True),
+    },
+    # Pools with pages smaller than those tiles (P=1: token-granular trees) keep the pointer path's
+    # measured choices (session 1 and 2).
+    "sm_90:small_pages": {
         16: AttnConfig(16, 64, 4, 2),
         # 16-row blocks with two programs per SM: 61.7 us vs 66.9 us for 64x64x8x1 at T=8, H=8.
         64: AttnConfig(16, 64, 4, 2, programs_per_sm=2),
@@ -111,11 +126,20 @@ def _cuda_arch(index: int) -> str:
     return "sm_80"
 
 
-def lookup(table: dict[str, dict[int, AttnConfig]], arch: str, rows: int) -> AttnConfig:
-    """The config of ``arch`` for ``rows`` packed query rows."""
+def lookup(table: dict[str, dict[int, AttnConfig]], arch: str, rows: int, page_size: int | None = None) -> AttnConfig:
+    """The config of ``arch`` for ``rows`` packed query rows. With ``page_size``: a config whose
+    tiles need whole pages (``tma``/``hoist_pages`` with ``page_size < block_n``) gives way to the
+    ``"<arch>:small_pages"`` table where there is one."""
     if arch not in table:
         raise ValueError(f"no config table for architecture {arch!r}; known: {sorted(table)}")
-    buckets = table[arch]
+    cfg = _bucket(table[arch], rows)
+    small = f"{arch}:small_pages"
+    if page_size is not None and (cfg.tma or cfg.hoist_pages) and page_size < cfg.block_n and small in table:
+        cfg = _bucket(table[small], rows)
+    return cfg
+
+
+def _bucket(buckets: dict[int, AttnConfig], rows: int) -> AttnConfig:
     for bound in sorted(buckets):
         if rows <= bound:
             return buckets[bound]

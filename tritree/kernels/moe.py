@@ -24,7 +24,8 @@ def _interpreting() -> bool:
 
 def moe_reference(x, topk_idx, topk_w, w_gate, w_up, w_down):
     """Loop over experts (the specification). ``x [N, H]``, ``topk_idx/topk_w [N, k]``,
-    ``w_gate/w_up [E, I, H]``, ``w_down [E, H, I]`` -> ``[N, H]`` in x's dtype."""
+    ``w_gate/w_up [E, I, H]``, ``w_down [E, H, I]`` -> ``[N, H]`` in x's dtype. Assignments to ids
+    outside ``[0, E)`` are skipped (expert parallelism: another rank's experts)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in range(w_gate.shape[0]):
         tok, slot = torch.nonzero(topk_idx == e, as_tuple=True)
@@ -130,10 +131,12 @@ def _routed_experts_launch(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, b
     E, I, _ = w_gate.shape
     k = topk_idx.shape[1]
     flat = topk_idx.reshape(-1).to(torch.int64)
+    # Ids outside [0, E) (experts of other expert-parallel ranks) go to a bucket E that no block reads.
+    flat = torch.where((flat >= 0) & (flat < E), flat, E)
     order = torch.argsort(flat, stable=True)
     sorted_tok = (order // k).to(torch.int32)
     sorted_w = topk_w.reshape(-1)[order].float().contiguous()
-    counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))  # bincount syncs
+    counts = torch.zeros(E + 1, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))[:E]  # bincount syncs
     seg_end = torch.cumsum(counts, 0)
     seg_start = seg_end - counts
     blocks = (counts + block_m - 1) // block_m

@@ -213,6 +213,8 @@ def _verify_mla_kernel(
     IEEE: tl.constexpr,
     SCALAR_PAGE: tl.constexpr,
     TMA: tl.constexpr = False,
+    HOIST_PAGES: tl.constexpr = False,
+    PAGE_GROUP: tl.constexpr = 16,
     D_LAT: tl.constexpr = 512,
     D_PE: tl.constexpr = 64,
 ):
@@ -234,7 +236,12 @@ def _verify_mla_kernel(
         q_lat = q_lat.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
 
-    chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
+    # HOIST_PAGES (P >= BLOCK_N, one page per tile): chunks start on page boundaries, so the tiles
+    # of a group of PAGE_GROUP pages take their page ids from one vector load before the group.
+    if HOIST_PAGES:
+        chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
+    else:
+        chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
     start = pid_s * chunk
     end = tl.minimum(start + chunk, n_keys)
     full_end = start + (tl.maximum(tl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
@@ -254,12 +261,33 @@ def _verify_mla_kernel(
                                             block_shape=[BLOCK_N, D_PE])
 
     # Committed prefix: every key visible to every row, no mask.
-    for n in range(start, full_end, BLOCK_N):
-        s = n + offs_n
-        k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                    PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE, TMA, lat_desc, pe_desc)
-        m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
-                                    False, UPCAST, IEEE)
+    if HOIST_PAGES:
+        # No KV address in the inner loop depends on a load made in it, so the pipeliner can issue
+        # the next tiles' copies while this one is in the tensor cores.
+        offs_g = tl.arange(0, PAGE_GROUP)
+        for g in range(start, full_end, PAGE_GROUP * PAGE_SIZE):
+            cols = tl.minimum(g // PAGE_SIZE + offs_g, max_pages - 1)
+            pages = tl.load(PageTable + page_base + cols)
+            pages = tl.minimum(tl.maximum(pages, 0), num_pages - 1)
+            for n in range(g, tl.minimum(g + PAGE_GROUP * PAGE_SIZE, full_end), BLOCK_N):
+                page = tl.sum(tl.where(offs_g == (n - g) // PAGE_SIZE, pages, 0), 0)
+                if TMA:
+                    row = page * PAGE_SIZE + n % PAGE_SIZE
+                    k_lat = lat_desc.load([row, 0])
+                    k_pe = pe_desc.load([row, 0])
+                else:
+                    tok = page.to(tl.int64) * stride_kvp + ((n % PAGE_SIZE) + offs_n).to(tl.int64) * stride_kvs
+                    k_lat = tl.load(KV + tok[:, None] + tl.arange(0, D_LAT)[None, :])
+                    k_pe = tl.load(KV + tok[:, None] + D_LAT + tl.arange(0, D_PE)[None, :])
+                m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
+                                            False, UPCAST, IEEE)
+    else:
+        for n in range(start, full_end, BLOCK_N):
+            s = n + offs_n
+            k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
+                                        PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE, TMA, lat_desc, pe_desc)
+            m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
+                                        False, UPCAST, IEEE)
 
     # Tail: the prefix remainder and the tree keys, where the ancestor bits apply.
     mask_row = TreeMask + b.to(tl.int64) * stride_mb + t[:, None] * stride_mt
@@ -320,6 +348,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
                    num_splits, launch=None):
     B, T, H, _ = q.shape
     tma = _tma_usable(kv, cfg)
+    scalar = cfg.scalar_page and kv.shape[1] >= cfg.block_n
     if tma and not _interpreting():
         _ensure_scratch_allocator()
     M = T * H
@@ -341,7 +370,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         T, H, num_splits,
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         UPCAST=upcast, IEEE=q.dtype == torch.float32,
-        SCALAR_PAGE=cfg.scalar_page and kv.shape[1] >= cfg.block_n, TMA=tma, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
+        SCALAR_PAGE=scalar, TMA=tma, HOIST_PAGES=cfg.hoist_pages and (tma or scalar), PAGE_GROUP=16, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
@@ -352,12 +381,13 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
 def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                    tree_mask: torch.Tensor, tree_lens: torch.Tensor, sm_scale: float, block_m: int, block_n: int,
                    num_warps: int, num_stages: int, scalar_page: bool, num_splits: int,
-                   d_rope: int = 64, tma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   d_rope: int = 64, tma: bool = False, hoist_pages: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, H, D = q.shape
     out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma),
+                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
+                                       hoist_pages=hoist_pages),
                    int(num_splits),
                    launch=torch.library.wrap_triton)
     return out, lse
@@ -367,9 +397,10 @@ def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, 
 def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                        tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                       scalar_page: bool, num_splits: int, tma: bool = False) -> None:
+                       scalar_page: bool, num_splits: int, tma: bool = False, hoist_pages: bool = False) -> None:
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma),
+                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
+                                       hoist_pages=hoist_pages),
                    int(num_splits),
                    launch=torch.library.wrap_triton)
 
@@ -469,7 +500,7 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         return (out, lse) if return_lse else out
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
-    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(q.device), T * H)
+    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(q.device), T * H, page_size=kv.shape[1])
     if num_splits is None:
         num_splits = choose_num_splits(batch=B, row_blocks=triton.cdiv(T * H, cfg.block_m),
                                        max_keys=page_table.shape[1] * kv.shape[1], block_n=cfg.block_n,
@@ -480,7 +511,8 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
                    int(num_splits))
     if out is None:
         out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args, d_rope=d_rope,
-                                  tma=bool(cfg.tma))
+                                  tma=bool(cfg.tma), hoist_pages=bool(cfg.hoist_pages))
     else:
-        _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args, tma=bool(cfg.tma))
+        _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args, tma=bool(cfg.tma),
+                           hoist_pages=bool(cfg.hoist_pages))
     return (out, lse) if return_lse else out

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from .. import dist
 from ..kernels import draft_attention, kv_write_
 from .config import DFlashConfig
 from .kimi_k2 import _lin, apply_rope, cos_sin, rms_norm, swiglu, yarn_inv_freq
@@ -153,7 +154,7 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
 
 
 def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor, anchor: torch.Tensor,
-          start: torch.Tensor, draft_cache: dict) -> torch.Tensor:
+          start: torch.Tensor, draft_cache: dict, tp=None) -> torch.Tensor:
     """One draft round: block ``[anchor, MASK x (S-1)]`` at positions ``start .. start + S - 1``.
 
     Args:
@@ -161,6 +162,8 @@ def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor,
         anchor: ``[B]`` the last committed (bonus) token; start: ``[B]`` its position, which is the
             draft cache's ``kv_lens`` (every earlier token's context K/V is cached).
         draft_cache: as for :func:`materialize_context_` (read only).
+        tp: a :class:`tritree.dist.TPGroup` when ``embed`` and ``lm_head`` are the rank's vocabulary shards
+            (the draft itself is replicated): a vocabulary-parallel lookup, and the logits all-gathered.
 
     Returns ``draft_logits [B, S-1, V]`` float32 for depths 1..S-1 (the input of :func:`tritree.build_tree`).
     """
@@ -168,8 +171,10 @@ def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor,
     S = cfg.block_size
     tokens = torch.full((B, S), cfg.mask_token_id, dtype=torch.long, device=anchor.device)
     tokens[:, 0] = anchor
-    x = embed[tokens] * cfg.input_embedding_scale
+    x = dist.embed(tp, embed, tokens, cfg.vocab_size) * cfg.input_embedding_scale
     x = x.to(draft_cache["kv"].dtype)
     positions = start.to(torch.long)[:, None] + torch.arange(S, device=anchor.device)
     h = block_hidden(params, cfg, x, positions, draft_cache)
-    return (_lin(h[:, 1:], lm_head) * cfg.output_multiplier).float()
+    logits = dist.lm_logits(tp, h[:, 1:], lm_head, cfg.vocab_size, cfg.output_multiplier)
+    # every rank builds the same tree from the full draft distribution (B (S-1) V floats, small)
+    return dist.gather_vocab(tp, logits, cfg.vocab_size)

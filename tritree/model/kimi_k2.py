@@ -8,6 +8,11 @@ the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere 
 
 The KV cache is one stacked latent pool ``kv: [layers, num_pages, P, kv_lora_rank + rope]`` with a page
 table and lengths (the conventions of :mod:`tritree`).
+
+Tensor parallelism: every function takes an optional ``tp`` (:class:`tritree.dist.TPGroup`) and then
+expects this rank's parameters and config (:mod:`tritree.model.parallel`); partial sums are all-reduced
+after ``o_proj`` and after each MLP, and the logits are this rank's vocabulary shard. ``tp=None`` or a
+world of 1 is the single-process model, unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import dist
 from ..kernels import kv_write_, verify_mla
 from ..kernels.moe import routed_experts
 from .config import KimiK2Config
@@ -156,9 +162,13 @@ def init_params(cfg: KimiK2Config, seed: int = 0, dtype=torch.float32, device="c
 # Layers
 # --------------------------------------------------------------------------------------------------
 
-def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor) -> torch.Tensor:
+def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None) -> torch.Tensor:
     """Sigmoid-routed MoE with a shared expert; the routed experts run grouped by expert with no host
-    sync (:func:`tritree.kernels.moe.routed_experts`; a per-expert loop on the CPU path)."""
+    sync (:func:`tritree.kernels.moe.routed_experts`; a per-expert loop on the CPU path).
+
+    Under ``tp`` the router runs in full on every rank, each rank runs its own experts (the stacked
+    expert weights hold ``E / world`` of them, from ``rank * E / world``) and its slice of the shared
+    expert, and one all-reduce adds the partial outputs."""
     p = layer_prefix(i) + "mlp."
     shape = h.shape
     x = h.reshape(-1, shape[-1])
@@ -174,18 +184,27 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor) -> torch.Tensor:
     if cfg.norm_topk_prob:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
     w = w * cfg.routed_scaling_factor
-    out = routed_experts(x, idx, w, params[p + "experts.gate_proj.weight"], params[p + "experts.up_proj.weight"],
+    w_gate = params[p + "experts.gate_proj.weight"]
+    if dist.active(tp):
+        e_loc = w_gate.shape[0]
+        if e_loc * tp.world != cfg.n_routed_experts:
+            raise ValueError(f"layer {i} holds {e_loc} routed experts; expert parallelism over {tp.world} ranks "
+                             f"needs {cfg.n_routed_experts} / {tp.world}")
+        idx = idx - tp.rank * e_loc  # other ranks' experts fall outside [0, e_loc): skipped by routed_experts
+    out = routed_experts(x, idx, w, w_gate, params[p + "experts.up_proj.weight"],
                          params[p + "experts.down_proj.weight"])
     out = out + swiglu(x, params[p + "shared_experts.gate_proj.weight"], params[p + "shared_experts.up_proj.weight"],
                        params[p + "shared_experts.down_proj.weight"])
-    return out.view(shape)
+    return dist.all_reduce_(tp, out).view(shape)
 
 
-def mlp(params, cfg, i, h):
+def mlp(params, cfg, i, h, tp=None):
+    """Layer ``i``'s MoE or dense SwiGLU (intermediate-sharded under ``tp``, then all-reduced)."""
     if cfg.is_moe(i):
-        return moe(params, cfg, i, h)
+        return moe(params, cfg, i, h, tp)
     p = layer_prefix(i) + "mlp."
-    return swiglu(h, params[p + "gate_proj.weight"], params[p + "up_proj.weight"], params[p + "down_proj.weight"])
+    out = swiglu(h, params[p + "gate_proj.weight"], params[p + "up_proj.weight"], params[p + "down_proj.weight"])
+    return dist.all_reduce_(tp, out)
 
 
 def _mla_inputs(params, cfg, i, h, positions):
@@ -212,8 +231,9 @@ def _kv_b(params, cfg, i):
     return w[:, :cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
 
 
-def attention_prefill(params, cfg, i, h, positions):
-    """Naive MLA with causal attention over the prompt; returns (out, latents [B, S, 576])."""
+def attention_prefill(params, cfg, i, h, positions, tp=None):
+    """Naive MLA with causal attention over the prompt; returns (out, latents [B, S, 576]). Under ``tp``
+    the local heads' ``o_proj`` partial sums are all-reduced; the latents are the full (replicated) ones."""
     B, S, _ = h.shape
     q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, positions)
     w_uk, w_uv = _kv_b(params, cfg, i)
@@ -225,11 +245,12 @@ def attention_prefill(params, cfg, i, h, positions):
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                        scale=cfg.softmax_scale).transpose(1, 2)
     o = _lin(o.reshape(B, S, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"])
-    return o, latent
+    return dist.all_reduce_(tp, o), latent
 
 
-def attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, layer_kv):
-    """Absorbed MLA over the paged cache with the tree mask (verify_mla); writes the tree latents."""
+def attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, layer_kv, tp=None):
+    """Absorbed MLA over the paged cache with the tree mask (verify_mla); writes the tree latents.
+    Under ``tp``: the local heads, then an all-reduce of the ``o_proj`` partial sums."""
     B, T, _ = h.shape
     q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, positions)
     w_uk, w_uv = _kv_b(params, cfg, i)
@@ -239,35 +260,52 @@ def attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, 
     o_lat = verify_mla(q, layer_kv, cache["page_table"], cache["kv_lens"], tree_mask, sm_scale=cfg.softmax_scale,
                        tree_lens=tree_lens, d_rope=cfg.qk_rope_head_dim)
     o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv.to(h.dtype))  # W_UV after attention
-    return _lin(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"])
+    return dist.all_reduce_(tp, _lin(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"]))
 
 
 def _layers(cfg, params):
     return [i for i in range(cfg.num_hidden_layers) if layer_prefix(i) + "input_layernorm.weight" in params]
 
 
-def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None = None, taps=()):
+def _check_tp(cfg, tp):
+    if dist.active(tp) and cfg.heads * tp.world != cfg.num_attention_heads:
+        raise ValueError(f"cfg computes {cfg.heads} of {cfg.num_attention_heads} heads, but the tensor-parallel "
+                         f"world is {tp.world}: pass the rank's config (tritree.model.parallel.shard_config)")
+
+
+def _embed(params, cfg, tokens, tp):
+    return dist.embed(tp, params["model.embed_tokens.weight"], tokens, cfg.vocab_size)
+
+
+def _logits(params, cfg, x, tp):
+    h = rms_norm(x, params["model.norm.weight"], cfg.rms_norm_eps)
+    return dist.lm_logits(tp, h, params["lm_head.weight"], cfg.vocab_size)
+
+
+def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None = None, taps=(), tp=None):
     """Prompt forward: ``tokens [B, S]`` at positions ``0..S-1``.
 
     ``cache`` (optional): ``{"kv": [layers, num_pages, P, 576], "page_table", "kv_lens"}``; every layer's
     latents are written at ``kv_lens + i`` and the returned cache has ``kv_lens + S``.
     Returns ``(logits [B, S, V] float32, taps [B, S, len(taps), hidden], cache)``; ``taps`` are outputs of
-    the given layers (HF ``hidden_states[id + 1]``)."""
+    the given layers (HF ``hidden_states[id + 1]``). Under ``tp`` the logits are this rank's vocabulary
+    shard ``[B, S, Vs]`` (:func:`tritree.dist.gather_vocab` gives all ``V``); the rest is replicated."""
+    _check_tp(cfg, tp)
     B, S = tokens.shape
-    x = params["model.embed_tokens.weight"][tokens]
+    x = _embed(params, cfg, tokens, tp)
     positions = torch.arange(S, device=tokens.device).expand(B, S)
     tapped = {}
     for n, i in enumerate(_layers(cfg, params)):
         p = layer_prefix(i)
         a, latent = attention_prefill(params, cfg, i, rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps),
-                                      positions)
+                                      positions, tp)
         if cache is not None:
             kv_write_(cache["kv"][n], cache["page_table"], cache["kv_lens"], latent.to(cache["kv"].dtype).contiguous())
         x = x + a
-        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps))
+        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps), tp)
         if i in taps:
             tapped[i] = x
-    logits = _lin(rms_norm(x, params["model.norm.weight"], cfg.rms_norm_eps), params["lm_head.weight"]).float()
+    logits = _logits(params, cfg, x, tp)
     tap_out = torch.stack([tapped[t] for t in taps], dim=2) if taps else x.new_zeros(B, S, 0, x.shape[-1])
     if cache is not None:
         cache = {**cache, "kv_lens": cache["kv_lens"] + S}
@@ -275,21 +313,23 @@ def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None 
 
 
 def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor, tree_mask: torch.Tensor,
-           cache: dict, tree_lens: torch.Tensor | None = None, taps=()):
+           cache: dict, tree_lens: torch.Tensor | None = None, taps=(), tp=None):
     """Tree verify: node tokens ``[B, T]`` at positions ``kv_lens + depth``, absorbed MLA with
     :func:`verify_mla` over the paged cache (the tree latents are written at ``kv_lens + i``; the cache
-    lengths are not advanced: commit does that). Returns ``(logits [B, T, V] float32, taps)``."""
+    lengths are not advanced: commit does that). Returns ``(logits [B, T, V] float32, taps)``; under
+    ``tp`` the logits are this rank's vocabulary shard ``[B, T, Vs]``."""
+    _check_tp(cfg, tp)
     B, T = tokens.shape
-    x = params["model.embed_tokens.weight"][tokens]
+    x = _embed(params, cfg, tokens, tp)
     positions = cache["kv_lens"][:, None].to(torch.int64) + depth.to(torch.int64)
     tapped = {}
     for n, i in enumerate(_layers(cfg, params)):
         p = layer_prefix(i)
         h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, cache["kv"][n])
-        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps))
+        x = x + attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, cache["kv"][n], tp)
+        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps), tp)
         if i in taps:
             tapped[i] = x
-    logits = _lin(rms_norm(x, params["model.norm.weight"], cfg.rms_norm_eps), params["lm_head.weight"]).float()
+    logits = _logits(params, cfg, x, tp)
     tap_out = torch.stack([tapped[t] for t in taps], dim=2) if taps else x.new_zeros(B, T, 0, x.shape[-1])
     return logits, tap_out
