@@ -105,6 +105,8 @@ def step_rows(args, timer, ceil, dev):
         c = dflash.materialize_context_(params, cfg, taps, pos, cache)
         return dflash.draft(params, cfg, embed, lm_head, anchor, c["kv_lens"], c)
 
+    if args.compile:  # fuses the norms, RoPE, casts and concatenations between the GEMMs
+        step = torch.compile(step, dynamic=False)
     weight_bytes = sum(t.numel() * t.element_size() for t in params.values()) + lm_head.numel() * lm_head.element_size()
     kv_bytes = cfg.num_hidden_layers * (L + accepted) * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
     floor, bound = ceil(weight_bytes + kv_bytes, 0)
@@ -118,9 +120,9 @@ def step_rows(args, timer, ceil, dev):
                 step()
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
-    row = dict(op="draft_step", L=L, accepted=accepted, layers=cfg.num_hidden_layers, block=cfg.block_size,
+    row = dict(op="draft_step", compiled=args.compile, L=L, accepted=accepted, layers=cfg.num_hidden_layers, block=cfg.block_size,
                weight_gb=weight_bytes / 1e9, kv_gb=kv_bytes / 1e9, us=us, floor_us=floor, x_floor=us / floor)
-    print(f"draft step L={L} (+{accepted} materialised, block {cfg.block_size}, {cfg.num_hidden_layers} layers): "
+    print(f"draft step{' (compiled)' if args.compile else ''} L={L} (+{accepted} materialised, block {cfg.block_size}, {cfg.num_hidden_layers} layers): "
           f"{us / 1e3:8.3f} ms  floor {floor / 1e3:.3f} ms (weights {weight_bytes / 1e9:.2f} GB + context KV "
           f"{kv_bytes / 1e9:.2f} GB)  {us / floor:.2f}x", flush=True)
     return [row]
@@ -134,6 +136,7 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, default=46_000)
     ap.add_argument("--no-step", action="store_true")
     ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="step: torch.compile the draft step")
     ap.add_argument("--profile", action="store_true", help="step: a torch.profiler table of the step's GPU kernels")
     ap.add_argument("--ceilings", default=None, help="JSON file of measured ceilings (written when missing)")
     args = ap.parse_args(argv)

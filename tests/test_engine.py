@@ -151,6 +151,9 @@ def test_gpu_graph_step_equals_eager_step_and_plain_greedy(budget):
     stop = c[0].tokens[5]
     stopped = eng_graph.generate(PROMPTS, 16, budget=budget, stop_tokens=[stop])
     assert stopped[0].tokens == c[0].tokens[:c[0].tokens.index(stop) + 1] and stopped[0].finish == "stop"
+    graphs = len(eng_graph._graphs)
+    again = eng_graph.generate(PROMPTS, 16, budget=budget)  # replays the captured graph on fresh state
+    assert [r.tokens for r in again] == [r.tokens for r in a] and len(eng_graph._graphs) == graphs
 
 
 @pytest.mark.gpu

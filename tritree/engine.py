@@ -265,7 +265,7 @@ class Engine:
                     done[k] = True
                     results[i].finish = "stop" if first[k] in stop else "length"
             self._set_active(state, done)
-            run = self._runner(state, eff_budget, sampling)
+            state, run = self._runner(state, eff_budget, sampling)
             steps = 0
             while not all(done):
                 run()
@@ -350,7 +350,26 @@ class Engine:
         return self._compiled
 
     def _runner(self, state, budget, sampling):
-        """A callable running one step: eager, eager with phase timing, or a CUDA graph replay."""
+        """``(state, run)``: ``run()`` does one step on ``state``, eagerly, eagerly with phase timing,
+        or as a CUDA graph replay. Graphs are kept per (batch, budget, mode, sampling, page-table
+        width): a later call with the same key copies its fresh state into the captured buffers
+        and returns those, so only the first call pays for the capture."""
+        if self.graphs and not (self.profile and self.profile_eager):
+            key = (state["anchor"].shape[0], budget, self._chain, sampling.temperature, sampling.top_k,
+                   sampling.top_p, sampling.seed, tuple(state["page_table"].shape))
+            hit = self._graphs.get(key)
+            if hit is not None:
+                static, run = hit
+                for k, v in state.items():
+                    if torch.is_tensor(v) and v is not static[k]:
+                        static[k].copy_(v)
+                return static, run
+            run = self._make_runner(state, budget, sampling)
+            self._graphs[key] = (state, run)
+            return state, run
+        return state, self._make_runner(state, budget, sampling)
+
+    def _make_runner(self, state, budget, sampling):
         import functools
 
         args = (self.tparams, self.tcfg, self.dparams, self.dcfg)
@@ -401,7 +420,7 @@ class Engine:
                 self.phase_stats["step (graph)"].append(a.elapsed_time(b))
             else:
                 graph.replay()
-        self._graphs[(state["anchor"].shape[0], budget, self._chain)] = graph
+        run.graph = graph
         return run
 
     def report_phases(self):

@@ -63,7 +63,8 @@ def draft_cases(draw):
     dtype = draw(st.sampled_from([torch.float32, torch.float16]))
     num_splits = draw(st.sampled_from([None, 1, 2, 5]))
     return dict(B=B, S=S, Hq=Hkv * group, Hkv=Hkv, D=D, P=P, ctx_lens=ctx_lens, window=window, dtype=dtype,
-                num_splits=num_splits, fragmented=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+                num_splits=num_splits, fragmented=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)),
+                hoist=draw(st.booleans()))
 
 
 @settings(max_examples=30)
@@ -71,7 +72,8 @@ def draft_cases(draw):
 def test_draft_attention_matches_reference(c):
     case = make_case(c["B"], c["S"], c["Hq"], c["Hkv"], c["D"], c["P"], c["ctx_lens"], c["dtype"], seed=c["seed"],
                      fragmented=c["fragmented"])
-    check_against_reference(case, c["dtype"], window=c["window"], config=SMALL, num_splits=c["num_splits"])
+    cfg = AttnConfig(16, 16, 4, 1, hoist_pages=c["hoist"])  # hoist_pages applies where P >= 16
+    check_against_reference(case, c["dtype"], window=c["window"], config=cfg, num_splits=c["num_splits"])
 
 
 @pytest.mark.parametrize("ctx,S,window", [(0, 1, None), (1, 1, None), (0, 8, 3), (33, 8, 1), (64, 16, 64),
@@ -80,6 +82,8 @@ def test_draft_attention_matches_reference(c):
 def test_edge_cases(ctx, S, window, group):
     case = make_case(1, S, 2 * group, 2, 16, 16, [ctx], torch.float32, seed=ctx * 31 + S)
     check_against_reference(case, torch.float32, window=window, config=SMALL, num_splits=3)
+    check_against_reference(case, torch.float32, window=window, config=AttnConfig(16, 16, 4, 1, hoist_pages=True),
+                            num_splits=3)
 
 
 def test_default_config_bf16():
@@ -149,6 +153,7 @@ def test_validation(mutate, kw, exc, match, monkeypatch):
 def test_gpu_bf16_kimi_shapes(B, S, L, window, P):
     case = make_case(B, S, 64, 8, 128, P, [L - 13 * b for b in range(B)], torch.bfloat16, seed=L + S)
     check_against_reference(case, torch.bfloat16, window=window)
+    check_against_reference(case, torch.bfloat16, window=window, config=AttnConfig(64, 64, 4, 3, hoist_pages=True))
 
 
 @pytest.mark.gpu

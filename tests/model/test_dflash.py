@@ -179,3 +179,30 @@ def test_gpu_draft_step_is_graph_capturable_and_compiles():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(static["out"], eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("windows", [(None, None), (24, None)])
+def test_gpu_draft_equals_the_cpu_reference_path(windows):
+    """The GPU path (Triton draft attention, paged context) computes the CPU path's draft logits in
+    fp32: a draft that is right on the CPU and subtly off on the GPU would keep outputs lossless
+    (the target decides) while silently lowering acceptance."""
+    cfg = dflash_tiny(block_size=8, windows=windows)
+    params = dflash.init_params(cfg, dtype=torch.float32)
+    B, n_ctx = 2, 45
+    page_table, num_pages = paged_layout([n_ctx + 16] * B, B, 16)
+    g = torch.Generator().manual_seed(0)
+    taps = torch.randn(B, n_ctx, cfg.n_taps, cfg.hidden_size, generator=g)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
+    anchor = torch.tensor([3, 9])
+
+    def run(dev):
+        p = {k: v.to(dev) for k, v in params.items()}
+        cache = dflash.new_cache(cfg, num_pages, 16, page_table.to(dev), torch.zeros(B, dtype=torch.int32, device=dev),
+                                 dtype=torch.float32)
+        pos = torch.arange(n_ctx, device=dev)[None].expand(B, -1)
+        cache = dflash.materialize_context_(p, cfg, taps.to(dev), pos, cache)
+        return dflash.draft(p, cfg, embed.to(dev), embed.to(dev), anchor.to(dev), cache["kv_lens"], cache).cpu()
+
+    cpu, gpu = run("cpu"), run("cuda")
+    assert ((gpu - cpu).norm() / cpu.norm()) < 1e-4

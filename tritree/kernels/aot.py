@@ -97,10 +97,11 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
     from .verify_mla import _verify_mla_kernel
 
     reports = []
-    for arch, table in VERIFY_MLA_CONFIGS.items():
+    for key, table in VERIFY_MLA_CONFIGS.items():
+        arch = key.split(":")[0]  # "sm_90:small_pages" compiles for sm_90
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
-        kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.scalar_page): c for c in table.values()}
+        kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.scalar_page, c.tma, c.hoist_pages): c for c in table.values()}
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
             for splits in split_variants:
                 reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits))
@@ -133,8 +134,10 @@ def draft_attention_reports(dtype: str = "bf16", archs=None, split_variants=(1, 
                     s = dict(sig, Out=ptr if splits == 1 else "*fp32")
                     consts = {"GROUP": 8, "PAGE_SIZE": 64, "HEAD_D": 128, "BLOCK_M": cfg.block_m,
                               "BLOCK_N": cfg.block_n, "BLOCK_S": 16, "SINGLE_SPLIT": splits == 1,
-                              "HAS_WINDOW": window, "UPCAST": False, "IEEE": dtype == "fp32"}
-                    label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
+                              "HAS_WINDOW": window, "UPCAST": False, "IEEE": dtype == "fp32",
+                              "HOIST_PAGES": cfg.hoist_pages and cfg.block_n <= 64, "PAGE_GROUP": 16}
+                    label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+                             f"{' hoist' if cfg.hoist_pages else ''} "
                              f"splits{'1' if splits == 1 else 'N'}{' win' if window else ''}")
                     reports.append(audit(_draft_attention_kernel, s, consts, arch, cfg.num_warps, cfg.num_stages,
                                          divisible, label))
@@ -142,26 +145,36 @@ def draft_attention_reports(dtype: str = "bf16", archs=None, split_variants=(1, 
 
 
 def tree_reports(archs=None) -> list[CompileReport]:
-    """The DDTree top-k rounds and search at the launch shapes of budgets 64 and 1024."""
-    from .tree import _chunk_topk_kernel, _ddtree_kernel
+    """The DDTree top-k passes and search at the launch shapes of budgets 64, 256 and 1024 (bf16 logits)."""
+    from .tree import _ddtree_kernel, _topk_bound_kernel, _topk_select_kernel
 
     reports = []
-    topk_sig = {"In": "*fp32", "Out": "*i64", "n": "i32", "stride_in": "i32", "stride_out": "i32", "Vv": "i32",
-                "id_bits": "i32"}
+    ints = ("V", "D", "stride_xb", "stride_xd", "stride_xv", "n_blocks", "bpc")
+    bound_sig = {"X": "*bf16", "Part": "*i32", "State": "*fp32", "Arrive": "*i32", **{n: "i32" for n in ints},
+                 "C1": "i32", "K": "i32", "cmax": "fp32"}
+    select_sig = {"X": "*bf16", "State": "*fp32", "Spart": "*i64", "Cnt": "*i32", "Arrive": "*i32", "Cand": "*i32",
+                  "KeyBuf": "*i64", "OutLP": "*fp32", "OutIds": "*i32", **{n: "i32" for n in ints}, "C2": "i32",
+                  "K": "i32", "CAP": "i32", "scale": "fp32", "inv_scale": "fp32"}
     search_sig = {"LP": "*fp32", "IDS": "*i32", "RootTokens": "*i32", "Tokens": "*i32", "Parents": "*i32",
-                  "Depth": "*i32", "Scores": "*fp32", "Ranks": "*i32", "TreeLens": "*i32", "stride_lb": "i32",
-                  "stride_ld": "i32", "stride_tb": "i32", "D": "i32", "K": "i32", "budget": "i32"}
+                  "Depth": "*i32", "Scores": "*fp32", "Ranks": "*i32", "TreeLens": "*i32", "Mask": "*i32",
+                  "D": "i32", "K": "i32", "budget": "i32", "T": "i32", "W": "i32"}
     for arch in (archs or ("sm_90", "sm_120")):
         if arch not in CAPABILITY:
             continue
-        for ch, kp, warps in ((2048, 64, 4), (4096, 1024, 8)):
-            for from_lp in (True, False):
-                sig = dict(topk_sig, In="*fp32" if from_lp else "*i64")
-                reports.append(audit(_chunk_topk_kernel, sig, {"FROM_LP": from_lp, "CH": ch, "KP": kp}, arch, warps, 1,
-                                     ("In", "Out"), f"CH{ch} KP{kp} w{warps}{' lp' if from_lp else ''}"))
-        for budget, warps in ((64, 1), (1024, 4)):
-            front = 1 << (2 * budget + 2 - 1).bit_length()
-            reports.append(audit(_ddtree_kernel, search_sig, {"FRONT": front, "BLOCK_T": budget}, arch, warps, 1, (),
+        for g in (256, 4096):  # residue classes at k = 64 and k = 1024
+            reports.append(audit(_topk_bound_kernel, bound_sig, {"G": g, "RB": 4096 // g, "CB": max(1, 8192 // g),
+                                                                   "WAYS": max(2, min(16, 8192 // g))},
+                                 arch, 4, 1, ("X", "Part"), f"G{g} w4"))
+        reports.append(audit(_topk_select_kernel, select_sig, {"BLOCK": 2048, "CP": 64, "BI": 64, "BJ": 64, "FB": 256},
+                             arch, 4, 1, ("X", "Cand", "KeyBuf"), "BLOCK2048 w4"))
+        for budget in (64, 256, 1024):
+            ns = max(32, triton.next_power_of_2(budget))
+            warps = max(1, min(4, ns // 512))
+            W = (budget + 32) // 32
+            wp = triton.next_power_of_2(W)
+            bn = max(1, min(triton.next_power_of_2(budget + 1), 16 * 32 * warps // wp))
+            reports.append(audit(_ddtree_kernel, search_sig, {"NS": ns, "PF": 1024,
+                                                              "BN": bn, "WP": wp}, arch, warps, 1, (),
                                  f"budget {budget} w{warps}"))
     return reports
 
@@ -192,6 +205,28 @@ def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     return reports
 
 
+def kv_reports(archs=None) -> list[CompileReport]:
+    """The KV commit kernel at its launch layouts (``kv_cache._commit_layout``): latent rows of 576 in
+    bf16 (trees of 64 nodes in one chunk, of 128+ nodes in chunks of 128), fp32 and 1-byte rows; P 64 and 1."""
+    from .kv_cache import _commit_layout, _kv_commit_kernel
+
+    reports = []
+    for arch in (archs or ("sm_90", "sm_120")):
+        if arch not in CAPABILITY:
+            continue
+        for dtype, nbytes, T, P in (("bf16", 2, 64, 64), ("bf16", 2, 1025, 64), ("bf16", 2, 1025, 1),
+                                    ("fp32", 4, 128, 64), ("i8", 1, 128, 64)):
+            rows, block_e = _commit_layout(T, 576, nbytes)
+            sig = {"KV": "*" + dtype, "PageTable": "*i32", "KvLens": "*i32", "AcceptIdx": "*i32", "AcceptLen": "*i32",
+                   "NewLens": "*i32", "stride_kl": "i64", "stride_kp": "i32", "stride_ks": "i32", "stride_ptb": "i32",
+                   "stride_ab": "i32", "T": "i32", "E": "i32", "max_pages": "i32", "num_pages": "i32"}
+            consts = {"PAGE_SIZE": P, "ROWS": rows, "BLOCK_E": block_e, "EVEN_E": True}
+            reports.append(audit(_kv_commit_kernel, sig, consts, arch, 4, 1,
+                                 ("KV", "PageTable", "AcceptIdx", "stride_kl", "stride_kp", "stride_ks", "stride_ab"),
+                                 f"{dtype} P{P} ROWS{rows} BE{block_e} w4"))
+    return reports
+
+
 def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) -> CompileReport:
     ptr = "*" + dtype
     sig = {
@@ -204,11 +239,12 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) 
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": 64, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "UPCAST": False, "IEEE": dtype == "fp32",
-                  "SCALAR_PAGE": cfg.scalar_page, "D_LAT": 512, "D_PE": 64}
+                  "SCALAR_PAGE": cfg.scalar_page, "TMA": cfg.tma, "HOIST_PAGES": cfg.hoist_pages and (cfg.tma or cfg.scalar_page), "PAGE_GROUP": 16, "D_LAT": 512, "D_PE": 64}
     divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse",
                  "stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot",
                  "stride_oh", "stride_os")
-    label = f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{'1' if num_splits == 1 else 'N'}"
+    label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{' tma' if cfg.tma else ''}{' hoist' if cfg.hoist_pages else ''} "
+             f"splits{'1' if num_splits == 1 else 'N'}")
     return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, divisible, label)
 
 
@@ -222,7 +258,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json", action="store_true", help="one JSON list of reports on stdout")
     args = ap.parse_args(argv)
     reports = (verify_mla_reports(archs=args.arch) + draft_attention_reports(archs=args.arch)
-               + moe_reports(archs=args.arch) + tree_reports(archs=args.arch))
+               + moe_reports(archs=args.arch) + tree_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return

@@ -98,6 +98,15 @@ def _scores(q, k, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _attend_kv(q, k, v, visible, m_i, l_i, acc, sm_scale_log2e, MASKED: tl.constexpr, UPCAST: tl.constexpr,
+               IEEE: tl.constexpr):
+    if UPCAST:  # interpreter: its bf16 dot is wrong
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return attend_tile(_scores(q, k, IEEE), v, visible, m_i, l_i, acc, sm_scale_log2e, MASKED, IEEE)
+
+
+@triton.jit
 def _ctx_step(q, KC, VC, PageTable, s, s_ok, visible, page_base, kvh, stride_kcp, stride_kcs, stride_kch,
               stride_vcp, stride_vcs, stride_vch, max_pages, num_pages, m_i, l_i, acc, sm_scale_log2e,
               PAGE_SIZE: tl.constexpr, HEAD_D: tl.constexpr, MASKED: tl.constexpr, UPCAST: tl.constexpr,
@@ -107,10 +116,7 @@ def _ctx_step(q, KC, VC, PageTable, s, s_ok, visible, page_base, kvh, stride_kcp
                   PAGE_SIZE, HEAD_D)
     v = _ctx_tile(VC, PageTable, s, s_ok, page_base, kvh, stride_vcp, stride_vcs, stride_vch, max_pages, num_pages,
                   PAGE_SIZE, HEAD_D)
-    if UPCAST:  # interpreter: its bf16 dot is wrong
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    return attend_tile(_scores(q, k, IEEE), v, visible, m_i, l_i, acc, sm_scale_log2e, MASKED, IEEE)
+    return _attend_kv(q, k, v, visible, m_i, l_i, acc, sm_scale_log2e, MASKED, UPCAST, IEEE)
 
 
 @triton.jit
@@ -137,6 +143,8 @@ def _draft_attention_kernel(
     HAS_WINDOW: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    HOIST_PAGES: tl.constexpr = False,
+    PAGE_GROUP: tl.constexpr = 16,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -160,7 +168,13 @@ def _draft_attention_kernel(
     lo = 0
     if HAS_WINDOW:  # the earliest context key any row of the block can see
         lo = tl.maximum(ctx_len - window + 1, 0)
-    chunk = tl.cdiv(tl.cdiv(ctx_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    if HOIST_PAGES:
+        # Page-aligned chunks (P >= BLOCK_N, so tiles never straddle pages): the keys before ``lo``
+        # that this adds are outside the window, which the full tiles mask anyway.
+        lo = (lo // PAGE_SIZE) * PAGE_SIZE
+        chunk = tl.cdiv(tl.cdiv(ctx_len - lo, num_splits), PAGE_SIZE) * PAGE_SIZE
+    else:
+        chunk = tl.cdiv(tl.cdiv(ctx_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + pid_s * chunk
     end = tl.minimum(start + chunk, ctx_len)
     full_end = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
@@ -172,12 +186,29 @@ def _draft_attention_kernel(
     offs_n = tl.arange(0, BLOCK_N)
 
     # Full context tiles: unmasked unless a window applies; then the chunk's remainder (< BLOCK_N keys).
-    for n in range(start, full_end, BLOCK_N):
-        s = n + offs_n
-        m_i, l_i, acc = _ctx_step(q, KC, VC, PageTable, s, s < full_end, s[None, :] > key_floor[:, None], page_base,
-                                  kvh, stride_kcp, stride_kcs, stride_kch, stride_vcp, stride_vcs, stride_vch,
-                                  max_pages, num_pages, m_i, l_i, acc, sm_scale_log2e, PAGE_SIZE, HEAD_D,
-                                  HAS_WINDOW, UPCAST, IEEE)
+    if HOIST_PAGES:
+        # Page ids of PAGE_GROUP pages in one load ahead of their tiles (as in verify_mla): no K/V
+        # address inside the inner loop waits on a load made in it.
+        offs_g = tl.arange(0, PAGE_GROUP)
+        offs_d = tl.arange(0, HEAD_D)
+        for g in range(start, full_end, PAGE_GROUP * PAGE_SIZE):
+            cols = tl.minimum(g // PAGE_SIZE + offs_g, max_pages - 1)
+            pages = tl.minimum(tl.maximum(tl.load(PageTable + page_base + cols), 0), num_pages - 1)
+            for n in range(g, tl.minimum(g + PAGE_GROUP * PAGE_SIZE, full_end), BLOCK_N):
+                page = tl.sum(tl.where(offs_g == (n - g) // PAGE_SIZE, pages, 0), 0).to(tl.int64)
+                rows = ((n % PAGE_SIZE) + offs_n).to(tl.int64)
+                k = tl.load(KC + page * stride_kcp + kvh * stride_kch + rows[:, None] * stride_kcs + offs_d[None, :])
+                v = tl.load(VC + page * stride_vcp + kvh * stride_vch + rows[:, None] * stride_vcs + offs_d[None, :])
+                s = n + offs_n
+                m_i, l_i, acc = _attend_kv(q, k, v, s[None, :] > key_floor[:, None], m_i, l_i, acc, sm_scale_log2e,
+                                           HAS_WINDOW, UPCAST, IEEE)
+    else:
+        for n in range(start, full_end, BLOCK_N):
+            s = n + offs_n
+            m_i, l_i, acc = _ctx_step(q, KC, VC, PageTable, s, s < full_end, s[None, :] > key_floor[:, None],
+                                      page_base, kvh, stride_kcp, stride_kcs, stride_kch, stride_vcp, stride_vcs,
+                                      stride_vch, max_pages, num_pages, m_i, l_i, acc, sm_scale_log2e, PAGE_SIZE,
+                                      HEAD_D, HAS_WINDOW, UPCAST, IEEE)
     if full_end < end:
         s = full_end + offs_n
         visible = (s < end)[None, :]
@@ -240,6 +271,7 @@ def _launch(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, out, lse, s
         GROUP=group, PAGE_SIZE=k_cache.shape[1], HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_S=max(16, triton.next_power_of_2(S)), SINGLE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None,
         UPCAST=_interpreting() and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
+        HOIST_PAGES=cfg.hoist_pages and k_cache.shape[1] >= cfg.block_n, PAGE_GROUP=16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
@@ -250,11 +282,11 @@ def _launch(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, out, lse, s
 def _draft_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                         ctx_lens: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor, sm_scale: float,
                         window: int, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                        num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+                        num_splits: int, hoist_pages: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     _launch(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, out, lse, sm_scale, window if window > 0 else None,
-            AttnConfig.concrete(block_m, block_n, num_warps, num_stages), int(num_splits),
+            AttnConfig.concrete(block_m, block_n, num_warps, num_stages, hoist_pages=hoist_pages), int(num_splits),
             launch=torch.library.wrap_triton)
     return out, lse
 
@@ -342,5 +374,5 @@ def draft_attention(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, *, 
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     out, lse = _draft_attention_op(q, k_cache, v_cache, page_table, ctx_lens, k_blk.contiguous(), v_blk.contiguous(),
                                    float(sm_scale), int(window or 0), cfg.block_m, cfg.block_n, cfg.num_warps,
-                                   cfg.num_stages, int(num_splits))
+                                   cfg.num_stages, int(num_splits), hoist_pages=bool(cfg.hoist_pages))
     return (out, lse) if return_lse else out

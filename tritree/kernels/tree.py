@@ -1,14 +1,18 @@
 """DDTree construction from the draft's per-depth distributions, and tree acceptance by the target.
 
-``build_tree``: top-K per depth (one pass over the draft logits), then DDTree's best-first search in a
-Triton kernel (one program per request). Candidates are (depth, rank, parent); popping the best
+``build_tree``: top-K per depth with the log-softmax fused (two passes over the draft logits, many
+programs per row: a lower bound of the K-th logit, then the candidates above it and an exact selection
+among them), then DDTree's best-first search in a Triton kernel (one program per request, which also
+writes the padding and the ancestor bitmask). Candidates are (depth, rank, parent); popping the best
 creates a node and pushes its next sibling (same parent, rank + 1, score ``s - lp[d, r] + lp[d, r+1]``)
 and its first child (depth + 1, rank 0, score ``s + lp[d+1, 0]``). Scores are fp32 with exactly
-these operations, so the kernel and the reference agree bit for bit.
+these operations, so the kernel and the reference agree bit for bit given the same log-probabilities
+(bit-equal in the interpreter; a GPU's ``exp`` moves the log-softmax's normaliser by about an ulp).
 
 Deterministic ties: within a depth, tokens are ranked by log-probability, then by lower token id; among
 candidates of equal score, the one pushed first is popped first (the initial candidate, then for each
-pop its sibling before its child).
+pop its sibling before its child). A candidate of score -inf (a token of probability 0) is never
+created.
 
 ``accept_tree``: the target's pick at every node (argmax with the lowest id on ties at temperature 0,
 else a Gumbel-max sample from the temperature / top-k / top-p filtered distribution with a
@@ -49,8 +53,37 @@ def _interpreting() -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# Top-K per depth with the deterministic tie rule
+# Log-softmax and top-K per depth with the deterministic tie rule
 # --------------------------------------------------------------------------------------------------
+#
+# The log-probabilities are ``lp = (x - m) - c`` in float32 with ``m`` the row maximum and
+# ``c = log(S * 2^-SB)`` (float64, rounded to float32), where ``S = sum_v floor(exp(x_v - m) * 2^SB)``
+# is an int64 fixed-point sum (``SB = 62 - ceil(log2 V)``: no overflow, absolute error below
+# ``V 2^-SB`` <= 2^-26 for V <= 2^18, relative to ``S >= 1``). An integer sum does not depend on the order
+# of the additions, so the multi-program kernels, the interpreter and the reference agree bit for bit
+# wherever their ``exp`` agree (the GPU's ``exp`` differs in the last bits, which moves ``c`` by at most
+# about one float32 ulp).
+
+
+def _sum_bits(Vv: int) -> int:
+    return 62 - max(0, (Vv - 1).bit_length())
+
+
+def log_softmax_reference(logits: torch.Tensor) -> torch.Tensor:
+    """float32 log-softmax over the last axis, computed as the kernels do (see above), on the CPU."""
+    x = np.ascontiguousarray(logits.detach().float().cpu().numpy())
+    sb = _sum_bits(x.shape[-1])
+    bits = x.view(np.int32)
+    key = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    kmax = key.max(-1, keepdims=True)  # the maximum by the order keys (+0.0 above -0.0)
+    m = np.ascontiguousarray(np.where(kmax < 0, kmax ^ 0x7FFFFFFF, kmax).astype(np.int32)).view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = x - m
+        q = (np.exp(y) * np.float32(2.0 ** sb)).astype(np.int64)
+        s = q.sum(-1, keepdims=True)
+        c = np.log(s.astype(np.float64) * 2.0 ** -sb).astype(np.float32)
+        return torch.from_numpy(np.ascontiguousarray(y - c))
+
 
 def _order_keys(lp: torch.Tensor) -> torch.Tensor:
     """int64 keys in the total order of the tie rule: larger key = larger lp, then lower token id."""
@@ -58,72 +91,272 @@ def _order_keys(lp: torch.Tensor) -> torch.Tensor:
     bits = lp.contiguous().view(torch.int32)
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)  # monotonic in the float
     ids = torch.arange(Vv, device=lp.device, dtype=torch.int64)
-    return (ordered << _id_bits(Vv)) | (Vv - 1 - ids)
-
-
-def _id_bits(Vv: int) -> int:
-    return max(1, (Vv - 1).bit_length())
+    return (ordered << 32) | (Vv - 1 - ids)
 
 
 def topk_per_depth(draft_logits: torch.Tensor, k: int, *, kernel: bool = False):
     """``(lp [B, D, k] float32, ids [B, D, k] int32)``: the k most likely tokens per depth, sorted by
-    log-probability (descending), ties by lower token id. One log-softmax, then a top-k over V: with
-    ``kernel`` the chunked sort of :func:`_topk_keys` (build_tree's GPU path), else ``torch.topk`` of
-    the same keys (the reference)."""
-    lp = torch.log_softmax(draft_logits.float(), dim=-1)
+    log-probability (descending), ties by lower token id. With ``kernel``, the fused GPU path
+    (:func:`_topk_device`, log-softmax included); else the reference: :func:`log_softmax_reference`
+    and ``torch.topk`` of :func:`_order_keys` on the CPU."""
     if kernel:
-        top = _topk_keys(lp, k)
-    else:
-        top = torch.topk(_order_keys(lp), k, dim=-1, sorted=True).indices
+        return _topk_device(draft_logits, k)
+    lp = log_softmax_reference(draft_logits)
+    top = torch.topk(_order_keys(lp), k, dim=-1, sorted=True).indices
     return torch.gather(lp, -1, top), top.to(torch.int32)
 
 
 @triton.jit
-def _chunk_topk_kernel(In, Out, n, stride_in, stride_out, Vv, id_bits,
-                       FROM_LP: tl.constexpr, CH: tl.constexpr, KP: tl.constexpr):
-    """One round of the top-k: chunk ``c`` of row ``r`` (``CH`` entries: log-probabilities when
-    ``FROM_LP``, else keys of an earlier round) is sorted by key and its best ``KP`` keys written."""
+def _okey(x):
+    """float32 -> int32 key, monotonic (larger float, larger key; -0.0 just below +0.0)."""
+    b = x.to(tl.int32, bitcast=True)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+
+
+@triton.jit
+def _ofloat(k):
+    """Inverse of :func:`_okey`."""
+    return tl.where(k < 0, k ^ 0x7FFFFFFF, k).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_ptr(X, r, D, stride_xb, stride_xd):
+    b = r // D
+    return X + b.to(tl.int64) * stride_xb + (r - b * D).to(tl.int64) * stride_xd
+
+
+@triton.jit
+def _topk_bound_kernel(X, Part, State, Arrive, V, D, stride_xb, stride_xd, stride_xv, n_blocks, bpc, C1, K, cmax,
+                       G: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr, WAYS: tl.constexpr):
+    """Pass 1 over the logits of row ``r`` (a (request, depth) pair), chunk ``c`` (``bpc`` blocks of
+    ``RB x G``): the maximum of every residue class ``v mod G`` (as order keys). The last program of
+    the row (arrival counter) combines the chunks: the row maximum ``m``, and ``L`` = the K-th largest
+    class maximum, a lower bound of the K-th largest logit (K distinct tokens reach it). It stores
+    ``m`` and a threshold ``y_thr`` on ``y = x - m`` a little below ``L - m``, such that every token whose
+    log-probability can equal or exceed that of ``L`` has ``y >= y_thr`` (the log-probabilities are
+    ``fl(y - c)`` with ``0 <= c <= cmax``: rounding merges ``y`` only within an ulp of the result)."""
     r = tl.program_id(0)
     c = tl.program_id(1)
-    j = c * CH + tl.arange(0, CH)
-    ok = j < n
-    if FROM_LP:
-        x = tl.load(In + r.to(tl.int64) * stride_in + j, mask=ok, other=0.0)
-        bits = x.to(tl.int32, bitcast=True)
-        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
-        key = (ordered << id_bits) | (Vv - 1 - j).to(tl.int64)
-    else:
-        key = tl.load(In + r.to(tl.int64) * stride_in + j, mask=ok, other=0)
-    key = tl.where(ok, key, -9223372036854775808)
-    key = tl.sort(key, descending=True)
-    pos = tl.arange(0, CH)
-    tl.store(Out + r.to(tl.int64) * stride_out + c * KP + pos, key, mask=pos < KP)
+    row = _row_ptr(X, r, D, stride_xb, stride_xd)
+    gi = tl.arange(0, G)
+    ri = tl.arange(0, RB)
+    acc = tl.full([G], -2147483648, tl.int32)
+    for blk in range(c * bpc, tl.minimum(c * bpc + bpc, n_blocks)):
+        v = blk * (RB * G) + ri[:, None] * G + gi[None, :]
+        ok = v < V
+        x = tl.load(row + v.to(tl.int64) * stride_xv, mask=ok, other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, tl.max(tl.where(ok, _okey(x), -2147483648), 0))
+    tl.store(Part + (r * C1 + c).to(tl.int64) * G + gi, acc)
+    tl.debug_barrier()
+    if tl.atomic_add(Arrive + r, 1, sem="acq_rel") == C1 - 1:  # the last chunk of the row to finish
+        ci = tl.arange(0, CB)
+        gmax = tl.full([G], -2147483648, tl.int32)
+        for c0 in range(0, C1, CB):
+            cc = c0 + ci
+            p = tl.load(Part + (r * C1 + cc[:, None]).to(tl.int64) * G + gi[None, :], mask=cc[:, None] < C1,
+                        other=-2147483648, cache_modifier=".cg")
+            gmax = tl.maximum(gmax, tl.max(p, 0))
+        u = gmax.to(tl.int64) + 2147483648  # unsigned order keys, 0 = empty class
+        lo = tl.min(u, 0)  # count(u >= lo) = G >= K
+        hi = tl.max(u, 0)
+        lo = _kth_largest(u, K, lo, hi, WAYS)
+        m = _ofloat((hi - 2147483648).to(tl.int32))
+        y_l = _ofloat((lo - 2147483648).to(tl.int32)) - m
+        y_thr = y_l - (tl.abs(y_l) + cmax) * 9.5367431640625e-07  # 2^-20 relative: 8 ulps and more
+        tl.store(State + 2 * r, m)
+        tl.store(State + 2 * r + 1, y_thr)
 
 
-def _topk_keys(lp: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices ``[..., k]`` (int64) of the k largest keys per row of ``lp [..., V]``, best first.
+@triton.jit
+def _kth_largest(u, K, lo, hi, WAYS: tl.constexpr):
+    """The largest ``t`` in ``[lo, hi]`` with ``count(u >= t) >= K`` (given ``count(u >= lo) >= K``):
+    ``WAYS``-way bisection, one [n, WAYS] count per step."""
+    j = tl.arange(0, WAYS).to(tl.int64)
+    while lo < hi:
+        step = (hi - lo + WAYS) // WAYS
+        t = lo + j * step
+        cnt = tl.sum((u[:, None] >= t[None, :]).to(tl.int32), 0)
+        best = tl.max(tl.where((cnt >= K) & (t <= hi), j, 0), 0)
+        lo = lo + best * step
+        hi = tl.minimum(hi, lo + step - 1)
+    return lo
 
-    Rounds of :func:`_chunk_topk_kernel`: each keeps the best ``KP = next_pow2(k)`` of every chunk of
-    ``CH >= 2 KP`` entries, so the candidates shrink by ``CH / KP`` per round until one chunk holds
-    them. Exact (a row's top k lies within the union of its chunks' top k) and a few launches, where
-    ``torch.topk`` needs one radix pass per 2 bits of a 64-bit key."""
-    shape = lp.shape
-    Vv = shape[-1]
-    rows = lp.reshape(-1, Vv)
-    R = rows.shape[0]
-    KP = triton.next_power_of_2(k)
-    cur, n, from_lp = rows, Vv, True
-    while True:
-        CH = max(KP, min(max(2048, 2 * KP), triton.next_power_of_2(n)))
-        chunks = triton.cdiv(n, CH)
-        out = torch.empty(R, chunks * KP, dtype=torch.int64, device=lp.device)
-        _chunk_topk_kernel[(R, chunks)](cur, out, n, cur.stride(0), out.stride(0), Vv, _id_bits(Vv),
-                                        FROM_LP=from_lp, CH=CH, KP=KP, num_warps=4 if CH <= 2048 else 8)
-        cur, n, from_lp = out, chunks * KP, False
-        if chunks == 1:
-            break
-    ids = (Vv - 1) - (cur[:, :k] & ((1 << _id_bits(Vv)) - 1))
-    return ids.reshape(*shape[:-1], k)
+
+@triton.jit
+def _row_count_ge(row, V, stride_xv, m, cl, t, FB: tl.constexpr):
+    """``[16]`` counts of log-probability keys (unsigned) >= ``t[j]`` over a whole row."""
+    cnt = tl.zeros([16], tl.int32)
+    for v0 in range(0, V, FB):
+        v = v0 + tl.arange(0, FB)
+        ok = v < V
+        x = tl.load(row + v.to(tl.int64) * stride_xv, mask=ok, other=0.0).to(tl.float32)
+        u = _okey((x - m) - cl).to(tl.int64) + 2147483648
+        cnt += tl.sum(((u[:, None] >= t[None, :]) & ok[:, None]).to(tl.int32), 0)
+    return cnt
+
+
+@triton.jit
+def _topk_fallback(row, Cand, V, stride_xv, m, cl, y_thr, K, FB: tl.constexpr, FB2: tl.constexpr):
+    """Exact top-K of a whole row by one program, for when the candidates overflowed (massive ties at
+    the threshold): the K-th largest log-probability key by sixteen-way bisection (a pass over the row
+    per step, from a narrow range), then one pass in token order that keeps all greater keys and the
+    lowest ids among the equal ones. Writes K token ids to ``Cand``."""
+    j = tl.arange(0, 16).to(tl.int64)
+    lo = _okey(y_thr - cl).to(tl.int64) + 2147483648  # every lp >= lp(L) has a key >= lo: count >= K
+    hi = _okey(0.0 - cl).to(tl.int64) + 2147483648  # the maximum log-probability
+    while lo < hi:
+        step = (hi - lo + 16) // 16
+        t = lo + j * step
+        cnt = _row_count_ge(row, V, stride_xv, m, cl, t, FB)
+        best = tl.max(tl.where((cnt >= K) & (t <= hi), j, 0), 0)
+        lo = lo + best * step
+        hi = tl.minimum(hi, lo + step - 1)
+    n_gt = 0
+    for v0 in range(0, V, FB2):
+        v = v0 + tl.arange(0, FB2)
+        x = tl.load(row + v.to(tl.int64) * stride_xv, mask=v < V, other=0.0).to(tl.float32)
+        n_gt += tl.sum(((v < V) & (_okey((x - m) - cl).to(tl.int64) + 2147483648 > lo)).to(tl.int32), 0)
+    need = K - n_gt
+    n_eq = 0
+    n_sel = 0
+    for v0 in range(0, V, FB2):
+        v = v0 + tl.arange(0, FB2)
+        ok = v < V
+        x = tl.load(row + v.to(tl.int64) * stride_xv, mask=ok, other=0.0).to(tl.float32)
+        u = _okey((x - m) - cl).to(tl.int64) + 2147483648
+        eq = ok & (u == lo)
+        sel = (ok & (u > lo)) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= need))
+        pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(Cand + pos, v, mask=sel & (pos < K))
+        n_eq += tl.sum(eq.to(tl.int32), 0)
+        n_sel += tl.sum(sel.to(tl.int32), 0)
+
+
+@triton.jit
+def _topk_select_kernel(X, State, Spart, Cnt, Arrive, Cand, KeyBuf, OutLP, OutIds,
+                        V, D, stride_xb, stride_xd, stride_xv, n_blocks, bpc, C2, K, CAP, scale, inv_scale,
+                        BLOCK: tl.constexpr, CP: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+                        FB: tl.constexpr):
+    """Pass 2 over row ``r``, chunk ``c``: the fixed-point partial sum of ``exp(x - m)`` and the
+    candidates ``y = x - m >= y_thr`` (token ids appended to the row's list through an atomic counter;
+    a superset of the top K, a little over K of them on real data). The last program of the row takes
+    the normaliser ``c``, computes the candidates' order keys (log-probability, then lower id), ranks
+    each by counting the greater keys and writes the top K in order. If more than ``CAP`` candidates
+    came (massive ties at the threshold), it selects the row's top K exactly by itself first
+    (:func:`_topk_fallback`)."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    row = _row_ptr(X, r, D, stride_xb, stride_xd)
+    m = tl.load(State + 2 * r)
+    y_thr = tl.load(State + 2 * r + 1)
+    cand_row = Cand + r.to(tl.int64) * CAP
+    s_acc = tl.zeros([BLOCK], tl.int64)
+    for blk in range(c * bpc, tl.minimum(c * bpc + bpc, n_blocks)):
+        v = blk * BLOCK + tl.arange(0, BLOCK)
+        ok = v < V
+        x = tl.load(row + v.to(tl.int64) * stride_xv, mask=ok, other=0.0).to(tl.float32)
+        y = x - m
+        s_acc += (tl.exp(tl.where(ok, y, float("-inf"))) * scale).to(tl.int64)
+        cand = ok & (y >= y_thr)
+        n_loc = tl.sum(cand.to(tl.int32), 0)
+        if n_loc > 0:
+            pos = tl.atomic_add(Cnt + r, n_loc) + tl.cumsum(cand.to(tl.int32), 0) - 1
+            tl.store(cand_row + pos, v, mask=cand & (pos < CAP))
+    tl.store(Spart + r * C2 + c, tl.sum(s_acc, 0))
+    tl.debug_barrier()
+    if tl.atomic_add(Arrive + r, 1, sem="acq_rel") == C2 - 1:  # the last chunk of the row to finish
+        ci = tl.arange(0, CP)
+        s = tl.sum(tl.load(Spart + r * C2 + ci, mask=ci < C2, other=0, cache_modifier=".cg"), 0)
+        cl = tl.log(s.to(tl.float64) * inv_scale).to(tl.float32)
+        n = tl.atomic_add(Cnt + r, 0)
+        if (n > CAP) | (n < K):  # (fewer than K only for a row without a finite logit)
+            _topk_fallback(row, cand_row, V, stride_xv, m, cl, y_thr, K, FB, BLOCK)
+            n = K
+            tl.debug_barrier()
+        key_row = KeyBuf + r.to(tl.int64) * CAP
+        for j0 in range(0, n, BJ):
+            jj = j0 + tl.arange(0, BJ)
+            ok = jj < n
+            ids = tl.minimum(tl.maximum(tl.load(cand_row + jj, mask=ok, other=0, cache_modifier=".cg"), 0), V - 1)
+            x = tl.load(row + ids.to(tl.int64) * stride_xv, mask=ok, other=0.0).to(tl.float32)
+            key = (_okey((x - m) - cl).to(tl.int64) << 32) | (V - 1 - ids).to(tl.int64)
+            tl.store(key_row + jj, key, mask=ok)
+        tl.debug_barrier()
+        out = r.to(tl.int64) * K
+        for i0 in range(0, n, BI):
+            ii = i0 + tl.arange(0, BI)
+            ki = tl.load(key_row + ii, mask=ii < n, other=-9223372036854775808)
+            rank = tl.zeros([BI], tl.int32)
+            for j0 in range(0, n, BJ):
+                jj = j0 + tl.arange(0, BJ)
+                kj = tl.load(key_row + jj, mask=jj < n, other=-9223372036854775808)
+                rank += tl.sum((kj[None, :] > ki[:, None]).to(tl.int32), 1)
+            sel = (ii < n) & (rank < K)
+            tl.store(OutLP + out + rank, _ofloat((ki >> 32).to(tl.int32)), mask=sel)
+            tl.store(OutIds + out + rank, (V - 1) - (ki & 0xFFFFFFFF).to(tl.int32), mask=sel)
+
+
+class _TopkPlan(NamedTuple):
+    G: int
+    block1: int
+    bpc1: int
+    c1: int
+    block2: int
+    bpc2: int
+    c2: int
+    cap: int
+
+
+def _topk_plan(R: int, Vv: int, k: int, device, *, block1=None, block2=None, ctas=None, cap=None) -> _TopkPlan:
+    """Static launch shapes of the top-k passes (keyword overrides for tests)."""
+    G = min(4096, triton.next_power_of_2(max(16, 4 * k)))  # residue classes: >= K, ~4K for a tight bound
+    if G < k:
+        G = triton.next_power_of_2(k)
+    target = ctas if ctas is not None else 4 * num_sms(device)  # programs per pass, all rows together
+    block1 = block1 or max(G, min(4096, triton.next_power_of_2(Vv)))
+    block1 = max(block1, G)
+    n1 = triton.cdiv(Vv, block1)
+    c1 = max(1, min(n1, triton.cdiv(target, R), max(1, 65536 // G)))  # the last program reads c1 x G maxima
+    bpc1 = triton.cdiv(n1, c1)
+    block2 = block2 or max(16, min(2048, triton.next_power_of_2(Vv)))
+    n2 = triton.cdiv(Vv, block2)
+    c2 = max(1, min(n2, triton.cdiv(target, R)))
+    bpc2 = triton.cdiv(n2, c2)
+    return _TopkPlan(G, block1, bpc1, triton.cdiv(n1, bpc1), block2, bpc2, triton.cdiv(n2, bpc2),
+                     cap if cap is not None else max(1024, 4 * k))
+
+
+def _topk_device(draft_logits: torch.Tensor, k: int, **plan_overrides):
+    """GPU (or interpreter) top-k of :func:`topk_per_depth`: a memset and two passes over the logits,
+    no host sync, static shapes (CUDA-graph capturable)."""
+    B, D, Vv = draft_logits.shape
+    R = B * D
+    dev = draft_logits.device
+    if not 1 <= k <= Vv:
+        raise ValueError(f"k must be in [1, V] = [1, {Vv}], got {k}")
+    p = _topk_plan(R, Vv, k, dev, **plan_overrides)
+    if p.cap < k:
+        raise ValueError(f"cap must be >= k, got {p.cap} < {k}")
+    counters = torch.zeros(3, R, dtype=torch.int32, device=dev)  # arrivals of pass 1, of pass 2, candidates
+    part = torch.empty(R, p.c1, p.G, dtype=torch.int32, device=dev)
+    state = torch.empty(R, 2, dtype=torch.float32, device=dev)
+    spart = torch.empty(R, p.c2, dtype=torch.int64, device=dev)
+    cand = torch.empty(R, p.cap, dtype=torch.int32, device=dev)
+    keybuf = torch.empty(R, p.cap, dtype=torch.int64, device=dev)
+    lp = torch.empty(B, D, k, dtype=torch.float32, device=dev)
+    ids = torch.empty(B, D, k, dtype=torch.int32, device=dev)
+    sxb, sxd, sxv = draft_logits.stride()
+    cmax = math.log(Vv) + 1.0
+    _topk_bound_kernel[(R, p.c1)](draft_logits, part, state, counters[0], Vv, D, sxb, sxd, sxv,
+                                  triton.cdiv(Vv, p.block1), p.bpc1, p.c1, k, cmax,
+                                  G=p.G, RB=p.block1 // p.G, CB=max(1, min(triton.next_power_of_2(p.c1), 8192 // p.G)),
+                                  WAYS=max(2, min(16, 8192 // p.G)), num_warps=4)
+    sb = _sum_bits(Vv)
+    _topk_select_kernel[(R, p.c2)](draft_logits, state, spart, counters[2], counters[1], cand, keybuf, lp, ids,
+                                   Vv, D, sxb, sxd, sxv, triton.cdiv(Vv, p.block2), p.bpc2, p.c2, k, p.cap,
+                                   2.0 ** sb, 2.0 ** -sb, BLOCK=p.block2, CP=triton.next_power_of_2(p.c2),
+                                   BI=64, BJ=64, FB=256, num_warps=4)
+    return lp, ids
 
 
 # --------------------------------------------------------------------------------------------------
@@ -131,79 +364,97 @@ def _topk_keys(lp: torch.Tensor, k: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _ddtree_kernel(LP, IDS, RootTokens, Tokens, Parents, Depth, Scores, Ranks, TreeLens,
-                   stride_lb, stride_ld, stride_tb, D, K, budget,
-                   FRONT: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Best-first search of one request. The frontier is ``FRONT`` slots in push order; a slot's key
-    packs (score, push order) so one max-reduction pops the best candidate with the tie rule, and one
-    more fetches its (depth, rank, parent). Run on one warp, the reductions are shuffles only."""
+def _pick_max(k1, p1, k2, p2):
+    pick = k1 > k2
+    return tl.where(pick, k1, k2), tl.where(pick, p1, p2)
+
+
+@triton.jit
+def _ddtree_kernel(LP, IDS, RootTokens, Tokens, Parents, Depth, Scores, Ranks, TreeLens, Mask, D, K, budget, T, W,
+                   NS: tl.constexpr, PF: tl.constexpr, BN: tl.constexpr, WP: tl.constexpr):
+    """Best-first search of request ``b`` over its top-K table ``LP [D, K]`` (sorted rows).
+
+    The frontier holds at most one candidate per parent (a created node, or the root): its next child.
+    Slot ``p < NS`` (nodes ``0 .. budget - 1``: the last node's children are never popped) keeps
+    ``key = ordered(score) << 32 | (65535 - push order) << 16 | p`` and the candidate's
+    ``rank << 8 | depth``; one max-reduction of (key, payload) pops the best candidate with the tie
+    rule (equal scores: the earlier push). Popping (p, d, r) creates node n, then slot p takes the
+    next sibling (rank r + 1) and slot n the first child. The table is pulled into L1 first, so the
+    three look-ups of a pop hit L1. After the search: the tokens (one gather), padding, and the
+    ancestor bitmask (at most D steps up from every node)."""
     b = tl.program_id(0)
-    lp_row = LP + b.to(tl.int64) * stride_lb
-    out = b.to(tl.int64) * stride_tb
-    slot = tl.arange(0, FRONT)
+    lp_row = LP + b.to(tl.int64) * D * K
+    out = b.to(tl.int64) * T
+    # Pull the table into L1 (the sum keeps the loads alive; lp has no NaN, so the store never runs).
+    chk = tl.zeros([PF], tl.float32)
+    for f0 in range(0, D * K, PF):
+        f = f0 + tl.arange(0, PF)
+        chk += tl.load(lp_row + f, mask=f < D * K, other=0.0)
+    if tl.sum(chk, 0) != tl.sum(chk, 0):
+        tl.store(TreeLens + b, -1)
+    slot = tl.arange(0, NS)
     EMPTY: tl.constexpr = -9223372036854775808
-    # key = ordered(score) << 32 | (FRONT - 1 - slot): larger score first, then the earlier push
     s0 = tl.load(lp_row)
-    b0 = s0.to(tl.int32, bitcast=True)
-    k0 = (tl.where(b0 < 0, b0 ^ 0x7FFFFFFF, b0).to(tl.int64) << 32) | (FRONT - 1)
+    k0 = (_okey(s0 + 0.0).to(tl.int64) << 32) | 4294901760  # push 0, slot 0
     f_key = tl.where(slot == 0, tl.where(s0 > float("-inf"), k0, EMPTY), EMPTY)
-    f_info = tl.where(slot == 0, 1 << 48, 0).to(tl.int64)  # depth << 48 | rank << 24 | parent
+    f_pay = tl.where(slot == 0, 1, 0)  # rank 0, depth 1
     n_push = 1
     n_nodes = 0
-    tl.store(Tokens + out, tl.load(RootTokens + b))
-    tl.store(Parents + out, -1)
-    tl.store(Depth + out, 0)
-    tl.store(Scores + out, 0.0)
-    for _ in range(budget):
-        kmax = tl.max(f_key, 0)
-        if kmax != EMPTY:
-            hi = kmax >> 32
-            best = FRONT - 1 - (kmax - (hi << 32)).to(tl.int32)
-            sb = hi.to(tl.int32)
-            s = tl.where(sb < 0, sb ^ 0x7FFFFFFF, sb).to(tl.float32, bitcast=True)
-            hit = slot == best
-            info = tl.sum(tl.where(hit, f_info, 0), 0)
-            d = (info >> 48).to(tl.int32)
-            r = ((info >> 24) - ((info >> 48) << 24)).to(tl.int32)
-            par = (info - ((info >> 24) << 24)).to(tl.int32)
-            f_key = tl.where(hit, EMPTY, f_key)
-            n_nodes += 1
-            node = n_nodes
-            at = out + node
-            tl.store(Parents + at, par)
-            tl.store(Depth + at, d)
-            tl.store(Scores + at, s)
-            tl.store(Ranks + at, r)
-            has_sib = r + 1 < K
-            has_child = d < D
-            # independent loads, issued together
-            lp_r = tl.load(lp_row + (d - 1) * stride_ld + r)
-            lp_r1 = tl.load(lp_row + (d - 1) * stride_ld + r + 1, mask=has_sib, other=float("-inf"))
-            lp_c = tl.load(lp_row + d * stride_ld, mask=has_child, other=float("-inf"))
-            if has_sib:  # next sibling
-                sc = (s - lp_r) + lp_r1
-                bs = sc.to(tl.int32, bitcast=True)
-                ks = (tl.where(bs < 0, bs ^ 0x7FFFFFFF, bs).to(tl.int64) << 32) | (FRONT - 1 - n_push)
-                new = slot == n_push
-                f_key = tl.where(new, tl.where(sc > float("-inf"), ks, EMPTY), f_key)
-                f_info = tl.where(new, (d.to(tl.int64) << 48) | ((r + 1).to(tl.int64) << 24) | par, f_info)
-                n_push += 1
-            if has_child:  # first child
-                cc = s + lp_c
-                bc = cc.to(tl.int32, bitcast=True)
-                kc = (tl.where(bc < 0, bc ^ 0x7FFFFFFF, bc).to(tl.int64) << 32) | (FRONT - 1 - n_push)
-                new = slot == n_push
-                f_key = tl.where(new, tl.where(cc > float("-inf"), kc, EMPTY), f_key)
-                f_info = tl.where(new, ((d + 1).to(tl.int64) << 48) | node, f_info)
-                n_push += 1
+    kmax, pay = tl.reduce((f_key, f_pay), 0, _pick_max)
+    while (n_nodes < budget) & (kmax != EMPTY):
+        p = (kmax & 0xFFFF).to(tl.int32)
+        s = _ofloat((kmax >> 32).to(tl.int32))
+        d = pay & 255
+        r = pay >> 8
+        n_nodes += 1
+        node = n_nodes
+        at = out + node
+        tl.store(Parents + at, p)
+        tl.store(Depth + at, d)
+        tl.store(Scores + at, s)
+        tl.store(Ranks + at, r)
+        has_sib = r + 1 < K
+        has_child = d < D
+        lp_d = lp_row + (d - 1) * K
+        lp_r = tl.load(lp_d + r)
+        lp_r1 = tl.load(lp_d + r + 1, mask=has_sib, other=float("-inf"))
+        lp_c = tl.load(lp_d + K, mask=has_child, other=float("-inf"))
+        sc = (s - lp_r) + lp_r1  # next sibling (same parent p), as the reference computes it
+        ks = (_okey(sc + 0.0).to(tl.int64) << 32) | ((65535 - n_push).to(tl.int64) << 16) | p.to(tl.int64)
+        n_push += has_sib.to(tl.int32)
+        cc = s + lp_c  # first child (parent: the new node)
+        kc = (_okey(cc + 0.0).to(tl.int64) << 32) | ((65535 - n_push).to(tl.int64) << 16) | node.to(tl.int64)
+        n_push += has_child.to(tl.int32)
+        f_key = tl.where(slot == p, tl.where(sc > float("-inf"), ks, EMPTY),
+                         tl.where(slot == node, tl.where(cc > float("-inf"), kc, EMPTY), f_key))
+        f_pay = tl.where(slot == p, ((r + 1) << 8) | d, tl.where(slot == node, d + 1, f_pay))
+        kmax, pay = tl.reduce((f_key, f_pay), 0, _pick_max)
     tl.store(TreeLens + b, n_nodes + 1)
-    # Tokens after the search, in one vectorised gather (no dependent load inside the loop).
-    i = 1 + tl.arange(0, BLOCK_T)
-    ok = i <= n_nodes
-    d = tl.load(Depth + out + i, mask=ok, other=1)
-    r = tl.load(Ranks + out + i, mask=ok, other=0)
-    tok = tl.load(IDS + b.to(tl.int64) * stride_lb + (d - 1) * stride_ld + r, mask=ok, other=0)
-    tl.store(Tokens + out + i, tok, mask=ok)
+    tl.debug_barrier()  # the loop's stores, visible to every thread of the program
+    root_tok = tl.load(RootTokens + b).to(tl.int32)
+    wi = tl.arange(0, WP)
+    for i0 in range(0, T, BN):
+        i = i0 + tl.arange(0, BN)
+        in_t = i < T
+        valid = in_t & (i <= n_nodes)
+        node_ok = valid & (i >= 1)
+        d = tl.load(Depth + out + i, mask=node_ok, other=1)
+        rk = tl.load(Ranks + out + i, mask=node_ok, other=0)
+        tok = tl.load(IDS + b.to(tl.int64) * D * K + (d - 1) * K + rk, mask=node_ok, other=0)
+        tl.store(Tokens + out + i, tl.where(i == 0, root_tok, tok), mask=in_t)
+        fill = in_t & ~node_ok  # root and padding
+        tl.store(Parents + out + i, tl.full([BN], -1, tl.int32), mask=fill)
+        tl.store(Depth + out + i, tl.zeros([BN], tl.int32), mask=fill)
+        tl.store(Scores + out + i, tl.where(i == 0, 0.0, float("-inf")), mask=fill)
+        cur = tl.where(valid, i, -1)
+        bits = tl.zeros([BN, WP], tl.int32)
+        for _ in range(D + 1):
+            live = cur >= 0
+            bit = tl.full([BN], 1, tl.int32) << (cur & 31)
+            bits |= tl.where(live[:, None] & (wi[None, :] == (cur >> 5)[:, None]), bit[:, None], 0)
+            up = live & (cur > 0)
+            cur = tl.where(up, tl.load(Parents + out + cur, mask=up, other=-1), -1)
+        tl.store(Mask + (out + i)[:, None] * W + wi[None, :], bits, mask=in_t[:, None] & (wi[None, :] < W))
 
 
 def build_tree_reference(draft_logits, budget: int, root_tokens):
@@ -223,24 +474,51 @@ def build_tree_reference(draft_logits, budget: int, root_tokens):
     for b in range(B):
         tokens[b, 0] = int(root_tokens[b])
         scores[b, 0] = 0.0
-        heap = [(-f32(lp[b, 0, 0]), 0, 1, 0, 0)]  # (-score, push order, depth, rank, parent)
+        heap = [(-f32(lp[b, 0, 0]), 0, 1, 0, 0)] if lp[b, 0, 0] > -np.inf else []  # (-score, push, depth, rank, parent)
         pushes, n = 1, 0
         while heap and n < budget:
             neg, _, d, r, par = heapq.heappop(heap)
             s = f32(-neg)
             n += 1
             tokens[b, n], parents[b, n], depth[b, n], scores[b, n] = ids[b, d - 1, r], par, d, s
-            if r + 1 < K:
-                heapq.heappush(heap, (-(f32(s - lp[b, d - 1, r]) + lp[b, d - 1, r + 1]), pushes, d, r + 1, par))
+            if r + 1 < K:  # next sibling
+                sc = f32(s - lp[b, d - 1, r]) + lp[b, d - 1, r + 1]
+                if sc > -np.inf:  # a token of probability 0 is never a node
+                    heapq.heappush(heap, (-sc, pushes, d, r + 1, par))
                 pushes += 1
-            if d < D:
-                heapq.heappush(heap, (-(s + lp[b, d, 0]), pushes, d + 1, 0, n))
+            if d < D:  # first child
+                cc = s + lp[b, d, 0]
+                if cc > -np.inf:
+                    heapq.heappush(heap, (-cc, pushes, d + 1, 0, n))
                 pushes += 1
         lens[b] = n + 1
     tl_ = torch.from_numpy(lens)
     par_t = torch.from_numpy(parents)
     mask, dep = tree_mask_from_parents(par_t, tl_)
     return Tree(torch.from_numpy(tokens), par_t, dep, torch.from_numpy(scores), tl_, mask)
+
+
+def _search_device(lp: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tensor, budget: int) -> Tree:
+    """The best-first search kernel over a top-k table (``lp``, ``ids``: ``[B, D, K]``, rows sorted)."""
+    B, D, K = lp.shape
+    dev = lp.device
+    T = budget + 1
+    W = (T + 31) // 32
+    tokens = torch.empty(B, T, dtype=torch.int32, device=dev)
+    parents = torch.empty(B, T, dtype=torch.int32, device=dev)
+    depth = torch.empty(B, T, dtype=torch.int32, device=dev)
+    scores = torch.empty(B, T, dtype=torch.float32, device=dev)
+    tree_lens = torch.empty(B, dtype=torch.int32, device=dev)
+    ranks = torch.empty(B, T, dtype=torch.int32, device=dev)
+    mask = torch.empty(B, T, W, dtype=torch.int32, device=dev)
+    ns = max(32, triton.next_power_of_2(budget))  # slots: the root and nodes 1 .. budget - 1
+    warps = max(1, min(4, ns // 512))
+    wp = triton.next_power_of_2(W)
+    bn = max(1, min(triton.next_power_of_2(T), 16 * 32 * warps // wp))
+    _ddtree_kernel[(B,)](lp.contiguous(), ids.contiguous(), root_tokens, tokens, parents, depth, scores, ranks,
+                         tree_lens, mask, D, K, budget, T, W, NS=ns, PF=1024,
+                         BN=bn, WP=wp, num_warps=warps)
+    return Tree(tokens, parents, depth, scores, tree_lens, mask)
 
 
 def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor) -> Tree:
@@ -251,7 +529,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
         budget: nodes besides the root (>= 1); ``T = budget + 1``.
         root_tokens: ``[B]`` int token of the root (the last accepted / bonus token).
     Returns a :class:`Tree` (static shapes; fewer nodes than the budget only when fewer are
-    reachable: ``sum_d K^d`` with ``K = min(budget, V)``). No host sync.
+    reachable: ``sum_d K^d`` with ``K = min(budget, V)``, or when tokens have probability 0: a
+    candidate of score -inf is never created). No host sync: three kernels and a memset.
     """
     V.check_tensor("draft_logits", draft_logits, ndim=3, dtypes=(torch.float32, torch.float16, torch.bfloat16),
                    last_contiguous=False)
@@ -260,6 +539,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
     B, D, Vv = draft_logits.shape
     if D < 1 or Vv < 1:
         raise ValueError(f"draft_logits must have D >= 1 depths and V >= 1 tokens, got {tuple(draft_logits.shape)}")
+    if D > 255 or budget > 32000:
+        raise ValueError(f"build_tree supports D <= 255 and budget <= 32000, got D={D}, budget={budget}")
     V.check_tensor("root_tokens", root_tokens, ndim=1, dtypes=(torch.int32, torch.int64), device=draft_logits.device)
     V.check_shape("root_tokens", root_tokens, (B,), "[B]")
     if V.values_checkable(draft_logits) and bool(torch.isnan(draft_logits).any()):
@@ -270,20 +551,7 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
         return Tree(*(x.to(dev) for x in t))
     K = min(budget, Vv)
     lp, ids = topk_per_depth(draft_logits, K, kernel=True)
-    T = budget + 1
-    tokens = torch.zeros(B, T, dtype=torch.int32, device=dev)
-    parents = torch.full((B, T), -1, dtype=torch.int32, device=dev)
-    depth = torch.zeros(B, T, dtype=torch.int32, device=dev)
-    scores = torch.full((B, T), float("-inf"), dtype=torch.float32, device=dev)
-    tree_lens = torch.empty(B, dtype=torch.int32, device=dev)
-    ranks = torch.empty(B, T, dtype=torch.int32, device=dev)
-    front = triton.next_power_of_2(2 * budget + 2)
-    _ddtree_kernel[(B,)](lp, ids, root_tokens, tokens, parents, depth, scores, ranks, tree_lens,
-                         lp.stride(0), lp.stride(1), tokens.stride(0), D, K, budget,
-                         FRONT=front, BLOCK_T=triton.next_power_of_2(budget),
-                         num_warps=1 if front <= 1024 else 4)
-    mask, depth2 = tree_mask_from_parents(parents, tree_lens)
-    return Tree(tokens, parents, depth2, scores, tree_lens, mask)
+    return _search_device(lp, ids, root_tokens, budget)
 
 
 # --------------------------------------------------------------------------------------------------
