@@ -41,6 +41,8 @@ def attention_rows(args, timer, ceil, dev):
         grid = list(itertools.product([1, 4], [8, 16], [4096, 16384, 46000, 131072], [None, 4096]))
     configs = [None] + [AttnConfig(*map(int, c.split(","))) for c in args.configs.split(";") if c]
     rows = []
+    if args.filter:
+        grid = [g for g in grid if eval(args.filter, {}, dict(zip("B S L window".split(), g)))]
     for B, S, L, window in grid:
         keys = min(L, window - 1) if window else L
         nbytes = B * keys * Hkv * D * 2 * 2 + 2 * B * S * Hq * D * 2
@@ -62,12 +64,13 @@ def attention_rows(args, timer, ceil, dev):
                                                window=window, config=cfg) for a in inputs]
             us = timer(fns)
             name = "tritree" if cfg is None else "tritree " + ",".join(map(str, (cfg.block_m, cfg.block_n, cfg.num_warps,
-                                                                                  cfg.num_stages)))
+                                                                                  cfg.num_stages))) \
+                + (" hoist" if cfg.hoist_pages else "")
             rows.append(dict(op="draft_attention", variant=name, B=B, S=S, L=L, window=window, us=us, floor_us=floor,
                              bound=bound, x_floor=us / floor))
             print(f"{name:24s} B={B} S={S:>2} L={L:>6} window={str(window):>5}: {us:8.1f} us  floor {floor:7.1f} us "
                   f"({bound})  {us / floor:5.2f}x", flush=True)
-        if not args.smoke and B * L <= 200_000:  # the SDPA peer on contiguous K/V
+        if not args.smoke and not args.no_sdpa and B * L <= 200_000:  # the SDPA peer on contiguous K/V
             ctx = [(a[0], torch.randn(B, Hkv, L + S, D, device=dev, dtype=args.dtype)) for a in inputs[:2]]
             fns = [lambda c=c: _sdpa_peer(c[0], c[1], c[1], window) for c in ctx]
             us = timer(fns)
@@ -132,10 +135,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--configs", default="")
+    ap.add_argument("--configs", default="", help="BM,BN,warps,stages[,programs_per_sm,scalar_page,tma,hoist_pages];...")
+    ap.add_argument("--filter", default="", help="attention shapes: a Python expression over B, S, L, window")
     ap.add_argument("--ctx", type=int, default=46_000)
     ap.add_argument("--no-step", action="store_true")
     ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--no-sdpa", action="store_true", help="attention: skip the SDPA peer")
     ap.add_argument("--compile", action="store_true", help="step: torch.compile the draft step")
     ap.add_argument("--profile", action="store_true", help="step: a torch.profiler table of the step's GPU kernels")
     ap.add_argument("--ceilings", default=None, help="JSON file of measured ceilings (written when missing)")

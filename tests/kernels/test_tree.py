@@ -425,3 +425,17 @@ def test_gpu_accept_and_graph_replay_with_a_device_step():
         graph.replay()
         assert torch.equal(out["picks"], eager[s])
     assert not torch.equal(eager[0], eager[1])
+
+
+def test_build_tree_is_an_opaque_op_for_torch_compile():
+    """Traced as one custom op (its kernels pass work between programs through scratch buffers,
+    which Inductor's analysis of user kernels cannot follow)."""
+    from tritree.kernels.tree import _build_tree_op
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 3, 50, generator=g).to(DEVICE)
+    root = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
+    torch.library.opcheck(_build_tree_op, (logits, 6, root), test_utils=("test_schema", "test_faketensor"))
+    eager = build_tree(logits, 6, root)
+    traced = torch.compile(lambda x, r: tuple(build_tree(x, 6, r)), backend="aot_eager", fullgraph=True)(logits, root)
+    for a, b in zip(eager, traced):
+        assert torch.equal(a, b)

@@ -549,9 +549,26 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
     if dev.type != "cuda" and not _interpreting():
         t = build_tree_reference(draft_logits, budget, root_tokens)
         return Tree(*(x.to(dev) for x in t))
-    K = min(budget, Vv)
-    lp, ids = topk_per_depth(draft_logits, K, kernel=True)
-    return _search_device(lp, ids, root_tokens, budget)
+    return Tree(*_build_tree_op(draft_logits, budget, root_tokens))
+
+
+# Opaque to torch.compile (as the KV and MoE ops): the kernels hand work between programs through
+# counters and scratch buffers that Inductor's analysis of user kernels cannot follow; compiled
+# decode steps gave out-of-range token ids without this (H200, session 3).
+@torch.library.custom_op("tritree::build_tree", mutates_args=())
+def _build_tree_op(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    lp, ids = topk_per_depth(draft_logits, min(budget, draft_logits.shape[-1]), kernel=True)
+    return tuple(_search_device(lp, ids, root_tokens, budget))
+
+
+@_build_tree_op.register_fake
+def _(draft_logits, budget, root_tokens):
+    B, T = draft_logits.shape[0], budget + 1
+    new = draft_logits.new_empty
+    i32 = torch.int32
+    return (new(B, T, dtype=i32), new(B, T, dtype=i32), new(B, T, dtype=i32), new(B, T, dtype=torch.float32),
+            new(B, dtype=i32), new(B, T, (T + 31) // 32, dtype=i32))
 
 
 # --------------------------------------------------------------------------------------------------
