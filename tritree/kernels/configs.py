@@ -85,8 +85,9 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         64: AttnConfig(16, 64, 4, 2, programs_per_sm=2),
         # 64x64x8x1 spills ~0.7 KB (acc 64x512 fp32 on 8 warps) yet measured fastest or within 5% at
         # every target shape; the spill-free 32x64x8x2 was 0-20% slower.
-        512: AttnConfig(64, 64, 8, 1),
-        # Twice the splits pays once there are many row blocks: 617.8 us vs 862.3 us at T=16, H=64.
+        128: AttnConfig(64, 64, 8, 1),
+        # Twice the splits pays once there are many row blocks: P=1, T=64, H=8 295.6 us vs 422.1 us
+        # (session 3); T=16, H=64 654.3 us vs 912.5 us.
         1 << 30: AttnConfig(64, 64, 8, 1, programs_per_sm=2),
     },
     "sm_120": {
