@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree import tree_mask_from_parents, verify_mla, verify_mla_reference
+from tritree import verify_mla, verify_mla_reference
 from tritree.kernels.configs import AttnConfig
 from tritree.testing import TREE_KINDS, random_verify_inputs
 

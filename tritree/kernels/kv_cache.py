@@ -644,7 +644,7 @@ def defrag_(kv, page_table, kv_lens, pool: PagePool, requests=None, *, stacked=F
     if sorted(map(repr, requests)) != sorted(map(repr, pool.pages)):
         raise ValueError(f"requests must list every request of the PagePool once (in the page table's row order); "
                          f"got {requests}, the pool holds {list(pool.pages)}")
-    B = _check_table(page_table, kv_lens, len(requests), page_table.device)
+    _check_table(page_table, kv_lens, len(requests), page_table.device)
     lens = kv_lens.detach().cpu().tolist()
     table = page_table.detach().cpu()
     for b, r in enumerate(requests):
