@@ -65,3 +65,14 @@ def test_shipped_pair_is_lossless_and_readable(reference_path):
     printable = sum(32 <= c < 127 or c in (9, 10) for c in text) / len(text)
     assert printable > 0.95, text  # readable: plain ASCII source text
     assert sum(r.steps for r in spec) < sum(r.steps for r in plain)  # the draft helps
+
+
+def test_shipped_heldout_prompts_are_used_and_held_out():
+    """The acceptance benchmark reads the prompts shipped with the pair (so machines with another
+    Python, hence another standard library, measure the same text); they are 96-byte token lists."""
+    from tritree.bench_accept import heldout_prompts
+    prompts, source = heldout_prompts(16, 96)
+    assert "shipped" in source and len(prompts) == 16
+    assert all(len(p) == 96 and all(0 <= t < 256 for t in p) for p in prompts)
+    _, fresh = heldout_prompts(2, 50)  # another length: cut from this machine's files
+    assert "this machine" in fresh

@@ -7,6 +7,8 @@ files, the wall-clock time against plain decoding on the same machine, and a PNG
 
 from __future__ import annotations
 
+import json
+import platform
 import time
 from pathlib import Path
 
@@ -15,24 +17,44 @@ import torch
 from .roofline import append_jsonl
 
 
+SHIPPED_PROMPTS = Path(__file__).parent / "assets" / "tiny" / "heldout_prompts.json"
+
+
+def cut_prompts(n: int, length: int) -> list[list[int]]:
+    """``n`` prompts of ``length`` bytes cut from this machine's held-out standard-library files."""
+    from .train import corpus
+
+    files = [f for f in corpus("heldout") if len(f) > 2 * length]
+    g = torch.Generator().manual_seed(0)
+    prompts = []
+    for i in range(n):
+        f = files[i % len(files)]
+        s = int(torch.randint(0, len(f) - length, (1,), generator=g))
+        prompts.append(list(f[s:s + length]))
+    return prompts
+
+
+def heldout_prompts(n: int, length: int, fresh: bool = False) -> tuple[list[list[int]], str]:
+    """The prompts shipped with the pair when they fit (``n`` and ``length`` as shipped): the
+    held-out split is recomputed from each machine's standard library, so cutting fresh prompts on
+    another Python version measures different text (seen: H200 with 3.12 vs CPU with 3.11)."""
+    if not fresh and SHIPPED_PROMPTS.exists():
+        shipped = json.loads(SHIPPED_PROMPTS.read_text())
+        if shipped["prompt_len"] == length and len(shipped["prompts"]) >= n:
+            return shipped["prompts"][:n], f"shipped with the pair, cut from Python {shipped['python']}'s files"
+    return cut_prompts(n, length), f"cut from this machine's Python {platform.python_version()} files"
+
+
 def main(args) -> int:
     from .cli import shipped_pair
     from .engine import Engine
-    from .train import corpus
-
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     tparams, tcfg, dparams, dcfg, what = shipped_pair(device, torch.float32)
     eng = Engine(tparams, tcfg, dparams, dcfg, page_size=16, num_pages=4096, graphs=gpu)
-    files = [f for f in corpus("heldout") if len(f) > 2 * args.prompt_len]
-    g = torch.Generator().manual_seed(0)
-    prompts = []
-    for i in range(args.prompts):
-        f = files[i % len(files)]
-        s = int(torch.randint(0, len(f) - args.prompt_len, (1,), generator=g))
-        prompts.append(list(f[s:s + args.prompt_len]))
+    prompts, source = heldout_prompts(args.prompts, args.prompt_len, fresh=getattr(args, "fresh_prompts", False))
     print(f"bench accept on {'GPU ' + torch.cuda.get_device_name() if gpu else 'CPU (reference ops)'}: {what}; "
-          f"{len(prompts)} held-out prompts of {args.prompt_len} bytes, {args.new} new tokens", flush=True)
+          f"{len(prompts)} held-out prompts of {args.prompt_len} bytes ({source}), {args.new} new tokens", flush=True)
     def timed(**kw):
         # Warm-up at the same batch, budget and sampling first: kernel JIT (Triton specialises on
         # the tree size) and the allocator stay out of the timed run.

@@ -249,6 +249,8 @@ def main(argv=None) -> int:
     bench.add_argument("which", choices=["decode", "accept"])
     bench.add_argument("--prompts", type=int, default=16, help="accept: held-out prompts")
     bench.add_argument("--prompt-len", type=int, default=96, help="accept: prompt bytes")
+    bench.add_argument("--fresh-prompts", action="store_true",
+                       help="accept: cut prompts from this machine's held-out files instead of the shipped ones")
     bench.add_argument("--new", type=int, default=48, help="accept: new tokens per prompt")
     bench.add_argument("--plot", default="bench/results/acceptance.png", help="accept: PNG path")
     bench.add_argument("--ctx", type=int, default=46_000, help="committed context tokens")
