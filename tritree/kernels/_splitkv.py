@@ -92,6 +92,21 @@ def store_rows(Out, Lse, acc, m_i, l_i, row_ok, row_in, b, pid_s, t, h, part_row
         tl.store(Lse + b.to(tl.int64) * stride_lb + pid_s * stride_ls + part_row * stride_lh, lse2, mask=row_in)
 
 
+@triton.jit
+def page_group(PageTable, page_base, g, max_pages, num_pages, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
+    """Page ids of the ``PAGE_GROUP`` pages from key ``g`` (page-aligned) on, in one vector load, clamped
+    into the pool: loaded ahead of their tiles, so no K/V address of the tile loop waits on a load
+    made inside it (Triton's pipeliner then runs the next tiles' copies under this tile's math)."""
+    cols = tl.minimum(g // PAGE_SIZE + tl.arange(0, PAGE_GROUP), max_pages - 1)
+    return tl.minimum(tl.maximum(tl.load(PageTable + page_base + cols), 0), num_pages - 1)
+
+
+@triton.jit
+def page_of(pages, g, n, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
+    """The page id of key ``n`` from a :func:`page_group` vector starting at key ``g`` (a register select)."""
+    return tl.sum(tl.where(tl.arange(0, PAGE_GROUP) == (n - g) // PAGE_SIZE, pages, 0), 0)
+
+
 def split_destinations(out, lse, num_splits: int, rows: int):
     """Where a split-KV kernel writes: ``(dst_o, dst_l, o_strides, l_strides)`` for
     :func:`store_rows`. One split writes ``out``/``lse`` directly; several write fp32 partials

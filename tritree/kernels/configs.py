@@ -41,8 +41,9 @@ class AttnConfig:
     scalar_page: when P >= block_n, read one page id per KV tile instead of one per row (an
         experiment; not yet measured, so off in every table).
     tma: when P >= block_n and the pool is contiguous, load KV tiles with tensor-memory-accelerator
-        copies (``tl.make_tensor_descriptor``; Hopper and later) instead of per-element pointers.
-    hoist_pages: with ``tma`` or ``scalar_page`` (one page per tile), split chunks start on page
+        copies (``tl.make_tensor_descriptor``; Hopper and later) instead of per-element pointers, always
+        with the page ids hoisted (TMA tiles without that measured slower everywhere, session 3).
+    hoist_pages: with ``scalar_page`` (one page per tile), split chunks start on page
         boundaries and the page ids of 16 pages are read in one load ahead of their tiles, so no KV
         address waits on a load inside the loop.
     """
@@ -73,9 +74,9 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         # Pools with P >= BLOCK_N: TMA tiles with page ids loaded ahead (hoist_pages). At L=46000,
         # P=64 (bench/RESULTS.md, session 3): T=8,H=8 56.6 us (was 61.2), T=16,H=8 78.9 (99.2),
         # T=64,H=8 257.6 (279.7), T=16,H=64 566.2 (613.1).
-        64: AttnConfig(32, 64, 8, 3, tma=True, hoist_pages=True),
-        128: AttnConfig(64, 32, 8, 3, tma=True, hoist_pages=True),
-        1 << 30: AttnConfig(64, 32, 8, 3, programs_per_sm=2, tma=True, hoist_pages=True),
+        64: AttnConfig(32, 64, 8, 3, tma=True),
+        128: AttnConfig(64, 32, 8, 3, tma=True),
+        1 << 30: AttnConfig(64, 32, 8, 3, programs_per_sm=2, tma=True),
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees) keep the pointer path's
     # measured choices (session 1 and 2).

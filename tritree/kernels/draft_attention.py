@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._splitkv import LOG2E, attend_tile, choose_num_splits, combine_splits, split_destinations, store_rows
+from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
+                       split_destinations, store_rows)
 from .configs import AttnConfig, arch_of, lookup, num_sms
 
 # Rows bucket (block slots x heads per KV head) -> config. Kimi-K2.6-DFlash: 64 query / 8 KV heads of
@@ -189,15 +190,12 @@ def _draft_attention_kernel(
 
     # Full context tiles: unmasked unless a window applies; then the chunk's remainder (< BLOCK_N keys).
     if HOIST_PAGES:
-        # Page ids of PAGE_GROUP pages in one load ahead of their tiles (as in verify_mla): no K/V
-        # address inside the inner loop waits on a load made in it.
-        offs_g = tl.arange(0, PAGE_GROUP)
+        # Page ids of PAGE_GROUP pages in one load ahead of their tiles (as in verify_mla).
         offs_d = tl.arange(0, HEAD_D)
         for g in range(start, full_end, PAGE_GROUP * PAGE_SIZE):
-            cols = tl.minimum(g // PAGE_SIZE + offs_g, max_pages - 1)
-            pages = tl.minimum(tl.maximum(tl.load(PageTable + page_base + cols), 0), num_pages - 1)
+            pages = page_group(PageTable, page_base, g, max_pages, num_pages, PAGE_SIZE, PAGE_GROUP)
             for n in range(g, tl.minimum(g + PAGE_GROUP * PAGE_SIZE, full_end), BLOCK_N):
-                page = tl.sum(tl.where(offs_g == (n - g) // PAGE_SIZE, pages, 0), 0).to(tl.int64)
+                page = page_of(pages, g, n, PAGE_SIZE, PAGE_GROUP).to(tl.int64)
                 rows = ((n % PAGE_SIZE) + offs_n).to(tl.int64)
                 k = tl.load(KC + page * stride_kcp + kvh * stride_kch + rows[:, None] * stride_kcs + offs_d[None, :])
                 v = tl.load(VC + page * stride_vcp + kvh * stride_vch + rows[:, None] * stride_vcs + offs_d[None, :])

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._splitkv import LOG2E, attend_tile, choose_num_splits, combine_splits, split_destinations, store_rows
+from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
+                       split_destinations, store_rows)
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
 D_LATENT = 512
@@ -142,23 +143,11 @@ def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tre
 @triton.jit
 def _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
                   PAGE_SIZE: tl.constexpr, D_LAT: tl.constexpr, D_PE: tl.constexpr, s_ok,
-                  SCALAR_PAGE: tl.constexpr = False, TMA: tl.constexpr = False, lat_desc=None, pe_desc=None):
+                  SCALAR_PAGE: tl.constexpr = False):
     """Rows ``s`` of a request's paged latent cache: ([BN, 512], [BN, 64]). Page-table columns and
     page ids are clamped into range so a bad layout can never read outside the pool (it is
     reported by the launcher's checks instead). ``SCALAR_PAGE``: the tile lies in one page (tiles
-    start at multiples of BLOCK_N <= P), so one page id is read instead of one per row.
-
-    With tensor descriptors (``lat_desc``/``pe_desc``, P >= BLOCK_N) the tile is one TMA copy: no
-    per-element addresses in registers, and the copy engine runs ahead of the math. Only for full
-    tiles: TMA reads whole rows, and rows past the request may hold anything (0 * NaN would poison
-    P @ V), so the masked tail keeps the pointer loads."""
-    if TMA:
-        first = tl.min(s, 0)
-        col = tl.minimum(first // PAGE_SIZE, max_pages - 1)
-        page = tl.load(PageTable + page_base + col)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        row = page * PAGE_SIZE + first % PAGE_SIZE
-        return lat_desc.load([row, 0]), pe_desc.load([row, 0])
+    start at multiples of BLOCK_N <= P), so one page id is read instead of one per row."""
     if SCALAR_PAGE:
         first = tl.min(s, 0)
         col = tl.minimum(first // PAGE_SIZE, max_pages - 1)
@@ -252,8 +241,6 @@ def _verify_mla_kernel(
     page_base = b.to(tl.int64) * stride_ptb
     offs_n = tl.arange(0, BLOCK_N)
     all_rows = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
-    lat_desc = None
-    pe_desc = None
     if TMA:  # the pool as a [pages * P, 576] matrix; P >= BLOCK_N, so a tile never crosses a page
         lat_desc = tl.make_tensor_descriptor(KV, shape=[num_pages * PAGE_SIZE, D_LAT + D_PE], strides=[stride_kvs, 1],
                                              block_shape=[BLOCK_N, D_LAT])
@@ -262,16 +249,11 @@ def _verify_mla_kernel(
 
     # Committed prefix: every key visible to every row, no mask.
     if HOIST_PAGES:
-        # No KV address in the inner loop depends on a load made in it, so the pipeliner can issue
-        # the next tiles' copies while this one is in the tensor cores.
-        offs_g = tl.arange(0, PAGE_GROUP)
         for g in range(start, full_end, PAGE_GROUP * PAGE_SIZE):
-            cols = tl.minimum(g // PAGE_SIZE + offs_g, max_pages - 1)
-            pages = tl.load(PageTable + page_base + cols)
-            pages = tl.minimum(tl.maximum(pages, 0), num_pages - 1)
+            pages = page_group(PageTable, page_base, g, max_pages, num_pages, PAGE_SIZE, PAGE_GROUP)
             for n in range(g, tl.minimum(g + PAGE_GROUP * PAGE_SIZE, full_end), BLOCK_N):
-                page = tl.sum(tl.where(offs_g == (n - g) // PAGE_SIZE, pages, 0), 0)
-                if TMA:
+                page = page_of(pages, g, n, PAGE_SIZE, PAGE_GROUP)
+                if TMA:  # full tiles only: TMA reads whole rows, and rows past a request may hold NaN
                     row = page * PAGE_SIZE + n % PAGE_SIZE
                     k_lat = lat_desc.load([row, 0])
                     k_pe = pe_desc.load([row, 0])
@@ -285,7 +267,7 @@ def _verify_mla_kernel(
         for n in range(start, full_end, BLOCK_N):
             s = n + offs_n
             k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                        PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE, TMA, lat_desc, pe_desc)
+                                        PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE)
             m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
                                         False, UPCAST, IEEE)
 
@@ -370,7 +352,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         T, H, num_splits,
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         UPCAST=upcast, IEEE=q.dtype == torch.float32,
-        SCALAR_PAGE=scalar, TMA=tma, HOIST_PAGES=cfg.hoist_pages and (tma or scalar), PAGE_GROUP=16, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
+        SCALAR_PAGE=scalar, TMA=tma, HOIST_PAGES=tma or (cfg.hoist_pages and scalar), PAGE_GROUP=16, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
