@@ -110,10 +110,11 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
 
 
 def parse_config(text: str) -> AttnConfig:
-    """``BM,BN,warps,stages[,programs_per_sm[,scalar_page[,tma[,hoist_pages]]]]``."""
+    """``BM,BN,warps,stages[,programs_per_sm[,scalar_page[,tma[,hoist_pages[,split_scores]]]]]``."""
     v = [int(x) for x in text.split(",")]
-    return AttnConfig(*v[:4], programs_per_sm=v[4] if len(v) > 4 else 1, scalar_page=bool(v[5]) if len(v) > 5 else False,
-                      tma=bool(v[6]) if len(v) > 6 else False, hoist_pages=bool(v[7]) if len(v) > 7 else False)
+    flag = lambda i: bool(v[i]) if len(v) > i else False  # noqa: E731
+    return AttnConfig(*v[:4], programs_per_sm=v[4] if len(v) > 4 else 1, scalar_page=flag(5), tma=flag(6),
+                      hoist_pages=flag(7), split_scores=flag(8))
 
 
 def fmt_row(r):

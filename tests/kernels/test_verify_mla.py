@@ -71,10 +71,12 @@ def verify_cases(draw):
     scalar_page = draw(st.booleans())
     tma = draw(st.booleans())
     hoist = draw(st.booleans())
+    split_scores = draw(st.booleans())
     fragmented = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     return dict(B=B, T=T, H=H, P=P, kv_lens=kv_lens, tree_lens=tree_lens, kinds=kinds, dtype=dtype,
-                num_splits=num_splits, fragmented=fragmented, seed=seed, scalar_page=scalar_page, tma=tma, hoist=hoist)
+                num_splits=num_splits, fragmented=fragmented, seed=seed, scalar_page=scalar_page, tma=tma, hoist=hoist,
+                split_scores=split_scores)
 
 
 @settings(max_examples=40)
@@ -82,7 +84,8 @@ def verify_cases(draw):
 def test_verify_mla_matches_reference(c):
     case = make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"], c["dtype"],
                      seed=c["seed"], fragmented=c["fragmented"])
-    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"], hoist_pages=c["hoist"])
+    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"], hoist_pages=c["hoist"],
+                     split_scores=c["split_scores"])
     check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
 
 
@@ -101,13 +104,14 @@ def poison_unused_slots(case):
     return case
 
 
-@pytest.mark.parametrize("tma,scalar,hoist", [(False, False, False), (True, False, False), (True, False, True),
-                                              (False, True, True)])
+@pytest.mark.parametrize("tma,scalar,hoist,split", [(False, False, False, False), (True, False, False, False),
+                                                    (True, False, True, False), (False, True, True, False),
+                                                    (True, False, False, True)])
 @pytest.mark.parametrize("P", [16, 64])
-def test_garbage_outside_the_request_is_never_read(P, tma, scalar, hoist):
+def test_garbage_outside_the_request_is_never_read(P, tma, scalar, hoist, split):
     case = poison_unused_slots(make_case(2, 7, 3, P, [37, 70 + P * 17], [5, 7], ("random", "wide"), torch.float32,
                                          seed=P + tma))
-    cfg = AttnConfig(16, 16, 4, 1, tma=tma, scalar_page=scalar, hoist_pages=hoist)
+    cfg = AttnConfig(16, 16, 4, 1, tma=tma, scalar_page=scalar, hoist_pages=hoist, split_scores=split)
     check_against_reference(case, torch.float32, config=cfg, num_splits=3)
 
 
@@ -225,7 +229,9 @@ def test_gpu_bf16_large(B, T, H, P, L):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [AttnConfig(64, 64, 8, 1, tma=True), AttnConfig(64, 32, 8, 3, tma=True),
-                                 AttnConfig(16, 64, 4, 3, tma=True)])
+                                 AttnConfig(16, 64, 4, 3, tma=True), AttnConfig(64, 64, 8, 2, tma=True, split_scores=True),
+                                 AttnConfig(64, 32, 8, 3, tma=True, split_scores=True),
+                                 AttnConfig(64, 64, 8, 1, split_scores=True)])
 def test_gpu_tma_tiles(cfg):
     case = poison_unused_slots(make_case(2, 19, 8, 64, [46_000, 1_000], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=cfg.block_n))

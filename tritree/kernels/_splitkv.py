@@ -50,16 +50,38 @@ def finalize_rows(acc, m_i, l_i):
 
 
 @triton.jit
-def attend_tile(qk, v, visible, m_i, l_i, acc, sm_scale_log2e, MASKED: tl.constexpr, IEEE: tl.constexpr):
+def _softmax_tile(qk, visible, m_i, l_i, sm_scale_log2e, MASKED: tl.constexpr, PRESCALED: tl.constexpr):
+    if PRESCALED:
+        qk = qk.to(tl.float32)
+    else:
+        qk = (qk * sm_scale_log2e).to(tl.float32)  # Inductor passes Python floats as fp64
+    if MASKED:
+        qk = tl.where(visible, qk, float("-inf"))
+    return online_softmax_step(qk, m_i, l_i)
+
+
+@triton.jit
+def attend_tile(qk, v, visible, m_i, l_i, acc, sm_scale_log2e, MASKED: tl.constexpr, IEEE: tl.constexpr,
+                SPLIT_SCORES: tl.constexpr = False, PRESCALED: tl.constexpr = False):
     """Folds one KV tile into the running softmax: ``qk: [BM, BN]`` raw scores, ``v: [BN, Dv]``
     values, ``visible: [BM, BN]`` (read only when ``MASKED``). Returns ``(m, l, acc)``.
 
     ``IEEE``: exact fp32 products for fp32 inputs (tf32 would miss the 1e-5 fp32 tolerance); a bool,
-    not a string constexpr, because Inductor re-emits user kernels and strings do not survive that."""
-    qk = (qk * sm_scale_log2e).to(tl.float32)  # Inductor passes Python floats as fp64
-    if MASKED:
-        qk = tl.where(visible, qk, float("-inf"))
-    p, alpha, m_i, l_i = online_softmax_step(qk, m_i, l_i)
+    not a string constexpr, because Inductor re-emits user kernels and strings do not survive that.
+
+    ``SPLIT_SCORES``: the softmax runs inside a branch that is always taken (on a runtime value the
+    compiler cannot fold). Triton gives a dot whose result feeds another dot all the warps along M
+    (``warpsPerCTA = [num_warps, 1]``); with 64 rows on 8 warps both warpgroups then compute the same
+    scores. Values leaving an ``scf.if`` are not uses of the scores, so the score dot gets the
+    ordinary layout instead (the warpgroups split the keys) and P reaches the second dot through
+    shared memory, as in FlashMLA. ``PRESCALED``: ``qk`` already carries ``sm_scale_log2e``."""
+    if SPLIT_SCORES:
+        if sm_scale_log2e > 0.0:
+            p, alpha, m_i, l_i = _softmax_tile(qk, visible, m_i, l_i, sm_scale_log2e, MASKED, PRESCALED)
+        else:  # never taken (the scale is positive); differs so the two branches cannot be merged
+            p, alpha, m_i, l_i = _softmax_tile(-qk, visible, m_i, l_i, -sm_scale_log2e, MASKED, PRESCALED)
+    else:
+        p, alpha, m_i, l_i = _softmax_tile(qk, visible, m_i, l_i, sm_scale_log2e, MASKED, PRESCALED)
     acc = acc * alpha[:, None]
     if IEEE:
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")

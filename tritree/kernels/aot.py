@@ -239,11 +239,14 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) 
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": 64, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "UPCAST": False, "IEEE": dtype == "fp32",
-                  "SCALAR_PAGE": cfg.scalar_page, "TMA": cfg.tma, "HOIST_PAGES": cfg.tma or (cfg.hoist_pages and cfg.scalar_page), "PAGE_GROUP": 16, "D_LAT": 512, "D_PE": 64}
+                  "SCALAR_PAGE": cfg.scalar_page, "TMA": cfg.tma, "HOIST_PAGES": cfg.tma or (cfg.hoist_pages and cfg.scalar_page), "PAGE_GROUP": 16,
+                  "SPLIT_SCORES": cfg.split_scores,
+                  "TAIL_STAGES": 1 if cfg.split_scores else cfg.num_stages, "D_LAT": 512, "D_PE": 64}
     divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse",
                  "stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot",
                  "stride_oh", "stride_os")
-    label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{' tma' if cfg.tma else ''}{' hoist' if cfg.hoist_pages else ''} "
+    label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{' tma' if cfg.tma else ''}"
+             f"{' hoist' if cfg.hoist_pages else ''}{' split' if cfg.split_scores else ''} "
              f"splits{'1' if num_splits == 1 else 'N'}")
     return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, divisible, label)
 

@@ -46,6 +46,8 @@ class AttnConfig:
     hoist_pages: with ``scalar_page`` (one page per tile), split chunks start on page
         boundaries and the page ids of 16 pages are read in one load ahead of their tiles, so no KV
         address waits on a load inside the loop.
+    split_scores: the warpgroups split each score tile by keys instead of both computing all of it
+        (``_splitkv.attend_tile``); verify_mla only.
     """
 
     block_m: int
@@ -56,6 +58,7 @@ class AttnConfig:
     scalar_page: bool = False
     tma: bool = False
     hoist_pages: bool = False
+    split_scores: bool = False
 
     @classmethod
     def concrete(cls, block_m, block_n, num_warps, num_stages, **flags) -> "AttnConfig":
@@ -71,25 +74,21 @@ class AttnConfig:
 VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),
-        # Pools with P >= BLOCK_N: TMA tiles with page ids loaded ahead (hoist_pages). At L=46000,
-        # P=64 (bench/RESULTS.md, session 3): T=8,H=8 56.6 us (was 61.2), T=16,H=8 78.9 (99.2),
-        # T=64,H=8 257.6 (279.7), T=16,H=64 566.2 (613.1).
-        64: AttnConfig(32, 64, 8, 3, tma=True),
-        128: AttnConfig(64, 32, 8, 3, tma=True),
-        1 << 30: AttnConfig(64, 32, 8, 3, programs_per_sm=2, tma=True),
+        # Pools with P >= BLOCK_N: TMA tiles with page ids loaded ahead (hoist_pages) and score tiles
+        # split between the warpgroups (split_scores). L=46000, P=64 (bench/RESULTS.md, session 4):
+        # T=8,H=8 50.3 us (session 3: 56.6), T=16,H=8 62.7 (78.9), T=64,H=8 177.3 (257.6),
+        # T=16,H=64 330.0 (566.2). More programs per SM (shorter chunks) pay with more row blocks.
+        128: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True),
+        512: AttnConfig(64, 64, 8, 2, programs_per_sm=2, tma=True, split_scores=True),
+        1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=4, tma=True, split_scores=True),
     },
-    # Pools with pages smaller than those tiles (P=1: token-granular trees) keep the pointer path's
-    # measured choices (session 1 and 2).
+    # Pools with pages smaller than those tiles (P=1: token-granular trees): pointer tiles, also
+    # pipelined two deep now that split scores leave room (session 4: T=8,H=8 53.4 us, T=16,H=8 70.2,
+    # T=64,H=8 205.7, T=16,H=64 439.9; session 3's 64x64x8x1 tables: 61.7 / 95.4 / 295.6 / 654.3).
     "sm_90:small_pages": {
         16: AttnConfig(16, 64, 4, 2),
-        # 16-row blocks with two programs per SM: 61.7 us vs 66.9 us for 64x64x8x1 at T=8, H=8.
-        64: AttnConfig(16, 64, 4, 2, programs_per_sm=2),
-        # 64x64x8x1 spills ~0.7 KB (acc 64x512 fp32 on 8 warps) yet measured fastest or within 5% at
-        # every target shape; the spill-free 32x64x8x2 was 0-20% slower.
-        128: AttnConfig(64, 64, 8, 1),
-        # Twice the splits pays once there are many row blocks: P=1, T=64, H=8 295.6 us vs 422.1 us
-        # (session 3); T=16, H=64 654.3 us vs 912.5 us.
-        1 << 30: AttnConfig(64, 64, 8, 1, programs_per_sm=2),
+        128: AttnConfig(64, 64, 8, 2, split_scores=True),
+        1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=2, split_scores=True),
     },
     "sm_120": {
         # mma.sync path; under DISABLE_MMA_V3=1 on the H200 16x32x8x2 was fastest or near it at

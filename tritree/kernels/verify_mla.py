@@ -166,13 +166,18 @@ def _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages
 
 @triton.jit
 def _qk_pv_step(q_lat, q_pe, k_lat, k_pe, qk_extra_mask, m_i, l_i, acc, sm_scale_log2e,
-                MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, SPLIT_SCORES: tl.constexpr = False):
     if UPCAST:  # interpreter: its bf16 dot is wrong, so compute bf16 tiles in fp32
         k_lat = k_lat.to(tl.float32)
         k_pe = k_pe.to(tl.float32)
     if IEEE:
         qk = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")
         qk = tl.dot(q_pe, tl.trans(k_pe), qk, input_precision="ieee")
+    elif SPLIT_SCORES:
+        # Two dots scaled, then summed: neither feeds the other (Triton folds `dot + x` into a chained
+        # dot, which would put all warps on M again; see attend_tile).
+        qk = (tl.dot(q_lat, tl.trans(k_lat)) * sm_scale_log2e + tl.dot(q_pe, tl.trans(k_pe)) * sm_scale_log2e)
+        return attend_tile(qk, k_lat, qk_extra_mask, m_i, l_i, acc, sm_scale_log2e, MASKED, IEEE, True, True)
     else:
         qk = tl.dot(q_lat, tl.trans(k_lat))
         qk = tl.dot(q_pe, tl.trans(k_pe), qk)
@@ -204,6 +209,8 @@ def _verify_mla_kernel(
     TMA: tl.constexpr = False,
     HOIST_PAGES: tl.constexpr = False,
     PAGE_GROUP: tl.constexpr = 16,
+    SPLIT_SCORES: tl.constexpr = False,
+    TAIL_STAGES: tl.constexpr = 1,
     D_LAT: tl.constexpr = 512,
     D_PE: tl.constexpr = 64,
 ):
@@ -262,18 +269,18 @@ def _verify_mla_kernel(
                     k_lat = tl.load(KV + tok[:, None] + tl.arange(0, D_LAT)[None, :])
                     k_pe = tl.load(KV + tok[:, None] + D_LAT + tl.arange(0, D_PE)[None, :])
                 m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
-                                            False, UPCAST, IEEE)
+                                            False, UPCAST, IEEE, SPLIT_SCORES)
     else:
         for n in range(start, full_end, BLOCK_N):
             s = n + offs_n
             k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
                                         PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE)
             m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
-                                        False, UPCAST, IEEE)
+                                        False, UPCAST, IEEE, SPLIT_SCORES)
 
     # Tail: the prefix remainder and the tree keys, where the ancestor bits apply.
     mask_row = TreeMask + b.to(tl.int64) * stride_mb + t[:, None] * stride_mt
-    for n in range(full_end, end, BLOCK_N):
+    for n in tl.range(full_end, end, BLOCK_N, num_stages=TAIL_STAGES):
         s = n + offs_n
         s_ok = s < end
         j = tl.maximum(s - kv_len, 0)
@@ -284,7 +291,7 @@ def _verify_mla_kernel(
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
                                     PAGE_SIZE, D_LAT, D_PE, s_ok, SCALAR_PAGE)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, visible, m_i, l_i, acc, sm_scale_log2e,
-                                    True, UPCAST, IEEE)
+                                    True, UPCAST, IEEE, SPLIT_SCORES)
 
     store_rows(Out, Lse, acc, m_i, l_i, row_ok, rows < T * H, b, pid_s, t, h, rows,
                stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
@@ -352,7 +359,10 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         T, H, num_splits,
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         UPCAST=upcast, IEEE=q.dtype == torch.float32,
-        SCALAR_PAGE=scalar, TMA=tma, HOIST_PAGES=tma or (cfg.hoist_pages and scalar), PAGE_GROUP=16, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
+        SCALAR_PAGE=scalar, TMA=tma, HOIST_PAGES=tma or (cfg.hoist_pages and scalar), PAGE_GROUP=16,
+        # The tail is one or two tiles: with split scores its copy buffers would not fit next to the
+        # prefix loop's, so it runs unpipelined there (elsewhere as the kernel's loops).
+        SPLIT_SCORES=cfg.split_scores, TAIL_STAGES=1 if cfg.split_scores else cfg.num_stages, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
@@ -363,13 +373,14 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
 def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                    tree_mask: torch.Tensor, tree_lens: torch.Tensor, sm_scale: float, block_m: int, block_n: int,
                    num_warps: int, num_stages: int, scalar_page: bool, num_splits: int,
-                   d_rope: int = 64, tma: bool = False, hoist_pages: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   d_rope: int = 64, tma: bool = False, hoist_pages: bool = False,
+                   split_scores: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, H, D = q.shape
     out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
                    AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
-                                       hoist_pages=hoist_pages),
+                                       hoist_pages=hoist_pages, split_scores=split_scores),
                    int(num_splits),
                    launch=torch.library.wrap_triton)
     return out, lse
@@ -379,10 +390,11 @@ def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, 
 def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                        tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                       scalar_page: bool, num_splits: int, tma: bool = False, hoist_pages: bool = False) -> None:
+                       scalar_page: bool, num_splits: int, tma: bool = False, hoist_pages: bool = False,
+                       split_scores: bool = False) -> None:
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
                    AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
-                                       hoist_pages=hoist_pages),
+                                       hoist_pages=hoist_pages, split_scores=split_scores),
                    int(num_splits),
                    launch=torch.library.wrap_triton)
 
@@ -493,8 +505,9 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
                    int(num_splits))
     if out is None:
         out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args, d_rope=d_rope,
-                                  tma=bool(cfg.tma), hoist_pages=bool(cfg.hoist_pages))
+                                  tma=bool(cfg.tma), hoist_pages=bool(cfg.hoist_pages),
+                                  split_scores=bool(cfg.split_scores))
     else:
         _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args, tma=bool(cfg.tma),
-                           hoist_pages=bool(cfg.hoist_pages))
+                           hoist_pages=bool(cfg.hoist_pages), split_scores=bool(cfg.split_scores))
     return (out, lse) if return_lse else out
