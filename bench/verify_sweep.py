@@ -110,11 +110,16 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
 
 
 def parse_config(text: str) -> AttnConfig:
-    """``BM,BN,warps,stages[,programs_per_sm[,scalar_page[,tma[,hoist_pages[,split_scores]]]]]``."""
-    v = [int(x) for x in text.split(",")]
+    """``BM,BN,warps,stages[,programs_per_sm[,scalar_page[,tma[,hoist_pages[,split_scores]]]]][,KERNEL]``
+    (KERNEL: a non-numeric last field, e.g. ``gluon``: :class:`AttnConfig` ``kernel``)."""
+    parts = text.split(",")
+    kernel = "triton"
+    if not parts[-1].strip().isdigit():
+        kernel = parts.pop().strip()
+    v = [int(x) for x in parts]
     flag = lambda i: bool(v[i]) if len(v) > i else False  # noqa: E731
     return AttnConfig(*v[:4], programs_per_sm=v[4] if len(v) > 4 else 1, scalar_page=flag(5), tma=flag(6),
-                      hoist_pages=flag(7), split_scores=flag(8))
+                      hoist_pages=flag(7), split_scores=flag(8), kernel=kernel)
 
 
 def fmt_row(r):

@@ -115,6 +115,15 @@ def test_garbage_outside_the_request_is_never_read(P, tma, scalar, hoist, split)
     check_against_reference(case, torch.float32, config=cfg, num_splits=3)
 
 
+def test_gluon_config_falls_back_to_triton_where_gluon_cannot_serve():
+    # fp32 on the interpreter: the Gluon kernel (bf16, Hopper) cannot serve it; the same tiles run in Triton.
+    case = make_case(2, 7, 3, 16, [37, 90], [5, 7], ("random", "wide"), torch.float32, seed=5)
+    check_against_reference(case, torch.float32, config=AttnConfig(16, 16, 4, 1, split_scores=True, kernel="gluon"),
+                            num_splits=3)
+    with pytest.raises(ValueError, match="config.kernel"):
+        check_against_reference(case, torch.float32, config=AttnConfig(16, 16, 4, 1, kernel="cuda"))
+
+
 @pytest.mark.parametrize("kind", ["chain", "star"])
 @pytest.mark.parametrize("kv_len,T,H", [(0, 1, 1), (1, 1, 3), (0, 33, 2), (63, 7, 5), (64, 16, 4)])
 def test_edge_cases(kind, kv_len, T, H):
@@ -231,7 +240,10 @@ def test_gpu_bf16_large(B, T, H, P, L):
 @pytest.mark.parametrize("cfg", [AttnConfig(64, 64, 8, 1, tma=True), AttnConfig(64, 32, 8, 3, tma=True),
                                  AttnConfig(16, 64, 4, 3, tma=True), AttnConfig(64, 64, 8, 2, tma=True, split_scores=True),
                                  AttnConfig(64, 32, 8, 3, tma=True, split_scores=True),
-                                 AttnConfig(64, 64, 8, 1, split_scores=True)])
+                                 AttnConfig(64, 64, 8, 1, split_scores=True),
+                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
+                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-overlap"),
+                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw")])
 def test_gpu_tma_tiles(cfg):
     case = poison_unused_slots(make_case(2, 19, 8, 64, [46_000, 1_000], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=cfg.block_n))

@@ -8,13 +8,15 @@ table capacity, SM count) so a launch can be captured in a CUDA graph; the chunk
 computed on the device from each request's length.
 
 Output rows are ``row = t * H + h`` over ``[B, T, H, D]`` outputs; partials are
-``part_o: [B, S, T*H, D] float32`` and ``part_lse: [B, S, T*H] float32`` (log2 units, ``-inf`` where a
+``part_o: [B, S, T*H, D]`` (float32, or the output's 16-bit dtype: :func:`partial_dtype`) and
+``part_lse: [B, S, T*H] float32`` (log2 units, ``-inf`` where a
 chunk had no visible key for the row).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -110,7 +112,7 @@ def store_rows(Out, Lse, acc, m_i, l_i, row_ok, row_in, b, pid_s, t, h, part_row
     else:
         o_ptr = (Out + b.to(tl.int64) * stride_ob + pid_s.to(tl.int64) * stride_os
                  + part_row.to(tl.int64)[:, None] * stride_oh + d[None, :])
-        tl.store(o_ptr, o, mask=row_in[:, None])
+        tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_in[:, None])
         tl.store(Lse + b.to(tl.int64) * stride_lb + pid_s * stride_ls + part_row * stride_lh, lse2, mask=row_in)
 
 
@@ -129,15 +131,26 @@ def page_of(pages, g, n, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
     return tl.sum(tl.where(tl.arange(0, PAGE_GROUP) == (n - g) // PAGE_SIZE, pages, 0), 0)
 
 
-def split_destinations(out, lse, num_splits: int, rows: int):
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of the per-split ``o / l`` partials for outputs of ``dtype``: the output's own for 16-bit
+    outputs (each partial is a convex combination of values of that dtype, so it is in range, and
+    rounding it costs about one output ulp; the partials are as many bytes as the KV at large
+    split counts), float32 otherwise. ``TRITREE_FP32_PARTIALS=1`` forces float32."""
+    if dtype in (torch.bfloat16, torch.float16) and os.environ.get("TRITREE_FP32_PARTIALS", "0") != "1":
+        return dtype
+    return torch.float32
+
+
+def split_destinations(out, lse, num_splits: int, rows: int, dtype: torch.dtype | None = None):
     """Where a split-KV kernel writes: ``(dst_o, dst_l, o_strides, l_strides)`` for
-    :func:`store_rows`. One split writes ``out``/``lse`` directly; several write fp32 partials
-    ``[B, S, rows, D]`` / ``[B, S, rows]`` for :func:`combine_splits`."""
+    :func:`store_rows`. One split writes ``out``/``lse`` directly; several write partials
+    ``[B, S, rows, D]`` (``dtype``, default float32; see :func:`partial_dtype`) / ``[B, S, rows]``
+    float32 for :func:`combine_splits`."""
     if num_splits == 1:
         return (out, lse, (out.stride(0), out.stride(1), out.stride(2), 0),
                 (lse.stride(0), lse.stride(1), lse.stride(2), 0))
     B, D = out.shape[0], out.shape[-1]
-    dst_o = torch.empty(B, num_splits, rows, D, dtype=torch.float32, device=out.device)
+    dst_o = torch.empty(B, num_splits, rows, D, dtype=dtype or torch.float32, device=out.device)
     dst_l = torch.empty(B, num_splits, rows, dtype=torch.float32, device=out.device)
     return (dst_o, dst_l, (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1)),
             (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1)))
@@ -175,7 +188,7 @@ def _combine_kernel(
         s_ok = ss < num_splits
         w = tl.exp2(tl.load(lse_base + ss * stride_pls, mask=s_ok, other=float("-inf")) - lse_safe)
         o = tl.load(o_base + ss[:, None].to(tl.int64) * stride_pos + d[None, :], mask=s_ok[:, None], other=0.0)
-        acc += tl.sum(o * w[:, None], 0)
+        acc += tl.sum(o.to(tl.float32) * w[:, None], 0)
     has = denom > 0.0
     out = acc / tl.where(has, denom, 1.0)
     out_ptr = Out + b.to(tl.int64) * stride_ob + t * stride_ot + h * stride_oh + d

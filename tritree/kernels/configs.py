@@ -48,6 +48,10 @@ class AttnConfig:
         address waits on a load inside the loop.
     split_scores: the warpgroups split each score tile by keys instead of both computing all of it
         (``_splitkv.attend_tile``); verify_mla only.
+    kernel: ``"triton"``, or a Gluon schedule for Hopper (``"gluon"``, ``"gluon-overlap"``,
+        ``"gluon-seesaw"``: ``kernels/_verify_gluon.py``; verify_mla only, 64x64 tiles, 8 warps). A
+        call the Gluon kernel cannot serve (other GPU, dtype, page size < 64, triton without Gluon)
+        runs the Triton kernel with the same tile sizes.
     """
 
     block_m: int
@@ -59,13 +63,15 @@ class AttnConfig:
     tma: bool = False
     hoist_pages: bool = False
     split_scores: bool = False
+    kernel: str = "triton"
 
     @classmethod
     def concrete(cls, block_m, block_n, num_warps, num_stages, **flags) -> "AttnConfig":
         """A config from a traced op's arguments. After a recompilation torch.compile may pass these
         ints as symbols, and Triton needs constants (num_warps, tile sizes): ``int()`` specialises
         them, guarding on their values."""
-        return cls(int(block_m), int(block_n), int(num_warps), int(num_stages), **{k: bool(v) for k, v in flags.items()})
+        return cls(int(block_m), int(block_n), int(num_warps), int(num_stages),
+                   **{k: (v if isinstance(v, str) else bool(v)) for k, v in flags.items()})
 
 
 # Rows bucket -> config. A launch with M = T*H packed rows takes the first bucket >= M (else the

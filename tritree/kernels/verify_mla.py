@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import _validate as V
 from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
-                       split_destinations, store_rows)
+                       partial_dtype, split_destinations, store_rows)
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
 D_LATENT = 512
@@ -333,9 +333,32 @@ def _ensure_scratch_allocator() -> None:
         _ALLOCATOR_SET = True
 
 
+GLUON_KERNELS = ("gluon", "gluon-overlap", "gluon-seesaw")
+
+
+def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
+    """The Gluon kernel serves bf16 Kimi-shaped (512 + 64) calls on Hopper with P % 64 == 0 and a
+    TMA-addressable pool; anything else takes the Triton kernel."""
+    if cfg.kernel not in GLUON_KERNELS or not q.is_cuda or q.dtype != torch.bfloat16 or q.shape[-1] != D_QK:
+        return False
+    from . import _verify_gluon
+    tma_cfg = AttnConfig(64, 64, 8, 1, tma=True)
+    return (_verify_gluon.GLUON_AVAILABLE and kv.shape[1] % 64 == 0 and _tma_usable(kv, tma_cfg)
+            and torch.cuda.get_device_capability(q.device)[0] == 9)
+
+
 def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
                    num_splits, launch=None):
     B, T, H, _ = q.shape
+    if launch is None and _gluon_usable(q, kv, cfg):  # eager only: the Gluon ops are opaque to torch.compile
+        from ._verify_gluon import launch_verify_gluon
+        dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
+        launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
+                            sm_scale, num_splits, overlap=cfg.kernel == "gluon-overlap",
+                            **({"seesaw": True} if cfg.kernel == "gluon-seesaw" else {}))
+        if num_splits > 1:
+            combine_splits(dst_o, dst_l, out, lse)
+        return
     tma = _tma_usable(kv, cfg)
     scalar = cfg.scalar_page and kv.shape[1] >= cfg.block_n
     if tma and not _interpreting():
@@ -345,7 +368,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
     row_blocks = triton.cdiv(M, cfg.block_m)
     upcast = _interpreting() and q.dtype == torch.bfloat16
     kernel = _verify_mla_kernel if launch is None else launch(_verify_mla_kernel)
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, M)
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, M, partial_dtype(out.dtype))
     kernel[(row_blocks, num_splits, B)](
         q, kv, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
@@ -397,6 +420,26 @@ def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tens
                                        hoist_pages=hoist_pages, split_scores=split_scores),
                    int(num_splits),
                    launch=torch.library.wrap_triton)
+
+
+@torch.library.custom_op("tritree::verify_mla_gluon", mutates_args=("out", "lse"))
+def _verify_mla_gluon_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
+                         tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                         sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
+                         scalar_page: bool, num_splits: int, tma: bool, hoist_pages: bool, split_scores: bool,
+                         kernel: str) -> None:
+    """Configs with a Gluon ``kernel``: an opaque op (torch.compile cannot trace Gluon launches),
+    writing ``out``/``lse`` in place; falls back to the Triton kernel where Gluon cannot serve."""
+    _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
+                   AttnConfig(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
+                              hoist_pages=hoist_pages, split_scores=split_scores, kernel=kernel),
+                   num_splits)
+
+
+@_verify_mla_gluon_op.register_fake
+def _(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, block_m, block_n, num_warps, num_stages,
+      scalar_page, num_splits, tma, hoist_pages, split_scores, kernel):
+    return None
 
 
 def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope=D_ROPE):
@@ -503,6 +546,15 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(cfg.scalar_page),
                    int(num_splits))
+    if cfg.kernel != "triton":
+        if cfg.kernel not in GLUON_KERNELS:
+            raise ValueError(f"config.kernel must be 'triton' or one of {GLUON_KERNELS}, got {cfg.kernel!r}")
+        if out is None:
+            out = torch.empty(B, T, H, d_lat, dtype=q.dtype, device=q.device)
+            lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+        _verify_mla_gluon_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args,
+                             bool(cfg.tma), bool(cfg.hoist_pages), bool(cfg.split_scores), cfg.kernel)
+        return (out, lse) if return_lse else out
     if out is None:
         out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args, d_rope=d_rope,
                                   tma=bool(cfg.tma), hoist_pages=bool(cfg.hoist_pages),
