@@ -90,11 +90,12 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees): pointer tiles, also
     # pipelined two deep now that split scores leave room (session 4: T=8,H=8 53.4 us, T=16,H=8 70.2,
-    # T=64,H=8 205.7, T=16,H=64 439.9; session 3's 64x64x8x1 tables: 61.7 / 95.4 / 295.6 / 654.3).
+    # T=64,H=8 205.7, T=16,H=64 398.7; session 3's 64x64x8x1 tables: 61.7 / 95.4 / 295.6 / 654.3).
     "sm_90:small_pages": {
         16: AttnConfig(16, 64, 4, 2),
         128: AttnConfig(64, 64, 8, 2, split_scores=True),
-        1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=2, split_scores=True),
+        512: AttnConfig(64, 64, 8, 2, programs_per_sm=2, split_scores=True),
+        1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=4, split_scores=True),
     },
     "sm_120": {
         # mma.sync path; under DISABLE_MMA_V3=1 on the H200 16x32x8x2 was fastest or near it at
