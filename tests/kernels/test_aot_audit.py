@@ -14,3 +14,21 @@ def test_kernel_configs_compile(arch):
     assert not bad, "\n".join(f"{r.arch} {r.config}: shared {r.shared}/{r.shared_limit}, spill {r.spill_bytes}" for r in bad)
     for r in reports:
         assert r.registers > 0  # the resource report was read
+
+
+def test_gluon_verify_kernel_compiles_for_sm90():
+    """The Gluon (Hopper) verify kernels, every variant, one split and several, P = 64 and 128, fit the
+    sm_90 shared-memory limit (``python -m tritree.kernels._verify_gluon`` exits non-zero otherwise)."""
+    import os
+    import subprocess
+    import sys
+
+    from tritree.kernels import _verify_gluon
+
+    if not _verify_gluon.GLUON_AVAILABLE:
+        pytest.skip(f"this triton has no Gluon: {_verify_gluon._IMPORT_ERROR!r}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "tritree.kernels._verify_gluon"], capture_output=True, text=True,
+                         env=env, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("_verify_gluon_kernel sm_90") == 12, res.stdout

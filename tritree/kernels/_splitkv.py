@@ -8,15 +8,13 @@ table capacity, SM count) so a launch can be captured in a CUDA graph; the chunk
 computed on the device from each request's length.
 
 Output rows are ``row = t * H + h`` over ``[B, T, H, D]`` outputs; partials are
-``part_o: [B, S, T*H, D]`` (float32, or the output's 16-bit dtype: :func:`partial_dtype`) and
-``part_lse: [B, S, T*H] float32`` (log2 units, ``-inf`` where a
+``part_o: [B, S, T*H, D] float32`` and ``part_lse: [B, S, T*H] float32`` (log2 units, ``-inf`` where a
 chunk had no visible key for the row).
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -131,21 +129,11 @@ def page_of(pages, g, n, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
     return tl.sum(tl.where(tl.arange(0, PAGE_GROUP) == (n - g) // PAGE_SIZE, pages, 0), 0)
 
 
-def partial_dtype(dtype: torch.dtype) -> torch.dtype:
-    """dtype of the per-split ``o / l`` partials for outputs of ``dtype``: the output's own for 16-bit
-    outputs (each partial is a convex combination of values of that dtype, so it is in range, and
-    rounding it costs about one output ulp; the partials are as many bytes as the KV at large
-    split counts), float32 otherwise. ``TRITREE_FP32_PARTIALS=1`` forces float32."""
-    if dtype in (torch.bfloat16, torch.float16) and os.environ.get("TRITREE_FP32_PARTIALS", "0") != "1":
-        return dtype
-    return torch.float32
-
-
 def split_destinations(out, lse, num_splits: int, rows: int, dtype: torch.dtype | None = None):
     """Where a split-KV kernel writes: ``(dst_o, dst_l, o_strides, l_strides)`` for
     :func:`store_rows`. One split writes ``out``/``lse`` directly; several write partials
-    ``[B, S, rows, D]`` (``dtype``, default float32; see :func:`partial_dtype`) / ``[B, S, rows]``
-    float32 for :func:`combine_splits`."""
+    ``[B, S, rows, D]`` (``dtype``, default float32) / ``[B, S, rows]`` float32 for
+    :func:`combine_splits`. (16-bit partials halve their traffic but measured slower: session 4.)"""
     if num_splits == 1:
         return (out, lse, (out.stride(0), out.stride(1), out.stride(2), 0),
                 (lse.stride(0), lse.stride(1), lse.stride(2), 0))

@@ -231,7 +231,7 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) 
     ptr = "*" + dtype
     sig = {
         "Q": ptr, "KV": ptr, "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32",
-        "Out": ptr, "Lse": "*fp32", "sm_scale_log2e": "fp32",
+        "Out": ptr if num_splits == 1 else "*fp32", "Lse": "*fp32", "sm_scale_log2e": "fp32",
     }
     ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
             "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",

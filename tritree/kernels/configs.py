@@ -80,13 +80,15 @@ class AttnConfig:
 VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),
-        # Pools with P >= BLOCK_N: TMA tiles with page ids loaded ahead (hoist_pages) and score tiles
-        # split between the warpgroups (split_scores). L=46000, P=64 (bench/RESULTS.md, session 4):
-        # T=8,H=8 50.3 us (session 3: 56.6), T=16,H=8 62.7 (78.9), T=64,H=8 177.3 (257.6),
-        # T=16,H=64 330.0 (566.2). More programs per SM (shorter chunks) pay with more row blocks.
-        128: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True),
-        512: AttnConfig(64, 64, 8, 2, programs_per_sm=2, tma=True, split_scores=True),
-        1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=4, tma=True, split_scores=True),
+        # Pools with P >= BLOCK_N, 64x64 tiles in two warpgroups that split the score tile. On Hopper
+        # with bf16 the Gluon kernels serve (kernels/_verify_gluon.py); elsewhere (fp16/fp32, other
+        # GPUs, triton without Gluon) the Triton kernel with TMA tiles and the same split. L=46000,
+        # P=64 (bench/RESULTS.md, session 4, call D; Triton in brackets): T=8,H=8 50.8 us (50.7),
+        # T=16,H=8 62.0 (66.2), T=64,H=8 seesaw 155.0 (177.3), T=16,H=64 seesaw 296.4 (334.9).
+        # More programs per SM (more, shorter splits) pay once there are many row blocks.
+        128: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
+        512: AttnConfig(64, 64, 8, 2, programs_per_sm=2, tma=True, split_scores=True, kernel="gluon-seesaw"),
+        1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=4, tma=True, split_scores=True, kernel="gluon-seesaw"),
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees): pointer tiles, also
     # pipelined two deep now that split scores leave room (session 4: T=8,H=8 53.4 us, T=16,H=8 70.2,

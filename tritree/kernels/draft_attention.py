@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import _validate as V
 from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
-                       partial_dtype, split_destinations, store_rows)
+                       split_destinations, store_rows)
 from .configs import AttnConfig, arch_of, lookup, num_sms
 
 # Rows bucket (block slots x heads per KV head) -> config. Kimi-K2.6-DFlash: 64 query / 8 KV heads of
@@ -255,7 +255,7 @@ def _launch(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, out, lse, s
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
     kernel = _draft_attention_kernel if launch is None else launch(_draft_attention_kernel)
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, S * Hq, partial_dtype(out.dtype))
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, S * Hq)
     kernel[(triton.cdiv(S * group, cfg.block_m), num_splits, B * Hkv)](
         q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk,
         dst_o, dst_l,

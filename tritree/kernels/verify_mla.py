@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import _validate as V
 from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
-                       partial_dtype, split_destinations, store_rows)
+                       split_destinations, store_rows)
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
 D_LATENT = 512
@@ -368,7 +368,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
     row_blocks = triton.cdiv(M, cfg.block_m)
     upcast = _interpreting() and q.dtype == torch.bfloat16
     kernel = _verify_mla_kernel if launch is None else launch(_verify_mla_kernel)
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, M, partial_dtype(out.dtype))
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, M)
     kernel[(row_blocks, num_splits, B)](
         q, kv, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,

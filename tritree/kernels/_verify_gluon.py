@@ -1,0 +1,706 @@
+"""Hopper (sm_90) Gluon version of the tree-masked MLA verify attention (``_verify_mla_kernel``).
+
+Same semantics, split-KV chunking and output / partial format as the Triton kernel; the caller runs
+``_splitkv.combine_splits`` when there are several splits. What Triton cannot express, and this
+kernel does (FA3-style, one CTA of 8 warps = 2 warpgroups per 64 rows):
+
+* Q (64 x 576) sits in shared memory for the whole program; the KV pool is read by TMA into a ring
+  of two 64 x 576 slots (128-byte swizzle), tile j+1 in flight while j computes. The pool is one
+  ``[num_pages * P, 576]`` matrix; a tile is a page-local row range (P % 64 == 0, chunks start on
+  page boundaries). Page ids are fetched one tile ahead of the TMA that needs them. ``TMA3D`` (the
+  default): a tile is 2 copies, not 9 (the compiler puts a CTA barrier before each): the latent part
+  as one box ``[8, 64, 64]`` of the pool viewed as ``[9 column blocks, rows, 64]`` (strides
+  ``[64, 576, 1]``), which lands as the 8 contiguous 64-wide column blocks of the swizzled
+  ``[64, 512]`` slot, plus the rope box (a 9-block box is refused: box dims must be powers of two).
+  The launcher falls back to 9 boxes if the driver refuses the descriptor.
+* Scores: ``S = Q_lat K_lat^T + Q_pe K_pe^T`` (m64 n64, k512 + k64; shared-memory shapes must be
+  powers of two, so latent and rope parts are separate buffers) in an MMA layout with warps
+  ``[4, 2]``: each warpgroup computes its own 32 keys (no duplicated score work, unlike Triton's
+  ``[8, 1]`` for a dot that feeds a dot). Row max and row sum cross the warpgroups (reductions
+  through shared memory); an element-wise running sum would cost 16 registers the overlap lacks.
+* P (bf16) goes to a 64 x 64 shared buffer that is the A operand of ``O += P @ V`` (m64 n512 k64,
+  warps ``[4, 2]``: each warpgroup owns 256 output columns, 128 fp32 registers per thread). V is the
+  latent part of the same slot: each tile is read once. (P as a register operand costs 16 more
+  registers per thread, and the buffer is free anyway by the time the next P is written.)
+* ``OVERLAP``: the wgmmas are asynchronous; per tile: issue ``QK_{j+1}``, issue ``PV_j``, wait for
+  QK only, run tile j+1's softmax on the CUDA cores while ``PV_j`` runs, then wait for PV. With two
+  slots, tile j+2's copy can only start once ``PV_j`` is done and ``QK_{j+2}`` is issued right after:
+  the copy is exposed unless L2 serves it fast. The plain schedule issues it at the same point but
+  consumes it a whole tile later. (Three slots would fix this but do not fit in shared memory.)
+* The masked tail (the last partial prefix tile and the tree keys, 1-3 tiles) is copied with masked
+  cp.async (rows past ``end`` zero-filled: a key past the request may hold NaN, and 0 * NaN would
+  reach O; no data passes through the registers that hold O), then the same compute with the tree
+  mask applied to S as -inf (3 mask words per row cover a tile).
+
+* ``SEESAW`` (FlashMLA-style tile pairs): the two slots are rows 0..63 / 64..127 of one
+  ``[128, 576]`` pair buffer, so the scores of a pair are one m64 n128 wgmma with warps ``[4, 2]``:
+  warpgroup w computes all 64 keys of tile w (n64 each, instead of n32 over one tile, which was
+  shared-memory bound). It streams per 64-channel column block (one mbarrier per block covering
+  both slots), so it starts as soon as block 0 has landed. Row max / sum cross the warpgroups (the
+  exchange); P (64 x 128 bf16) is written over the pair's rope rows (dead once the scores are done:
+  a ``[128, 64]`` swizzled buffer is byte for byte the two column blocks of a ``[64, 128]`` one);
+  then ``O += P_0 V_0`` and ``O += P_1 V_1`` (each warpgroup its 256 columns) as two async wgmmas:
+  slot 0 is refilled as soon as ``P_0 V_0`` is done, under ``P_1 V_1``, slot 1 after it. An odd
+  leftover full tile and the masked tail take the one-tile tail path in rows 0..63.
+
+Shared memory: Q 73,728 + 2 slots 147,456 + P 8,192 = 229,376 bytes (+ barriers and reduction
+scratch) of the 232,448 an H200 CTA may use: one CTA per SM.
+
+Targets triton 3.6 Gluon (the H200 machine); the names that changed by 3.9 (TMA load, cp.async,
+CTA barrier) are resolved at import so the file compiles with both.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._splitkv import LOG2E
+
+GLUON_AVAILABLE = False
+_IMPORT_ERROR: Exception | None = None
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # triton 3.6: tma.async_copy_global_to_shared, async_copy.async_copy_global_to_shared, gl.thread_barrier;
+    # 3.9: tma.async_load, async_copy.async_load, gl.barrier (the old names raise there).
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    # Shared-memory reinterpretation is ``_reinterpret`` on 3.6 and ``reinterpret`` on 3.9: the kernel
+    # calls ``_reinterpret``; on 3.9 that name is added as an alias of the same builtin.
+    if not hasattr(gl.shared_memory_descriptor, "_reinterpret"):
+        gl.shared_memory_descriptor._reinterpret = gl.shared_memory_descriptor.reinterpret
+    GLUON_AVAILABLE = True
+except Exception as e:  # pragma: no cover - depends on the installed triton
+    _IMPORT_ERROR = e
+
+BLOCK_M = 64
+BLOCK_N = 64
+D_LAT = 512
+D_PE = 64
+D_QK = D_LAT + D_PE
+NUM_WARPS = 8
+SMEM_LIMIT_SM90 = 232_448
+
+
+def _kv_smem_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _issue_tile(kv_desc, lat_smem, pe_smem, bars, slot, row, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
+        """TMA of one 64 x 576 KV tile (rows ``row .. row+63`` of the pool) into ``slot``: 9 boxes of
+        64 x 64 (a 128-byte swizzled box is at most 64 bf16 wide)."""
+        bar = bars.index(slot)
+        dst = lat_smem.index(slot)
+        mbarrier.expect(bar, (D_LAT + 64) * BLOCK_N * 2)
+        for c in gl.static_range(D_LAT // 64):
+            _tma_load(kv_desc, [row, c * 64], bar, dst.slice(c * 64, 64, dim=1))
+        _tma_load(kv_desc, [row, D_LAT], bar, pe_smem.index(slot))
+
+    @gluon.jit
+    def _issue_tile3(kv_desc, kv_desc3, lat3, pe_smem, bars, slot, row, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
+        """TMA of one 64 x 576 KV tile into ``slot`` with two copies: the latent part as ONE 3-D box
+        ``[8 column blocks, 64 rows, 64 cols]`` of the pool viewed as ``[9, rows, 64]`` (strides
+        ``[64, 576, 1]``), which lands as the 8 contiguous 64-wide column blocks of a 128-byte swizzled
+        ``[64, 512]`` tile; the rope part as one 64 x 64 box of the 2-D view."""
+        bar = bars.index(slot)
+        mbarrier.expect(bar, (D_LAT + 64) * BLOCK_N * 2)
+        _tma_load(kv_desc3, [0, row, 0], bar, lat3.index(slot))
+        _tma_load(kv_desc, [row, D_LAT], bar, pe_smem.index(slot))
+
+    @gluon.jit
+    def _issue_pair_tile(kv_desc, lat_smem, pe_smem, cbars, half: gl.constexpr, row, D_LAT: gl.constexpr,
+                         BLOCK_N: gl.constexpr):
+        """SEESAW: TMA of one 64-key tile into rows ``64 half .. 64 half + 63`` of the pair buffers
+        (``[128, 512]`` / ``[128, 64]``): 9 boxes of 64 x 64 (the rows of one tile are not contiguous
+        in a 128-row swizzled buffer, so no single 3-D box). Column block c (c = 8: rope) completes
+        on ``cbars[c]``, which counts both slots' boxes: slot 0's issue arms it for both (one arrival,
+        16 KB), so the phase only completes once slot 1's box has landed too."""
+        if half == 0:
+            for c in gl.static_range(D_LAT // 64 + 1):
+                mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
+        for c in gl.static_range(D_LAT // 64):
+            dst = lat_smem.slice(half * BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1)
+            _tma_load(kv_desc, [row, c * 64], cbars[c], dst)
+        _tma_load(kv_desc, [row, D_LAT], cbars[D_LAT // 64], pe_smem.slice(half * BLOCK_N, BLOCK_N, dim=0))
+
+    @gluon.jit
+    def _new_bar():
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar, count=1)
+        return bar
+
+    @gluon.jit
+    def _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, phase, s_zero, D_LAT: gl.constexpr):
+        """SEESAW scores ``[Q K_0^T | Q K_1^T]`` (m64 n128: warpgroup w computes tile w's 64 keys), one
+        async wgmma per 64-channel column block, each issued as soon as that block of both slots has
+        landed: the QK streams behind the refill instead of waiting for all of it."""
+        gl.static_assert(D_LAT // 64 >= 1)
+        mbarrier.wait(cbars[0], phase)
+        s = warpgroup_mma(q_lat.slice(0, 64, dim=1), k_lat.slice(0, 64, dim=1).permute([1, 0]), s_zero,
+                          use_acc=False, is_async=True)
+        for c in gl.static_range(1, D_LAT // 64):
+            mbarrier.wait(cbars[c], phase)
+            s = warpgroup_mma(q_lat.slice(c * 64, 64, dim=1), k_lat.slice(c * 64, 64, dim=1).permute([1, 0]), s,
+                              is_async=True)
+        mbarrier.wait(cbars[D_LAT // 64], phase)
+        s = warpgroup_mma(q_pe, k_pe.permute([1, 0]), s, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=[s])
+
+    @gluon.jit
+    def _page_row(PageTable, page_base, n, max_pages, num_pages, PAGE_SIZE: gl.constexpr):
+        """Pool row of key ``n`` (page id clamped into the pool, as the Triton kernel does)."""
+        col = gl.minimum(n // PAGE_SIZE, max_pages - 1)
+        page = gl.load(PageTable + page_base + col)
+        page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+        return page * PAGE_SIZE + n % PAGE_SIZE
+
+    @gluon.jit
+    def _softmax(s, m_i, l_i, sm_scale_log2e):
+        """Online softmax of one tile of scores (already masked with -inf where invisible). The row
+        max and sum cross the two warpgroups (a reduction through shared memory)."""
+        s = s * sm_scale_log2e
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p.to(gl.bfloat16), alpha, m_new, l_i
+
+    @gluon.jit
+    def _tail_mask(s, n, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt, s_layout: gl.constexpr,
+                   BLOCK_N: gl.constexpr):
+        """-inf where key ``n + c`` is past ``end`` or is a tree key whose ancestor bit is clear. A tile's
+        ``BLOCK_N`` tree keys span at most ``BLOCK_N / 32 + 1`` mask words: that many row-vector loads,
+        not one pointer per score."""
+        keys = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        k_ok = keys < end
+        j = gl.maximum(keys - kv_len, 0)
+        w0 = gl.maximum(n - kv_len, 0) // 32
+        jw = gl.expand_dims(j // 32 - w0, 0)
+        row_ptr = mask_base + t * stride_mt + w0
+        words = gl.expand_dims(gl.load(row_ptr, mask=row_ok & (w0 * 32 < tree_len), other=0), 1)
+        for k in gl.static_range(1, BLOCK_N // 32 + 1):
+            w_k = gl.expand_dims(gl.load(row_ptr + k, mask=row_ok & ((w0 + k) * 32 < tree_len), other=0), 1)
+            words = gl.where(jw == k, w_k, words)
+        bit = (words >> gl.expand_dims(j % 32, 0)) & 1
+        in_tree = gl.expand_dims((keys >= kv_len) & k_ok, 0)
+        visible = (gl.expand_dims((keys < kv_len) & k_ok, 0) | (in_tree & (bit != 0))) & gl.expand_dims(row_ok, 1)
+        return gl.where(visible, s, float("-inf"))
+
+    @gluon.jit
+    def _load_tail_tile(KV, PageTable, page_base, n, end, max_pages, num_pages, stride_kvp, stride_kvs, dst_blocks,
+                        blk0, dst_pe, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr,
+                        BLOCK_N: gl.constexpr):
+        """Keys ``n .. n+63`` into a slot by masked cp.async (rows past ``end`` zero-filled: no data
+        passes through registers, which hold O here). ``dst_blocks``: the slot's latent part as
+        ``[8 column blocks, >= 64 rows, 64]`` (rows 0..63 written); a runtime loop over the blocks keeps
+        one block's pointers live at a time (an unrolled one spilled them on triton 3.6)."""
+        keys = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+        k_ok = keys < end
+        col = gl.minimum(keys // PAGE_SIZE, max_pages - 1)
+        page = gl.load(PageTable + page_base + col, mask=k_ok, other=0)
+        page = gl.minimum(gl.maximum(page, 0), num_pages - 1).to(gl.int64)
+        tok = KV + gl.expand_dims(page * stride_kvp + (keys % PAGE_SIZE).to(gl.int64) * stride_kvs, 1)
+        d = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
+        ok = gl.expand_dims(k_ok, 1)
+        ok = ok & (d >= 0)  # full [64, 64] mask
+        for c in range(D_LAT // 64):
+            _cp_async(dst_blocks.index(blk0 + c).slice(0, BLOCK_N, dim=0), tok + (c * 64 + d), mask=ok)
+        _cp_async(dst_pe, tok + (D_LAT + d), mask=ok)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+
+    @gluon.jit
+    def _qk(q_lat, q_pe, k_lat, k_pe, s_zero, IS_ASYNC: gl.constexpr):
+        """``S = Q_lat K_lat^T + Q_pe K_pe^T`` (m64 n64, K = 512 + 64), operands in shared memory."""
+        s = warpgroup_mma(q_lat, k_lat.permute([1, 0]), s_zero, use_acc=False, is_async=IS_ASYNC)
+        return warpgroup_mma(q_pe, k_pe.permute([1, 0]), s, is_async=IS_ASYNC)
+
+    @gluon.jit
+    def _publish_p(p, alpha, o, p_smem, o_layout: gl.constexpr):
+        """P (bf16) into the shared buffer that is the A operand of ``O += P @ V``; O rescaled.
+        The caller has ensured that no wgmma still reads ``p_smem`` from the previous tile."""
+        p_smem.store(p)
+        fence_async_shared()  # generic-proxy writes before the wgmma (async proxy) reads them
+        _cta_barrier()  # both warpgroups' halves of P written
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        return o * gl.expand_dims(alpha_o, 1)
+
+    @gluon.jit
+    def _page_row_p(pt, n, max_pages, num_pages, PAGE_SIZE: gl.constexpr):
+        """``_page_row`` with the batch's page-table row as one pointer (one live value, not two)."""
+        col = gl.minimum(n // PAGE_SIZE, max_pages - 1)
+        page = gl.load(pt + col)
+        page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+        return page * PAGE_SIZE + n % PAGE_SIZE
+
+    @gluon.jit
+    def _verify_gluon_kernel(
+        Q, KV, kv_desc, kv_desc3, PageTable, KvLens, TreeMask, TreeLens,
+        Out, Lse,
+        sm_scale_log2e,
+        stride_qb, stride_qt, stride_qh,
+        stride_kvp, stride_kvs,
+        stride_ptb, max_pages, num_pages,
+        stride_mb, stride_mt,
+        stride_ob, stride_ot, stride_oh,
+        stride_os,
+        stride_lb, stride_lt, stride_lh,
+        stride_ls,
+        T, H, num_splits,
+        PAGE_SIZE: gl.constexpr,
+        SINGLE_SPLIT: gl.constexpr,
+        OVERLAP: gl.constexpr,
+        SEESAW: gl.constexpr = False,
+        TMA3D: gl.constexpr = True,
+        BLOCK_M: gl.constexpr = 64,
+        BLOCK_N: gl.constexpr = 64,
+        D_LAT: gl.constexpr = 512,
+        D_PE: gl.constexpr = 64,
+    ):
+        gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
+        gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
+        PAIR_N: gl.constexpr = 2 * BLOCK_N
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_N // 2, 16])
+        # SEESAW scores of a tile pair: warpgroup w computes all 64 keys of tile w (m64 n64 k576 each).
+        s2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                            instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, D_LAT // 2, 16])
+        ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                   warps_per_cta=[8, 1], order=[1, 0])
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        smem3_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+        row_o_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+        if SEESAW:
+            row_s_layout: gl.constexpr = gl.SliceLayout(1, s2_layout)
+        else:
+            row_s_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        pid_m = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        b = gl.program_id(2)
+        kv_len = gl.load(KvLens + b)
+        tree_len = gl.load(TreeLens + b)
+        n_keys = kv_len + tree_len
+        chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
+        start = pid_s * chunk
+        end = gl.minimum(start + chunk, n_keys)
+        full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
+        n_full = (full_end - start) // BLOCK_N
+        pt = PageTable + b.to(gl.int64) * stride_ptb
+
+        # ---- shared memory (shapes must be powers of two: latent and rope parts apart) -----------
+        q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_LAT], smem_layout)
+        q_pe = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_PE], smem_layout)
+        if SEESAW:
+            # One pair of tiles: rows 0..63 = slot 0 (even tile), 64..127 = slot 1 (odd tile).
+            k_lat = gl.allocate_shared_memory(gl.bfloat16, [PAIR_N, D_LAT], smem_layout)
+            k_pe = gl.allocate_shared_memory(gl.bfloat16, [PAIR_N, D_PE], smem_layout)
+            # P of the pair (64 x 128 bf16) overwrites the dead rope rows: a [128, 64] 128B-swizzled
+            # buffer is, byte for byte, the two 64-wide column blocks of a [64, 128] one (block c =
+            # rows 64c..64c+63), i.e. P_0 over slot 0's rope and P_1 over slot 1's.
+            p2_smem = k_pe._reinterpret(gl.bfloat16, [BLOCK_M, PAIR_N], smem_layout)
+            lat3 = k_lat  # unused
+            # One barrier per 64-channel column block (8 latent + rope) of the pair, each its own
+            # allocation: arming them back to back then needs no CTA barrier in between (the
+            # compiler orders mbarrier operations on one allocation with a bar.sync).
+            cbars = (_new_bar(), _new_bar(), _new_bar(), _new_bar(), _new_bar(), _new_bar(), _new_bar(), _new_bar(),
+                     _new_bar())
+            gl.static_assert(D_LAT // 64 + 1 == 9)
+        else:
+            if TMA3D:
+                lat3 = gl.allocate_shared_memory(gl.bfloat16, [2, D_LAT // 64, BLOCK_N, 64], smem3_layout)
+                k_lat = lat3._reinterpret(gl.bfloat16, [2, BLOCK_N, D_LAT], smem_layout)
+            else:
+                k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_LAT], smem_layout)
+                lat3 = k_lat  # unused
+            k_pe = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_PE], smem_layout)
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], smem_layout)
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(bars.index(0), count=1)
+        mbarrier.init(bars.index(1), count=1)
+        fence_async_shared()
+        _cta_barrier()
+
+        # The first tiles in flight before Q is loaded; page rows are fetched one tile (pair) ahead.
+        row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
+        row1 = _page_row_p(pt, start + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+        if SEESAW:
+            n_pairs = n_full // 2
+            fence_async_shared()
+            _cta_barrier()
+            if n_pairs > 0:
+                _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 0, row0, D_LAT, BLOCK_N)
+                _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 1, row1, D_LAT, BLOCK_N)
+            next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+            next_row1 = _page_row_p(pt, start + 3 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+        else:
+            if TMA3D:
+                if n_full > 0:
+                    _issue_tile3(kv_desc, kv_desc3, lat3, k_pe, bars, 0, row0, D_LAT, BLOCK_N)
+                if n_full > 1:
+                    _issue_tile3(kv_desc, kv_desc3, lat3, k_pe, bars, 1, row1, D_LAT, BLOCK_N)
+            else:
+                if n_full > 0:
+                    _issue_tile(kv_desc, k_lat, k_pe, bars, 0, row0, D_LAT, BLOCK_N)
+                if n_full > 1:
+                    _issue_tile(kv_desc, k_lat, k_pe, bars, 1, row1, D_LAT, BLOCK_N)
+            next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+
+        # ---- Q: pointer loads (rows are (t, h) pairs, not one strided matrix) -------------------
+        rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
+        t_ld = rows_ld // H
+        h_ld = rows_ld % H
+        ok_ld = gl.expand_dims((rows_ld < T * H) & (t_ld < tree_len), 1)
+        q_rows = gl.expand_dims(Q + b.to(gl.int64) * stride_qb + (t_ld * stride_qt + h_ld * stride_qh).to(gl.int64), 1)
+        d_ld = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
+        for c in gl.static_range(D_LAT // 64):
+            x = gl.load(q_rows + (c * 64 + d_ld), mask=ok_ld, other=0.0)
+            q_lat.slice(c * 64, 64, dim=1).store(x)
+        q_pe.store(gl.load(q_rows + (D_LAT + d_ld), mask=ok_ld, other=0.0))
+        fence_async_shared()
+        _cta_barrier()
+
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s_layout)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s_layout)
+        o = gl.zeros([BLOCK_M, D_LAT], gl.float32, layout=o_layout)
+
+        if SEESAW:
+            s2_zero = gl.zeros([BLOCK_M, PAIR_N], gl.float32, layout=s2_layout)
+            # ---- committed prefix: pairs of full tiles, no mask ----------------------------------
+            for i in range(n_pairs):
+                s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
+                # Row max / sum cross the warpgroups (shared-memory reduction + barrier): after it,
+                # every warpgroup's QK is complete and the rope rows are dead.
+                p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+                o = _publish_p(p, alpha, o, p2_smem, o_layout)
+                # O[:, 256w:256w+256] += P_0 V_0[:, ...] (slot 0), then + P_1 V_1[:, ...] (slot 1), async:
+                # slot 0 is refilled while P_1 V_1 runs.
+                o = warpgroup_mma(p2_smem.slice(0, BLOCK_N, dim=1), k_lat.slice(0, BLOCK_N, dim=0), o,
+                                  is_async=True)
+                o = warpgroup_mma(p2_smem.slice(BLOCK_N, BLOCK_N, dim=1), k_lat.slice(BLOCK_N, BLOCK_N, dim=0), o,
+                                  is_async=True)
+                o = warpgroup_mma_wait(num_outstanding=1, deps=[o])
+                _cta_barrier()  # both warpgroups are done with slot 0 (its V and P_0)
+                if i + 1 < n_pairs:
+                    _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 0, next_row, D_LAT, BLOCK_N)
+                o = warpgroup_mma_wait(num_outstanding=0, deps=[o])
+                _cta_barrier()  # ... and with slot 1
+                if i + 1 < n_pairs:
+                    _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 1, next_row1, D_LAT, BLOCK_N)
+                next_row = _page_row_p(pt, start + (2 * i + 4) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+                next_row1 = _page_row_p(pt, start + (2 * i + 5) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+            for c in gl.static_range(D_LAT // 64 + 1):
+                mbarrier.invalidate(cbars[c])
+
+            # The masked tail (an odd leftover full tile, the prefix remainder, the tree keys) takes the
+            # one-tile path below, in rows 0..63 of the pair buffers.
+            m_i = gl.convert_layout(m_i, gl.SliceLayout(1, s_layout))
+            l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
+            tail_start = start + n_pairs * PAIR_N
+            tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
+            tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
+            tail_blocks = k_lat._reinterpret(gl.bfloat16, [D_LAT // 64, PAIR_N, 64], smem_layout)
+        else:
+            s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+            # ---- committed prefix: full tiles, no mask -------------------------------------------
+            if OVERLAP:
+                if n_full > 0:
+                    mbarrier.wait(bars.index(0), 0)
+                    s = _qk(q_lat, q_pe, k_lat.index(0), k_pe.index(0), s_zero, False)
+                    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+                    for j in range(n_full - 1):
+                        slot = j % 2
+                        nslot = 1 - slot
+                        # P_j out of registers, O rescaled (no PV in flight, nobody reads p_smem).
+                        o = _publish_p(p, alpha, o, p_smem, o_layout)
+                        # QK_{j+1}, then PV_j, all asynchronous.
+                        mbarrier.wait(bars.index(nslot), ((j + 1) // 2) & 1)
+                        s_tok = _qk(q_lat, q_pe, k_lat.index(nslot), k_pe.index(nslot), s_zero, True)
+                        o_tok = warpgroup_mma(p_smem, k_lat.index(slot), o, is_async=True)
+                        # Only PV_j stays in flight: tile j+1's softmax runs under it.
+                        s = warpgroup_mma_wait(num_outstanding=1, deps=[s_tok])
+                        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+                        o = warpgroup_mma_wait(num_outstanding=0, deps=[o_tok])
+                        _cta_barrier()  # every warpgroup is done with slot j and with p_smem
+                        if j + 2 < n_full:
+                            if TMA3D:
+                                _issue_tile3(kv_desc, kv_desc3, lat3, k_pe, bars, slot, next_row, D_LAT, BLOCK_N)
+                            else:
+                                _issue_tile(kv_desc, k_lat, k_pe, bars, slot, next_row, D_LAT, BLOCK_N)
+                        next_row = _page_row_p(pt, start + (j + 3) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+                    # PV of the last full tile.
+                    o = _publish_p(p, alpha, o, p_smem, o_layout)
+                    o = warpgroup_mma(p_smem, k_lat.index((n_full - 1) % 2), o)
+                    _cta_barrier()
+            else:
+                for j in range(n_full):
+                    slot = j % 2
+                    mbarrier.wait(bars.index(slot), (j // 2) & 1)
+                    s = _qk(q_lat, q_pe, k_lat.index(slot), k_pe.index(slot), s_zero, False)
+                    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+                    o = _publish_p(p, alpha, o, p_smem, o_layout)
+                    o = warpgroup_mma(p_smem, k_lat.index(slot), o)
+                    _cta_barrier()  # p_smem and the slot are free again: tile j+2 goes there
+                    if j + 2 < n_full:
+                        if TMA3D:
+                            _issue_tile3(kv_desc, kv_desc3, lat3, k_pe, bars, slot, next_row, D_LAT, BLOCK_N)
+                        else:
+                            _issue_tile(kv_desc, k_lat, k_pe, bars, slot, next_row, D_LAT, BLOCK_N)
+                    next_row = _page_row_p(pt, start + (j + 3) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+
+            tail_start = full_end
+            tail_lat_v = k_lat
+            tail_pe_v = k_pe
+            # Slot 0's 8 column blocks (blocks 0..7 of the ring) as a batch of [64, 64] buffers.
+            tail_blocks = k_lat._reinterpret(gl.bfloat16, [2 * (D_LAT // 64), BLOCK_N, 64], smem_layout)
+
+        # ---- masked tail: prefix remainder and tree keys (pointer loads into slot 0) -------------
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        t = rows // H
+        row_ok = (rows < T * H) & (t < tree_len)
+        mask_base = TreeMask + b.to(gl.int64) * stride_mb
+        for n in range(tail_start, end, BLOCK_N):
+            # The tail's buffers are picked by a runtime index (the two slots alternate; SEESAW: rows
+            # 0..63 via an index that is 0 at run time): wgmma descriptors of a loop-invariant buffer
+            # are hoisted out of the loop by triton 3.6 and spilled there.
+            if SEESAW:
+                ts = (n < 0).to(gl.int32)
+            else:
+                ts = ((n - tail_start) // BLOCK_N) % 2
+            tail_lat = tail_lat_v.index(ts).slice(0, BLOCK_N, dim=0)
+            tail_pe = tail_pe_v.index(ts).slice(0, BLOCK_N, dim=0)
+            _load_tail_tile(KV, PageTable, b.to(gl.int64) * stride_ptb, n, end, max_pages, num_pages,
+                            stride_kvp, stride_kvs, tail_blocks, ts * (D_LAT // 64), tail_pe, ld_layout, PAGE_SIZE,
+                            D_LAT, BLOCK_N)
+            fence_async_shared()
+            _cta_barrier()
+            s = _qk(q_lat, q_pe, tail_lat, tail_pe, s_zero, False)
+            s = _tail_mask(s, n, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt, s_layout, BLOCK_N)
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+            o = _publish_p(p, alpha, o, p_smem, o_layout)
+            o = warpgroup_mma(p_smem, tail_lat, o)
+            _cta_barrier()
+
+        mbarrier.invalidate(bars.index(0))
+        mbarrier.invalidate(bars.index(1))
+
+        # ---- store (``_splitkv.store_rows`` semantics) ---------------------------------------------
+        l_i = gl.convert_layout(l_i, row_o_layout)
+        m_o = gl.convert_layout(m_i, row_o_layout)
+        rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o_layout)
+        t_o = rows_o // H
+        h_o = rows_o % H
+        row_in = rows_o < T * H
+        ok_o = row_in & (t_o < tree_len)
+        has = (l_i > 0.0) & ok_o
+        l_safe = gl.where(has, l_i, 1.0)
+        inv = gl.where(has, 1.0 / l_safe, 0.0)
+        o = o * gl.expand_dims(inv, 1)
+        lse2 = gl.where(has, m_o + gl.log2(l_safe), float("-inf"))
+        d = gl.expand_dims(gl.arange(0, D_LAT, layout=gl.SliceLayout(0, o_layout)), 0)
+        if SINGLE_SPLIT:
+            o_row = b.to(gl.int64) * stride_ob + (t_o * stride_ot + h_o * stride_oh).to(gl.int64)
+            gl.store(Out + gl.expand_dims(o_row, 1) + d, o.to(Out.dtype.element_ty), mask=gl.expand_dims(row_in, 1))
+            gl.store(Lse + b.to(gl.int64) * stride_lb + t_o * stride_lt + h_o * stride_lh, lse2 * 0.6931471805599453,
+                     mask=row_in)
+        else:
+            # Partials in the destination's dtype (fp32 or a narrower one such as bf16); lse stays fp32.
+            o_row = b.to(gl.int64) * stride_ob + pid_s.to(gl.int64) * stride_os + rows_o.to(gl.int64) * stride_oh
+            gl.store(Out + gl.expand_dims(o_row, 1) + d, o.to(Out.dtype.element_ty), mask=gl.expand_dims(row_in, 1))
+            gl.store(Lse + b.to(gl.int64) * stride_lb + pid_s * stride_ls + rows_o * stride_lh, lse2, mask=row_in)
+
+
+def _check(q, kv, num_splits):
+    if not GLUON_AVAILABLE:
+        raise RuntimeError(f"triton.experimental.gluon is not available: {_IMPORT_ERROR!r}")
+    num_pages, P, D = kv.shape
+    if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
+        raise TypeError("the Gluon verify kernel takes bf16 q and kv")
+    if q.shape[-1] != D_QK or D != D_QK:
+        raise ValueError(f"the Gluon verify kernel needs 576 channels (512 + 64), got q {tuple(q.shape)}, "
+                         f"kv {tuple(kv.shape)}")
+    if P % BLOCK_N:
+        raise ValueError(f"the Gluon verify kernel needs a page size that is a multiple of {BLOCK_N}, got {P}")
+    if kv.stride(2) != 1 or kv.stride(0) != P * kv.stride(1) or (kv.stride(1) * 2) % 16 or kv.data_ptr() % 16:
+        raise ValueError("the Gluon verify kernel reads the pool as one [pages * P, 576] row-major matrix "
+                         "(16-byte aligned rows)")
+    if num_pages * P >= 2**31:
+        raise ValueError("pool rows must be addressable with int32")
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+
+
+def _kv_smem3_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+
+
+def kv_descriptor(kv: torch.Tensor):
+    """Host TMA descriptor of the pool viewed as ``[num_pages * P, 576]``, boxes of 64 x 64."""
+    num_pages, P, D = kv.shape
+    flat = kv.as_strided((num_pages * P, D), (kv.stride(1), 1))
+    return TensorDescriptor(flat, [num_pages * P, D], [kv.stride(1), 1], [BLOCK_N, 64], _kv_smem_layout())
+
+
+def kv_descriptor3(kv: torch.Tensor):
+    """Host TMA descriptor of the pool viewed as ``[9 column blocks, num_pages * P rows, 64]`` (strides
+    ``[64, row stride, 1]`` elements), box ``[8, 64, 64]``: one copy moves a tile's whole latent part
+    as 8 contiguous 64 x 64 swizzled blocks (a box of 9 is refused: box dims must be powers of two)."""
+    num_pages, P, D = kv.shape
+    flat = kv.as_strided((num_pages * P, D), (kv.stride(1), 1))
+    return TensorDescriptor(flat, [D // 64, num_pages * P, 64], [64, kv.stride(1), 1], [D_LAT // 64, BLOCK_N, 64],
+                            _kv_smem3_layout())
+
+
+# Set to False (here or by the first failing launch) to fall back to 9 boxes of 64 x 64 per tile.
+USE_TMA3D = True
+
+
+def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
+                        sm_scale, num_splits, overlap=True, seesaw=False):
+    """Launches the main kernel with ``_launch_verify``'s conventions (``dst_o, dst_l, o_strides,
+    l_strides`` from ``_splitkv.split_destinations``; ``dst_o`` may be fp32 or a narrower float type:
+    partials are cast on store, ``dst_l`` is fp32). With ``num_splits > 1`` the caller merges the
+    partials with ``_splitkv.combine_splits``. ``seesaw``: the tile-pair schedule (``overlap`` ignored).
+    Returns the compiled kernel (``n_regs``, ``n_spills``, ``metadata.shared``)."""
+    global USE_TMA3D
+    _check(q, kv, num_splits)
+    B, T, H, _ = q.shape
+    M = T * H
+    if tree_lens is None:
+        tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
+    grid = (triton.cdiv(M, BLOCK_M), int(num_splits), B)
+    desc = kv_descriptor(kv)
+
+    def go(tma3d):
+        return _verify_gluon_kernel[grid](
+            q, kv, desc, kv_descriptor3(kv) if tma3d else desc, page_table, kv_lens, tree_mask, tree_lens,
+            dst_o, dst_l,
+            float(sm_scale) * LOG2E,
+            q.stride(0), q.stride(1), q.stride(2),
+            kv.stride(0), kv.stride(1),
+            page_table.stride(0), page_table.shape[1], kv.shape[0],
+            tree_mask.stride(0), tree_mask.stride(1),
+            *o_strides,
+            *l_strides,
+            T, H, int(num_splits),
+            PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
+            SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
+            num_warps=NUM_WARPS,
+        )
+
+    if USE_TMA3D and not seesaw:
+        try:
+            return go(True)
+        except Exception as e:  # noqa: BLE001 - descriptor refused by the host API / driver
+            import warnings
+
+            warnings.warn(f"3-D TMA descriptor refused ({type(e).__name__}: {e}); using 9 boxes per tile")
+            USE_TMA3D = False
+    return go(False)
+
+
+def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, num_splits=1, overlap=True,
+                 seesaw=False, out=None, lse=None):
+    """Convenience wrapper: ``(out, lse)`` like ``verify_mla(..., return_lse=True)`` (no validation
+    beyond the kernel's own requirements)."""
+    from ._splitkv import combine_splits, split_destinations
+
+    B, T, H, _ = q.shape
+    if out is None:
+        out = torch.empty(B, T, H, D_LAT, dtype=q.dtype, device=q.device)
+        lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
+    launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
+                        sm_scale, num_splits, overlap=overlap, seesaw=seesaw)
+    if num_splits > 1:
+        combine_splits(dst_o, dst_l, out, lse)
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------------
+# AOT compile check (CPU machine, sm_90 target)
+# --------------------------------------------------------------------------------------------------
+
+def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
+                     partial_dtype: str = "fp32"):
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _verify_gluon_kernel
+    layout = _kv_smem_layout()
+    tma3d = tma3d and not seesaw
+    desc3 = (f"tensordesc<bf16[{D_LAT // 64},{BLOCK_N},64],{_kv_smem3_layout()!r}>" if tma3d
+             else f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>")
+    sig = {
+        "Q": "*bf16", "KV": "*bf16", "kv_desc": f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>", "kv_desc3": desc3,
+        "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32",
+        "Out": "*bf16" if num_splits == 1 else f"*{partial_dtype}", "Lse": "*fp32", "sm_scale_log2e": "fp32",
+    }
+    ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
+            "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
+            "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
+    sig.update({n: "i32" for n in ints})
+    constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
+                  "SEESAW": seesaw, "TMA3D": tma3d, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "D_LAT": D_LAT,
+                  "D_PE": D_PE}
+    for k in constexprs:
+        sig[k] = "constexpr"
+    names = fn.arg_names
+    divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse", "stride_qb", "stride_qt",
+                 "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh", "stride_os")
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+
+
+VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
+            "seesaw": dict(overlap=False, seesaw=True)}
+
+
+def _main():
+    from .aot import resource_usage
+
+    if not GLUON_AVAILABLE:
+        raise SystemExit(f"gluon unavailable: {_IMPORT_ERROR!r}")
+    ok = True
+    for name, kw in VARIANTS.items():
+        for splits in (1, 2):
+            for P in (64, 128):
+                try:
+                    k = compile_for_sm90(splits, kw["overlap"], P, seesaw=kw["seesaw"])
+                except Exception as e:  # noqa: BLE001
+                    print(f"_verify_gluon_kernel sm_90 {name:7s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
+                          f"COMPILE FAILED: {type(e).__name__}: {str(e)[:2000]}", flush=True)
+                    ok = False
+                    continue
+                use = resource_usage(k.asm["cubin"])
+                spill = use.get("LOCAL", 0) + use.get("STACK", 0)
+                shared = int(k.metadata.shared)
+                # Spills are reported, not fatal (ptxas spills a few loop-invariant scalars under O).
+                good = shared <= SMEM_LIMIT_SM90
+                ok &= good
+                status = "ok" if good and spill == 0 else ("ok (spills)" if good else "FAIL")
+                print(f"_verify_gluon_kernel sm_90 {name:7s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
+                      f"shared {shared:7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill {spill:5d}  {status}",
+                      flush=True)
+    if not ok:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    _main()
