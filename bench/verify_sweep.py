@@ -36,6 +36,8 @@ GRIDS = {
     "issue": dict(L=[4096, 16384, 46000, 131072], T=[8, 16, 64, 128], H=[8, 64], B=[1], P=[1, 64]),
     "batch": dict(L=[4096, 16384, 46000], T=[16, 64], H=[8], B=[4, 16], P=[64]),
     "targets": dict(L=[46000], T=[8, 16, 64], H=[8, 64], B=[1], P=[1, 64]),
+    # The engine's verify shapes (T = budget + 1) on a TP8 rank of K2.6 (8 heads).
+    "engine": dict(L=[46000], T=[8, 17, 65], H=[8], B=[1], P=[64]),
 }
 TORCH_SCORE_LIMIT = 8 << 30  # skip the dense PyTorch version when its score tensor would exceed this
 

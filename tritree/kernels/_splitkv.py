@@ -208,9 +208,14 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
 
 
 def choose_num_splits(*, batch: int, row_blocks: int, max_keys: int, block_n: int, sms: int,
-                      programs_per_sm: int = 1, min_tiles_per_split: int = 4, max_splits: int = 256) -> int:
+                      programs_per_sm: int = 1, min_tiles_per_split: int = 4, max_splits: int = 256,
+                      whole_waves: bool = False) -> int:
     """Split count from static shapes only: enough programs to fill ``sms * programs_per_sm``, no
-    chunk shorter than ``min_tiles_per_split`` tiles of the page-table capacity ``max_keys``."""
-    want = math.ceil(sms * programs_per_sm / max(1, batch * row_blocks))
+    chunk shorter than ``min_tiles_per_split`` tiles of the page-table capacity ``max_keys``.
+    ``whole_waves``: round the split count down, so that the programs never spill into a partly
+    filled extra wave (for kernels with one resident program per SM: 9 row blocks at two per SM
+    would otherwise make 270 programs on 132 SMs, a third wave of 6)."""
+    per = max(1, batch * row_blocks)
+    want = max(1, (sms * programs_per_sm) // per) if whole_waves else math.ceil(sms * programs_per_sm / per)
     by_len = max(1, max_keys // (block_n * min_tiles_per_split))
     return int(max(1, min(want, by_len, max_splits)))

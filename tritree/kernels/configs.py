@@ -85,9 +85,10 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         # GPUs, triton without Gluon) the Triton kernel with TMA tiles and the same split. L=46000,
         # P=64 (bench/RESULTS.md, session 4, call D; Triton in brackets): T=8,H=8 50.8 us (50.7),
         # T=16,H=8 62.0 (66.2), T=64,H=8 seesaw 155.0 (177.3), T=16,H=64 seesaw 296.4 (334.9).
-        # More programs per SM (more, shorter splits) pay once there are many row blocks.
-        128: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
-        512: AttnConfig(64, 64, 8, 2, programs_per_sm=2, tma=True, split_scores=True, kernel="gluon-seesaw"),
+        # More programs per SM (more, shorter splits) pay once there are many row blocks; the bounds
+        # leave room for the engine's T = budget + 1 (T=17 and T=65 at H=8: 136 and 520 rows).
+        192: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
+        640: AttnConfig(64, 64, 8, 2, programs_per_sm=2, tma=True, split_scores=True, kernel="gluon-seesaw"),
         1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=4, tma=True, split_scores=True, kernel="gluon-seesaw"),
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees): pointer tiles, also

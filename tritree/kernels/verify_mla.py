@@ -541,7 +541,7 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     if num_splits is None:
         num_splits = choose_num_splits(batch=B, row_blocks=triton.cdiv(T * H, cfg.block_m),
                                        max_keys=page_table.shape[1] * kv.shape[1], block_n=cfg.block_n,
-                                       sms=num_sms(q.device), programs_per_sm=cfg.programs_per_sm)
+                                       sms=num_sms(q.device), programs_per_sm=cfg.programs_per_sm, whole_waves=True)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(cfg.scalar_page),
