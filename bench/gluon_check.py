@@ -1,8 +1,10 @@
 """Gluon (Hopper) verify kernel vs the Triton ``verify_mla`` on an H200: accuracy and CUDA-graph time.
 
-    PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64]
+    PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64] [--page-size 1]
 
-One line per (T, H) at L = 46000, B = 1, P = 64: relative error of each Gluon variant against the
+One line per (T, H) at L = 46000, B = 1, P = 64 (``--page-size``: P = 1 pools are fragmented, pages
+randomly permuted as ``verify_sweep.build_sets`` makes them; P < 64 takes the Gluon cp.async gather path,
+which has no overlapped schedule, so ``gluon+ovl`` is skipped there): relative error of each Gluon variant against the
 Triton kernel, then us and TFLOP/s (FLOPs = 2 T H (L + T) (576 + 512)) of triton and the Gluon
 variants (plain, FA3 overlap, seesaw tile pairs), then each variant's compile (registers, spills,
 shared bytes). A variant that fails prints its exception; the rest go on.
@@ -59,7 +61,7 @@ def describe(k):
     return f"regs {regs} spills {spills} B shared {shared} B"
 
 
-def run_shape(T, H, splits_arg):
+def run_shape(T, H, splits_arg, P=P):
     flops = 2 * B * T * H * (L + T) * (576 + 512)
     n_sets = rotation_count(B * (L + T) * 576 * 2)
     sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda")
@@ -81,7 +83,8 @@ def run_shape(T, H, splits_arg):
     except Exception as e:  # noqa: BLE001
         print(f"  triton failed: {type(e).__name__}: {e}", flush=True)
         ref = None
-    for name in VARIANTS:
+    variants = [v for v in VARIANTS if P % VG.BLOCK_N == 0 or not VARIANTS[v]["overlap"]]
+    for name in variants:
         try:
             scratches = [split_destinations(o[0], o[1], num_splits, T * H) for o in outs]
             fns = [lambda s=s, o=o, sc=sc, name=name: gluon_call(s, o[0], o[1], num_splits, name, sc)
@@ -99,7 +102,7 @@ def run_shape(T, H, splits_arg):
             traceback.print_exc(limit=3)
             torch.cuda.synchronize()
     parts = []
-    for name in ("triton", *VARIANTS):
+    for name in ("triton", *variants):
         if name in res:
             us, err = res[name]
             tf = flops / (us * 1e-6) / 1e12
@@ -116,6 +119,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--splits", type=int, default=0, help="Gluon split count (default: one program per SM)")
     ap.add_argument("--shapes", default="", help="comma-separated TxH, e.g. 8x8,16x64")
+    ap.add_argument("--page-size", type=int, default=P,
+                    help="pool page size (default 64; 1 = token-granular, randomly permuted pages)")
     args = ap.parse_args()
     if not VG.GLUON_AVAILABLE:
         sys.exit(f"Gluon unavailable: {VG._IMPORT_ERROR!r}")
@@ -123,12 +128,12 @@ def main():
     print(f"# torch {torch.__version__} triton {triton.__version__} {torch.cuda.get_device_name()}", flush=True)
     for T, H in shapes:
         try:
-            run_shape(T, H, args.splits)
+            run_shape(T, H, args.splits, args.page_size)
         except Exception as e:  # noqa: BLE001
             print(f"T={T} H={H} failed: {type(e).__name__}: {e}", flush=True)
             torch.cuda.empty_cache()
     for (name, multi), k in COMPILES.items():
-        print(f"# compile {name:13s} splits={'N' if multi else '1'}: {describe(k)}", flush=True)
+        print(f"# compile {name:13s} P={args.page_size} splits={'N' if multi else '1'}: {describe(k)}", flush=True)
     print(f"# 3-D TMA descriptor in use: {VG.USE_TMA3D}", flush=True)
 
 

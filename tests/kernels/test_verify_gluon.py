@@ -1,6 +1,7 @@
 """The Hopper Gluon verify kernel (``tritree.kernels._verify_gluon``) against the float64 reference:
 bf16 inputs, outputs poisoned with NaN, one split and many, every schedule (plain, overlapped, seesaw
-tile pairs), fp32 and bf16 partials."""
+tile pairs), fp32 and bf16 partials; token-granular and small-page pools (P = 1, 16: the cp.async gather
+path, fragmented page tables) for the plain and seesaw schedules."""
 
 import math
 
@@ -151,3 +152,69 @@ def test_gluon_9_box_fallback(variant, monkeypatch):
     case = make_case(1, 8, 8, 64, [5 * 64 + 10], None, ("random",), torch.bfloat16, seed=3)
     check(case, 1, variant)
     check(case, 2, variant)
+
+
+# ---- gather path: P < 64 (cp.async row gathers instead of TMA), plain and seesaw -------------------
+GATHER_VARIANTS = ["plain", "seesaw"]
+GATHER_PAGE_SIZES = [1, 16]
+
+
+@pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
+@pytest.mark.parametrize("variant", GATHER_VARIANTS)
+@pytest.mark.parametrize("many", [False, True], ids=["splits1", "splitsN"])
+@pytest.mark.parametrize("c", CASES, ids=lambda c: f"B{c[0]}T{c[1]}H{c[2]}L{c[4][0]}")
+def test_gluon_gather_matches_reference(c, many, variant, P):
+    """The cases above with a fragmented pool of page size P (the case's own P ignored)."""
+    B, T, H, _, kv_lens, tree_lens, kinds = c
+    case = make_case(B, T, H, P, kv_lens, tree_lens, kinds, torch.bfloat16, seed=sum(kv_lens) + T * H + P,
+                     fragmented=True)
+    check(case, _splits_for(case, many), variant)
+
+
+@pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
+@pytest.mark.parametrize("variant", GATHER_VARIANTS)
+@pytest.mark.parametrize("num_splits", [2, 3, 5])
+def test_gluon_gather_split_parities(num_splits, variant, P):
+    """Tile-aligned chunks with odd and even tile counts (and a remainder) in one launch."""
+    case = make_case(1, 8, 8, P, [21 * 64 + 17], None, ("random",), torch.bfloat16, seed=num_splits + P)
+    check(case, num_splits, variant)
+
+
+@pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
+@pytest.mark.parametrize("variant", GATHER_VARIANTS)
+def test_gluon_gather_never_reads_garbage_outside_the_request(variant, P):
+    """NaN in every pool slot no request uses: full tiles gather only committed-prefix rows."""
+    case = poison_unused_slots(make_case(2, 19, 8, P, [3_000 + 37, 1_000 + 5], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=5 + P))
+    check(case, 3, variant)
+    check(case, 1, variant)
+
+
+@pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
+@pytest.mark.parametrize("variant", GATHER_VARIANTS)
+@pytest.mark.parametrize("num_splits", [7, 200])
+def test_gluon_gather_many_splits_with_empty_chunks(num_splits, variant, P):
+    """More splits than tiles: some programs get empty key ranges (m = -inf, l = 0)."""
+    case = make_case(1, 8, 8, P, [500], None, ("random",), torch.bfloat16, seed=num_splits + P)
+    check(case, num_splits, variant)
+
+
+@pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
+def test_gluon_gather_bf16_partials_and_overlap_fallback(P):
+    """bf16 partials on the gather path; ``overlap=True`` falls back to the plain schedule there."""
+    case = make_case(2, 19, 8, P, [3_000, 1_000], [19, 11], ("random", "chain"), torch.bfloat16, seed=11 + P)
+    check(case, 4, "seesaw", partial_dtype=torch.bfloat16)
+    check(case, 4, "overlap")
+    check(case, 1, "overlap")
+
+
+def test_gluon_gather_page_size_check():
+    """Page sizes the kernel takes: powers of two below 64 (gather) and multiples of 64 (TMA)."""
+    if not VG.GLUON_AVAILABLE:
+        pytest.skip("no Gluon")
+    q = torch.zeros(1, 1, 1, 576, dtype=torch.bfloat16)
+    for P in (1, 2, 4, 8, 16, 32, 64, 128):
+        VG._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1)
+    for P in (3, 48, 96):
+        with pytest.raises(ValueError):
+            VG._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1)

@@ -43,6 +43,18 @@ kernel does (FA3-style, one CTA of 8 warps = 2 warpgroups per 64 rows):
   slot 0 is refilled as soon as ``P_0 V_0`` is done, under ``P_1 V_1``, slot 1 after it. An odd
   leftover full tile and the masked tail take the one-tile tail path in rows 0..63.
 
+* ``GATHER`` (derived: ``PAGE_SIZE < 64``, any power of two 1..32; token-granular pools as SGLang keeps
+  tree KV): a tile spans several pages, so full tiles are not TMA boxes but cp.async row gathers
+  (``_gather_tile``: the masked tail's copy without the mask; row r of the tile at key n is
+  ``page_table[b, (n + r) // P] * stride_kvp + ((n + r) % P) * stride_kvs``, 16-byte vectors), into the
+  same ring. Page ids (one int32 per row, clamped like the Triton kernel) are fetched one tile (pair)
+  ahead. Plain: one cp.async group per tile, one group committed per iteration (empty ones too), so
+  ``wait_group(1)`` = "tile j landed" while tile j+1's copies fly. SEESAW: 9 groups per slot (one per
+  column block); the scores stream per block with ``wait_group(8 - c)`` + fence + CTA barrier
+  (``_qk_streamed_gather``) instead of the mbarriers. Chunks are tile-aligned
+  (``cdiv(cdiv(n_keys, splits), 64) * 64``: the Triton kernel's non-hoisted rule). No overlapped schedule
+  (the launcher runs the plain one) and no descriptor is read (one is still passed).
+
 Shared memory: Q 73,728 + 2 slots 147,456 + P 8,192 = 229,376 bytes (+ barriers and reduction
 scratch) of the 232,448 an H200 CTA may use: one CTA per SM.
 
@@ -86,6 +98,8 @@ D_LAT = 512
 D_PE = 64
 D_QK = D_LAT + D_PE
 NUM_WARPS = 8
+# Page sizes below one tile: full tiles are cp.async row gathers (the kernel's GATHER path), not TMA.
+GATHER_PAGE_SIZES = (1, 2, 4, 8, 16, 32)
 SMEM_LIMIT_SM90 = 232_448
 
 
@@ -245,6 +259,59 @@ if GLUON_AVAILABLE:
         return page * PAGE_SIZE + n % PAGE_SIZE
 
     @gluon.jit
+    def _gather_pages(pt, n, max_pages, num_pages, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                      BLOCK_N: gl.constexpr):
+        """GATHER: page ids of keys ``n .. n+63`` (one int32 per row of the copy layout: 2 registers),
+        fetched one tile (pair) ahead of the copies; column and page clamped like the Triton kernel."""
+        keys = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+        col = gl.minimum(keys // PAGE_SIZE, max_pages - 1)
+        page = gl.load(pt + col)
+        return gl.minimum(gl.maximum(page, 0), num_pages - 1)
+
+    @gluon.jit
+    def _gather_tile(KV, page, stride_kvp, stride_kvs, dst_blocks, blk0, row0: gl.constexpr, dst_pe,
+                     ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr,
+                     GROUP_PER_BLOCK: gl.constexpr):
+        """GATHER: one full tile (keys ``n .. n+63``, ``n`` a multiple of 64, ``page`` from
+        ``_gather_pages``) by unmasked cp.async row gathers (16-byte vectors) into rows ``row0 .. row0+63``
+        of ``dst_blocks`` (``[column blocks, rows, 64]``, blocks ``blk0 .. blk0+7``) and ``dst_pe``: the
+        masked tail's copy without the mask. Commits one cp.async group per tile, or one per 64-channel
+        column block (``GROUP_PER_BLOCK``: 9 groups, so the consumer can stream per block)."""
+        r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+        tok = KV + gl.expand_dims(page.to(gl.int64) * stride_kvp + (r % PAGE_SIZE).to(gl.int64) * stride_kvs, 1)
+        d = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
+        for c in range(D_LAT // 64):
+            _cp_async(dst_blocks.index(blk0 + c).slice(row0, BLOCK_N, dim=0), tok + (c * 64 + d))
+            if GROUP_PER_BLOCK:
+                async_copy.commit_group()
+        _cp_async(dst_pe, tok + (D_LAT + d))
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _qk_streamed_gather(q_lat, q_pe, k_lat, k_pe, s_zero, D_LAT: gl.constexpr):
+        """``_qk_streamed`` for cp.async-gathered pairs: slot 0 then slot 1 were committed as 9 groups
+        each (one per column block), so column block c of both slots has landed once at most ``8 - c``
+        groups are outstanding; each thread waits for its own copies, then a fence and a CTA barrier
+        make everyone's visible to the wgmma (async proxy)."""
+        NB: gl.constexpr = D_LAT // 64
+        async_copy.wait_group(NB)
+        fence_async_shared()
+        _cta_barrier()
+        s = warpgroup_mma(q_lat.slice(0, 64, dim=1), k_lat.slice(0, 64, dim=1).permute([1, 0]), s_zero,
+                          use_acc=False, is_async=True)
+        for c in gl.static_range(1, NB):
+            async_copy.wait_group(NB - c)
+            fence_async_shared()
+            _cta_barrier()
+            s = warpgroup_mma(q_lat.slice(c * 64, 64, dim=1), k_lat.slice(c * 64, 64, dim=1).permute([1, 0]), s,
+                              is_async=True)
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _cta_barrier()
+        s = warpgroup_mma(q_pe, k_pe.permute([1, 0]), s, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=[s])
+
+    @gluon.jit
     def _verify_gluon_kernel(
         Q, KV, kv_desc, kv_desc3, PageTable, KvLens, TreeMask, TreeLens,
         Out, Lse,
@@ -270,6 +337,11 @@ if GLUON_AVAILABLE:
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
+        # GATHER (PAGE_SIZE < 64, token-granular pools): full tiles by cp.async row gathers, not TMA.
+        GATHER: gl.constexpr = PAGE_SIZE < BLOCK_N
+        gl.static_assert(GATHER or PAGE_SIZE % BLOCK_N == 0, "page size: a power of two < 64 or a multiple of 64")
+        gl.static_assert(not (GATHER and OVERLAP), "the overlapped schedule is TMA-only")
+        gl.static_assert(not (GATHER and TMA3D), "GATHER uses no TMA descriptor")
         PAIR_N: gl.constexpr = 2 * BLOCK_N
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, BLOCK_N // 2, 16])
@@ -294,7 +366,11 @@ if GLUON_AVAILABLE:
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
         n_keys = kv_len + tree_len
-        chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
+        if GATHER:
+            # Pages no longer align chunks: tile-aligned chunks (the Triton kernel's non-hoisted rule).
+            chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
+        else:
+            chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
         start = pid_s * chunk
         end = gl.minimum(start + chunk, n_keys)
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
@@ -335,9 +411,41 @@ if GLUON_AVAILABLE:
         _cta_barrier()
 
         # The first tiles in flight before Q is loaded; page rows are fetched one tile (pair) ahead.
-        row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
-        row1 = _page_row_p(pt, start + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
-        if SEESAW:
+        if GATHER:
+            # Full tiles as cp.async groups (no mbarriers): plain = one group per tile, one committed
+            # per iteration (empty ones included) so that ``wait_group(1)`` always means "tile j landed";
+            # SEESAW = 9 groups per slot (one per column block), streamed by ``_qk_streamed_gather``.
+            if SEESAW:
+                g_blocks = k_lat._reinterpret(gl.bfloat16, [D_LAT // 64, PAIR_N, 64], smem_layout)
+                n_pairs = n_full // 2
+                if n_pairs > 0:
+                    pg = _gather_pages(pt, start, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+                    _gather_tile(KV, pg, stride_kvp, stride_kvs, g_blocks, 0, 0, k_pe.slice(0, BLOCK_N, dim=0),
+                                 ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, True)
+                    pg = _gather_pages(pt, start + BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+                    _gather_tile(KV, pg, stride_kvp, stride_kvs, g_blocks, 0, BLOCK_N,
+                                 k_pe.slice(BLOCK_N, BLOCK_N, dim=0), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, True)
+                next_pg = _gather_pages(pt, start + 2 * BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+                next_pg1 = _gather_pages(pt, start + 3 * BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE,
+                                         BLOCK_N)
+            else:
+                g_blocks = k_lat._reinterpret(gl.bfloat16, [2 * (D_LAT // 64), BLOCK_N, 64], smem_layout)
+                if n_full > 0:
+                    pg = _gather_pages(pt, start, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+                    _gather_tile(KV, pg, stride_kvp, stride_kvs, g_blocks, 0, 0, k_pe.index(0), ld_layout,
+                                 PAGE_SIZE, D_LAT, BLOCK_N, False)
+                else:
+                    async_copy.commit_group()
+                if n_full > 1:
+                    pg = _gather_pages(pt, start + BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+                    _gather_tile(KV, pg, stride_kvp, stride_kvs, g_blocks, D_LAT // 64, 0, k_pe.index(1), ld_layout,
+                                 PAGE_SIZE, D_LAT, BLOCK_N, False)
+                else:
+                    async_copy.commit_group()
+                next_pg = _gather_pages(pt, start + 2 * BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+        elif SEESAW:
+            row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
+            row1 = _page_row_p(pt, start + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
             n_pairs = n_full // 2
             fence_async_shared()
             _cta_barrier()
@@ -347,6 +455,8 @@ if GLUON_AVAILABLE:
             next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
             next_row1 = _page_row_p(pt, start + 3 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
         else:
+            row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
+            row1 = _page_row_p(pt, start + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
             if TMA3D:
                 if n_full > 0:
                     _issue_tile3(kv_desc, kv_desc3, lat3, k_pe, bars, 0, row0, D_LAT, BLOCK_N)
@@ -381,7 +491,10 @@ if GLUON_AVAILABLE:
             s2_zero = gl.zeros([BLOCK_M, PAIR_N], gl.float32, layout=s2_layout)
             # ---- committed prefix: pairs of full tiles, no mask ----------------------------------
             for i in range(n_pairs):
-                s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
+                if GATHER:
+                    s = _qk_streamed_gather(q_lat, q_pe, k_lat, k_pe, s2_zero, D_LAT)
+                else:
+                    s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
                 # Row max / sum cross the warpgroups (shared-memory reduction + barrier): after it,
                 # every warpgroup's QK is complete and the rope rows are dead.
                 p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
@@ -395,13 +508,27 @@ if GLUON_AVAILABLE:
                 o = warpgroup_mma_wait(num_outstanding=1, deps=[o])
                 _cta_barrier()  # both warpgroups are done with slot 0 (its V and P_0)
                 if i + 1 < n_pairs:
-                    _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 0, next_row, D_LAT, BLOCK_N)
+                    if GATHER:
+                        _gather_tile(KV, next_pg, stride_kvp, stride_kvs, g_blocks, 0, 0,
+                                     k_pe.slice(0, BLOCK_N, dim=0), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, True)
+                    else:
+                        _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 0, next_row, D_LAT, BLOCK_N)
                 o = warpgroup_mma_wait(num_outstanding=0, deps=[o])
                 _cta_barrier()  # ... and with slot 1
                 if i + 1 < n_pairs:
-                    _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 1, next_row1, D_LAT, BLOCK_N)
-                next_row = _page_row_p(pt, start + (2 * i + 4) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
-                next_row1 = _page_row_p(pt, start + (2 * i + 5) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+                    if GATHER:
+                        _gather_tile(KV, next_pg1, stride_kvp, stride_kvs, g_blocks, 0, BLOCK_N,
+                                     k_pe.slice(BLOCK_N, BLOCK_N, dim=0), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, True)
+                    else:
+                        _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 1, next_row1, D_LAT, BLOCK_N)
+                if GATHER:
+                    next_pg = _gather_pages(pt, start + (2 * i + 4) * BLOCK_N, max_pages, num_pages, ld_layout,
+                                            PAGE_SIZE, BLOCK_N)
+                    next_pg1 = _gather_pages(pt, start + (2 * i + 5) * BLOCK_N, max_pages, num_pages, ld_layout,
+                                             PAGE_SIZE, BLOCK_N)
+                else:
+                    next_row = _page_row_p(pt, start + (2 * i + 4) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+                    next_row1 = _page_row_p(pt, start + (2 * i + 5) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
             for c in gl.static_range(D_LAT // 64 + 1):
                 mbarrier.invalidate(cbars[c])
 
@@ -445,6 +572,26 @@ if GLUON_AVAILABLE:
                     o = _publish_p(p, alpha, o, p_smem, o_layout)
                     o = warpgroup_mma(p_smem, k_lat.index((n_full - 1) % 2), o)
                     _cta_barrier()
+            elif GATHER:
+                for j in range(n_full):
+                    slot = j % 2
+                    # Groups committed so far: tiles 0 .. j+1 (one each, maybe empty): tile j has landed
+                    # once at most one is outstanding; then everyone's copies are made visible.
+                    async_copy.wait_group(1)
+                    fence_async_shared()
+                    _cta_barrier()
+                    s = _qk(q_lat, q_pe, k_lat.index(slot), k_pe.index(slot), s_zero, False)
+                    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+                    o = _publish_p(p, alpha, o, p_smem, o_layout)
+                    o = warpgroup_mma(p_smem, k_lat.index(slot), o)
+                    _cta_barrier()  # p_smem and the slot are free again: tile j+2 goes there
+                    if j + 2 < n_full:
+                        _gather_tile(KV, next_pg, stride_kvp, stride_kvs, g_blocks, slot * (D_LAT // 64), 0,
+                                     k_pe.index(slot), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, False)
+                    else:
+                        async_copy.commit_group()
+                    next_pg = _gather_pages(pt, start + (j + 3) * BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE,
+                                            BLOCK_N)
             else:
                 for j in range(n_full):
                     slot = j % 2
@@ -533,9 +680,13 @@ def _check(q, kv, num_splits):
     if q.shape[-1] != D_QK or D != D_QK:
         raise ValueError(f"the Gluon verify kernel needs 576 channels (512 + 64), got q {tuple(q.shape)}, "
                          f"kv {tuple(kv.shape)}")
-    if P % BLOCK_N:
-        raise ValueError(f"the Gluon verify kernel needs a page size that is a multiple of {BLOCK_N}, got {P}")
-    if kv.stride(2) != 1 or kv.stride(0) != P * kv.stride(1) or (kv.stride(1) * 2) % 16 or kv.data_ptr() % 16:
+    if P % BLOCK_N and P not in GATHER_PAGE_SIZES:
+        raise ValueError(f"the Gluon verify kernel needs a page size that is a multiple of {BLOCK_N} or one of "
+                         f"{GATHER_PAGE_SIZES}, got {P}")
+    if P % BLOCK_N:  # gather path: rows addressed as page * stride(0) + slot * stride(1), 16-byte vectors
+        if kv.stride(2) != 1 or (kv.stride(0) * 2) % 16 or (kv.stride(1) * 2) % 16 or kv.data_ptr() % 16:
+            raise ValueError("the Gluon verify kernel needs 16-byte aligned pool rows (channel stride 1)")
+    elif kv.stride(2) != 1 or kv.stride(0) != P * kv.stride(1) or (kv.stride(1) * 2) % 16 or kv.data_ptr() % 16:
         raise ValueError("the Gluon verify kernel reads the pool as one [pages * P, 576] row-major matrix "
                          "(16-byte aligned rows)")
     if num_pages * P >= 2**31:
@@ -551,6 +702,9 @@ def _kv_smem3_layout():
 def kv_descriptor(kv: torch.Tensor):
     """Host TMA descriptor of the pool viewed as ``[num_pages * P, 576]``, boxes of 64 x 64."""
     num_pages, P, D = kv.shape
+    if P % BLOCK_N:  # gather path: never read; slot 0 of each page keeps the view inside the storage
+        flat = kv.as_strided((num_pages, D), (kv.stride(0), 1))
+        return TensorDescriptor(flat, [num_pages, D], [kv.stride(0), 1], [BLOCK_N, 64], _kv_smem_layout())
     flat = kv.as_strided((num_pages * P, D), (kv.stride(1), 1))
     return TensorDescriptor(flat, [num_pages * P, D], [kv.stride(1), 1], [BLOCK_N, 64], _kv_smem_layout())
 
@@ -575,6 +729,8 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
     l_strides`` from ``_splitkv.split_destinations``; ``dst_o`` may be fp32 or a narrower float type:
     partials are cast on store, ``dst_l`` is fp32). With ``num_splits > 1`` the caller merges the
     partials with ``_splitkv.combine_splits``. ``seesaw``: the tile-pair schedule (``overlap`` ignored).
+    Page sizes below 64 (``kv.shape[1]`` in ``GATHER_PAGE_SIZES``) take the cp.async gather path, which
+    has no overlapped schedule: ``overlap`` is ignored there (plain schedule) and no 3-D descriptor is used.
     Returns the compiled kernel (``n_regs``, ``n_spills``, ``metadata.shared``)."""
     global USE_TMA3D
     _check(q, kv, num_splits)
@@ -583,6 +739,10 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
     grid = (triton.cdiv(M, BLOCK_M), int(num_splits), B)
+    gather = kv.shape[1] % BLOCK_N != 0
+    if gather:
+        overlap = False
+    # The gather path reads no descriptor; one is still passed (the signature is the same for all paths).
     desc = kv_descriptor(kv)
 
     def go(tma3d):
@@ -598,12 +758,12 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             *l_strides,
             T, H, int(num_splits),
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
-            SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw,
+            SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
             num_warps=NUM_WARPS,
         )
 
-    if USE_TMA3D and not seesaw:
+    if USE_TMA3D and not seesaw and not gather:
         try:
             return go(True)
         except Exception as e:  # noqa: BLE001 - descriptor refused by the host API / driver
@@ -643,7 +803,9 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
 
     fn = _verify_gluon_kernel
     layout = _kv_smem_layout()
-    tma3d = tma3d and not seesaw
+    gather = page_size % BLOCK_N != 0
+    tma3d = tma3d and not seesaw and not gather
+    overlap = overlap and not gather
     desc3 = (f"tensordesc<bf16[{D_LAT // 64},{BLOCK_N},64],{_kv_smem3_layout()!r}>" if tma3d
              else f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>")
     sig = {
@@ -680,7 +842,8 @@ def _main():
     ok = True
     for name, kw in VARIANTS.items():
         for splits in (1, 2):
-            for P in (64, 128):
+            # P = 1, 16: the cp.async gather path (plain and seesaw; overlap is TMA-only).
+            for P in (64, 128) if name == "overlap" else (64, 128, 1, 16):
                 try:
                     k = compile_for_sm90(splits, kw["overlap"], P, seesaw=kw["seesaw"])
                 except Exception as e:  # noqa: BLE001

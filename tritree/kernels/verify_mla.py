@@ -337,14 +337,19 @@ GLUON_KERNELS = ("gluon", "gluon-overlap", "gluon-seesaw")
 
 
 def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
-    """The Gluon kernel serves bf16 Kimi-shaped (512 + 64) calls on Hopper with P % 64 == 0 and a
-    TMA-addressable pool; anything else takes the Triton kernel."""
+    """The Gluon kernels serve bf16 Kimi-shaped (512 + 64) calls on Hopper: P % 64 == 0 pools by TMA
+    (the pool addressable as one matrix), smaller pages by row gathers (16-byte aligned rows);
+    anything else takes the Triton kernel."""
     if cfg.kernel not in GLUON_KERNELS or not q.is_cuda or q.dtype != torch.bfloat16 or q.shape[-1] != D_QK:
         return False
     from . import _verify_gluon
-    tma_cfg = AttnConfig(64, 64, 8, 1, tma=True)
-    return (_verify_gluon.GLUON_AVAILABLE and kv.shape[1] % 64 == 0 and _tma_usable(kv, tma_cfg)
-            and torch.cuda.get_device_capability(q.device)[0] == 9)
+    P = kv.shape[1]
+    if P % 64 == 0:
+        layout_ok = _tma_usable(kv, AttnConfig(64, 64, 8, 1, tma=True))
+    else:
+        layout_ok = (kv.stride(2) == 1 and (kv.stride(0) * 2) % 16 == 0 and (kv.stride(1) * 2) % 16 == 0
+                     and (kv.storage_offset() * 2) % 16 == 0)
+    return _verify_gluon.GLUON_AVAILABLE and layout_ok and torch.cuda.get_device_capability(q.device)[0] == 9
 
 
 def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
