@@ -8,12 +8,11 @@ import math
 import pytest
 import torch
 
-from tritree import verify_mla_reference
 from tritree.kernels import _verify_gluon as VG
 from tritree.kernels._splitkv import combine_splits, split_destinations
 
 from ..conftest import HAS_GPU
-from .test_verify_mla import LSE_TOL, SM_SCALE, TOL, make_case, poison_unused_slots
+from .test_verify_mla import SM_SCALE, assert_matches_reference, make_case, poison_unused_slots
 
 
 def _gluon_ok():
@@ -55,27 +54,8 @@ def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):
 
 
 def check(case, num_splits, variant, partial_dtype=torch.float32):
-    dtype = torch.bfloat16
     out, lse = run_gluon(case, num_splits, variant, partial_dtype)
-    ref_out, ref_lse = verify_mla_reference(
-        case["q"].double(), case["kv"].double(), case["page_table"], case["kv_lens"], case["tree_mask"],
-        sm_scale=SM_SCALE, tree_lens=case["tree_lens"], return_lse=True)
-    assert not torch.isnan(out).any(), "some output elements were not written"
-    assert not torch.isnan(lse).any(), "some lse elements were not written"
-    err = (out.double() - ref_out).norm() / ref_out.norm().clamp_min(1e-30)
-    assert err <= TOL[dtype], f"relative error {err:.3g} > {TOL[dtype]}"
-    elem = (out.double() - ref_out).abs().max() / ref_out.abs().max().clamp_min(1e-30)
-    assert elem <= 4 * TOL[dtype], f"max element error {elem:.3g} (relative to max |ref|)"
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite), "lse is -inf exactly on padding rows"
-    assert (lse[~finite] == float("-inf")).all()
-    if finite.any():
-        lse_err = (lse.double()[finite] - ref_lse[finite]).abs().max()
-        assert lse_err <= LSE_TOL[dtype], f"lse error {lse_err:.3g}"
-    if case["tree_lens"] is not None:
-        T = case["q"].shape[1]
-        pad = torch.arange(T, device=out.device)[None, :] >= case["tree_lens"][:, None]
-        assert (out[pad] == 0).all()
+    assert_matches_reference(case, out, lse, torch.bfloat16)
 
 
 def _splits_for(case, many):

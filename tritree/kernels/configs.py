@@ -94,6 +94,10 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     # Pools with pages smaller than those tiles (P=1: token-granular trees): pointer tiles, also
     # pipelined two deep now that split scores leave room (session 4: T=8,H=8 53.4 us, T=16,H=8 70.2,
     # T=64,H=8 205.7, T=16,H=64 398.7; session 3's 64x64x8x1 tables: 61.7 / 95.4 / 295.6 / 654.3).
+    # The Gluon kernels' row-gather path (kernel="gluon-seesaw", one program per SM) measured faster
+    # at P = 1 (session 4, call J: 50.4 / 62.9 / 141.9 / 251.2 us) but only 67 of its 105 GPU tests
+    # have run (split parities, the NaN-poisoned pool and empty chunks not yet): opt in with
+    # config=AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-seesaw") until they have.
     "sm_90:small_pages": {
         16: AttnConfig(16, 64, 4, 2),
         128: AttnConfig(64, 64, 8, 2, split_scores=True),
