@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, config exploration and the sweeps; everything lands in $OUT.
 # usage: bash bench/gpu_run.sh [tests] [explore] [sweep] [sm120] [kv] [draft] [main] [decode] [tree] [model] [accept] [pybench] [ncu]
-#   env: TESTS (pytest args), CONFIGS / CONFIGS120 (BM,BN,warps,stages[,programs_per_sm[,scalar_page]];...),
+#   env: TESTS (pytest args), CONFIGS / CONFIGS120 (BM,BN,warps,stages[,ppsm[,scalar[,tma[,hoist[,split]]]]][,kernel];...),
 #        FILTER (python expression over B,T,H,L,P), GRID (sweep grids), DRAFT_CONFIGS, NCU_CASE ("B T H L P [cfg]|...")
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
