@@ -129,16 +129,16 @@ def page_of(pages, g, n, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
     return tl.sum(tl.where(tl.arange(0, PAGE_GROUP) == (n - g) // PAGE_SIZE, pages, 0), 0)
 
 
-def split_destinations(out, lse, num_splits: int, rows: int, dtype: torch.dtype | None = None):
+def split_destinations(out, lse, num_splits: int, rows: int):
     """Where a split-KV kernel writes: ``(dst_o, dst_l, o_strides, l_strides)`` for
-    :func:`store_rows`. One split writes ``out``/``lse`` directly; several write partials
-    ``[B, S, rows, D]`` (``dtype``, default float32) / ``[B, S, rows]`` float32 for
-    :func:`combine_splits`. (16-bit partials halve their traffic but measured slower: session 4.)"""
+    :func:`store_rows`. One split writes ``out``/``lse`` directly; several write float32 partials
+    ``[B, S, rows, D]`` / ``[B, S, rows]`` for :func:`combine_splits` (16-bit partials halve their
+    traffic but measured slower: bench/RESULTS.md, session 4)."""
     if num_splits == 1:
         return (out, lse, (out.stride(0), out.stride(1), out.stride(2), 0),
                 (lse.stride(0), lse.stride(1), lse.stride(2), 0))
     B, D = out.shape[0], out.shape[-1]
-    dst_o = torch.empty(B, num_splits, rows, D, dtype=dtype or torch.float32, device=out.device)
+    dst_o = torch.empty(B, num_splits, rows, D, dtype=torch.float32, device=out.device)
     dst_l = torch.empty(B, num_splits, rows, dtype=torch.float32, device=out.device)
     return (dst_o, dst_l, (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1)),
             (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1)))
