@@ -152,49 +152,75 @@ def _combine_kernel(
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lt, stride_lh,
     H, num_splits,
-    SPLITS_POW2: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    # One pass with a running maximum (the partials' lse are log2): each chunk's partial rows and
+    # lse are loaded together, so a chunk costs one memory round trip and chunks can be in flight
+    # together (the merge is bound by bytes in flight, not by arithmetic).
     row = tl.program_id(0)
     b = tl.program_id(1)
     pid_d = tl.program_id(2)
     t = row // H
     h = row % H
-    splits = tl.arange(0, SPLITS_POW2)
-    lse_base = PartLse + b.to(tl.int64) * stride_plb + row
-    lse_all = tl.load(lse_base + splits * stride_pls, mask=splits < num_splits, other=float("-inf"))
-    lse_max = tl.max(lse_all, 0)
-    lse_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    denom = tl.sum(tl.exp2(lse_all - lse_safe), 0)
-
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    lse_base = PartLse + b.to(tl.int64) * stride_plb + row
     o_base = PartO + b.to(tl.int64) * stride_pob + row.to(tl.int64) * stride_pom
+    m = tl.full([1], float("-inf"), tl.float32)
+    denom = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         ss = s0 + tl.arange(0, SPLIT_CHUNK)
         s_ok = ss < num_splits
-        w = tl.exp2(tl.load(lse_base + ss * stride_pls, mask=s_ok, other=float("-inf")) - lse_safe)
         o = tl.load(o_base + ss[:, None].to(tl.int64) * stride_pos + d[None, :], mask=s_ok[:, None], other=0.0)
-        acc += tl.sum(o.to(tl.float32) * w[:, None], 0)
+        part_lse = tl.load(lse_base + ss * stride_pls, mask=s_ok, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(part_lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(part_lse - m_safe)
+        denom = denom * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(o.to(tl.float32) * w[:, None], 0)
+        m = m_new
     has = denom > 0.0
     out = acc / tl.where(has, denom, 1.0)
     out_ptr = Out + b.to(tl.int64) * stride_ob + t * stride_ot + h * stride_oh + d
     tl.store(out_ptr, out.to(Out.dtype.element_ty))
     if pid_d == 0:
-        lse = tl.where(has, (lse_safe + tl.log2(tl.where(has, denom, 1.0))) * 0.6931471805599453, float("-inf"))
-        tl.store(Lse + b.to(tl.int64) * stride_lb + t * stride_lt + h * stride_lh, lse)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        lse = tl.where(has, (m_safe + tl.log2(tl.where(has, denom, 1.0))) * 0.6931471805599453, float("-inf"))
+        lse_ptr = Lse + b.to(tl.int64) * stride_lb + t * stride_lt + h * stride_lh + tl.arange(0, 1)
+        tl.store(lse_ptr, lse)
+
+
+# Enough merge programs that every SM holds several (the merge is bound by bytes in flight), and
+# at most this many fp32 partial values loaded per program per chunk. Chosen on the H200 (session 5,
+# call D, verify_mla at L=46000 with 8-132 splits; the merge alone, us, for 1024/8192 -> 512/16384):
+# T=8,H=8 7.9 -> 7.6, T=16,H=8 10.7 -> 9.9, T=64,H=8 9.1 -> 5.0, T=17,H=8 10.2 -> 10.3 (the previous
+# merge, a chunk of at most 16 splits x 128 columns: 13.0, 10.9, 23.6 at 33 splits, 9.9).
+_COMBINE_MIN_PROGRAMS = 512
+_COMBINE_CHUNK_VALUES = 16384
+
+
+def combine_config(rows: int, splits: int, D: int) -> tuple[int, int, int]:
+    """``(BLOCK_D, SPLIT_CHUNK, num_warps)`` of the merge of ``splits`` partials of ``rows`` rows
+    (all batches) of ``D`` columns: column blocks narrowed until there are enough programs, then
+    as many splits per chunk as fit ``_COMBINE_CHUNK_VALUES``."""
+    block_d = D
+    while block_d > 32 and block_d % 2 == 0 and rows * (D // block_d) < _COMBINE_MIN_PROGRAMS:
+        block_d //= 2
+    chunk = max(1, min(triton.next_power_of_2(splits), _COMBINE_CHUNK_VALUES // block_d))
+    num_warps = 8 if chunk * block_d >= 4096 else 4  # <= 64 values per thread
+    return block_d, chunk, num_warps
 
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                    launch=None) -> None:
-    """Merges ``part_o: [B, S, T*H, D]``, ``part_lse: [B, S, T*H]`` into ``out: [B, T, H, D]`` and
-    ``lse: [B, T, H]`` (natural log). ``launch`` wraps the kernel (``torch.library.wrap_triton``)."""
+    """Merges ``part_o: [B, S, T*H, D]``, ``part_lse: [B, S, T*H]`` (log2) into ``out: [B, T, H, D]``
+    and ``lse: [B, T, H]`` (natural log). ``launch`` wraps the kernel (``torch.library.wrap_triton``)."""
     B, S, M, D = part_o.shape
     H = out.shape[2]
-    block_d = min(128, D)
+    block_d, chunk, num_warps = combine_config(B * M, S, D)
     kernel = _combine_kernel if launch is None else launch(_combine_kernel)
-    splits_pow2 = triton.next_power_of_2(S)
     kernel[(M, B, D // block_d)](
         part_o, part_lse, out, lse,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
@@ -202,8 +228,8 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
         H, S,
-        SPLITS_POW2=splits_pow2, SPLIT_CHUNK=min(16, splits_pow2), BLOCK_D=block_d,
-        num_warps=4,
+        SPLIT_CHUNK=chunk, BLOCK_D=block_d,
+        num_warps=num_warps,
     )
 
 

@@ -148,6 +148,18 @@ if GLUON_AVAILABLE:
         _tma_load(kv_desc, [row, D_LAT], cbars[D_LAT // 64], pe_smem.slice(half * BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
+    def _prefetch_tile_l2(KV, row, stride_kvs, num_rows):
+        """Asks the L2 for the 64 pool rows from ``row`` (one bulk prefetch, issued by thread 0) a pair
+        ahead of their TMA copies, so that a slot's refill, which the next scores wait for, is an L2 hit.
+        Only for pools whose rows are contiguous (``stride_kvs`` = 576) and within the pool."""
+        if (stride_kvs == 576) & (row + 64 <= num_rows):
+            addr = KV + row.to(gl.int64) * 576
+            gl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
+                "=r,l", [addr], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _new_bar():
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(bar, count=1)
@@ -330,6 +342,7 @@ if GLUON_AVAILABLE:
         OVERLAP: gl.constexpr,
         SEESAW: gl.constexpr = False,
         TMA3D: gl.constexpr = True,
+        L2_PREFETCH: gl.constexpr = True,
         BLOCK_M: gl.constexpr = 64,
         BLOCK_N: gl.constexpr = 64,
         D_LAT: gl.constexpr = 512,
@@ -454,6 +467,10 @@ if GLUON_AVAILABLE:
                 _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 1, row1, D_LAT, BLOCK_N)
             next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
             next_row1 = _page_row_p(pt, start + 3 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+            if L2_PREFETCH:
+                if n_pairs > 1:
+                    _prefetch_tile_l2(KV, next_row, stride_kvs, num_pages * PAGE_SIZE)
+                    _prefetch_tile_l2(KV, next_row1, stride_kvs, num_pages * PAGE_SIZE)
         else:
             row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
             row1 = _page_row_p(pt, start + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
@@ -469,17 +486,25 @@ if GLUON_AVAILABLE:
                     _issue_tile(kv_desc, k_lat, k_pe, bars, 1, row1, D_LAT, BLOCK_N)
             next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
 
-        # ---- Q: pointer loads (rows are (t, h) pairs, not one strided matrix) -------------------
+        # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
         rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
         t_ld = rows_ld // H
         h_ld = rows_ld % H
-        ok_ld = gl.expand_dims((rows_ld < T * H) & (t_ld < tree_len), 1)
+        # cp.async, all ten column blocks in flight at once: loads through registers were issued one
+        # block ahead of their stores (triton 3.6 puts a CTA barrier between stores into one buffer),
+        # nine latencies in a row before the first score. Rows past the tree or past T*H copy the
+        # request's first row instead (finite; such rows are never attended from or stored nonzero).
+        ok_ld = (rows_ld < T * H) & (t_ld < tree_len)
+        t_ld = gl.where(ok_ld, t_ld, 0)  # (clamping the indices, not the offset, keeps the strides' alignment)
+        h_ld = gl.where(ok_ld, h_ld, 0)
         q_rows = gl.expand_dims(Q + b.to(gl.int64) * stride_qb + (t_ld * stride_qt + h_ld * stride_qh).to(gl.int64), 1)
         d_ld = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
         for c in gl.static_range(D_LAT // 64):
-            x = gl.load(q_rows + (c * 64 + d_ld), mask=ok_ld, other=0.0)
-            q_lat.slice(c * 64, 64, dim=1).store(x)
-        q_pe.store(gl.load(q_rows + (D_LAT + d_ld), mask=ok_ld, other=0.0))
+            _cp_async(q_lat.slice(c * 64, 64, dim=1), q_rows + (c * 64 + d_ld))
+        _cp_async(q_pe, q_rows + (D_LAT + d_ld))
+        async_copy.commit_group()
+        # Also completes any KV row gathers committed before (GATHER); later groups count from here.
+        async_copy.wait_group(0)
         fence_async_shared()
         _cta_barrier()
 
@@ -529,6 +554,10 @@ if GLUON_AVAILABLE:
                 else:
                     next_row = _page_row_p(pt, start + (2 * i + 4) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
                     next_row1 = _page_row_p(pt, start + (2 * i + 5) * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+                    if L2_PREFETCH:
+                        if i + 2 < n_pairs:
+                            _prefetch_tile_l2(KV, next_row, stride_kvs, num_pages * PAGE_SIZE)
+                            _prefetch_tile_l2(KV, next_row1, stride_kvs, num_pages * PAGE_SIZE)
             for c in gl.static_range(D_LAT // 64 + 1):
                 mbarrier.invalidate(cbars[c])
 
@@ -721,6 +750,11 @@ def kv_descriptor3(kv: torch.Tensor):
 
 # Set to False (here or by the first failing launch) to fall back to 9 boxes of 64 x 64 per tile.
 USE_TMA3D = True
+# SEESAW over TMA: bulk L2 prefetch of each pair one pair ahead of its copies (a bench switch). Measured
+# (session 5, calls C and D): seesaw T=64,H=8 114.6 -> 110.3 us, T=16,H=64 212.3 -> 207.9; slower in
+# the plain schedule (T=8,H=8 28.4 -> 29.9) and for row gathers (T=16,H=64, P=1: 233.4 -> 245.9), so
+# only there.
+L2_PREFETCH = True
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
@@ -758,7 +792,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             *l_strides,
             T, H, int(num_splits),
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
-            SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather,
+            SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
             num_warps=NUM_WARPS,
         )
@@ -818,7 +852,8 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
-                  "SEESAW": seesaw, "TMA3D": tma3d, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "D_LAT": D_LAT,
+                  "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
+                  "D_LAT": D_LAT,
                   "D_PE": D_PE}
     for k in constexprs:
         sig[k] = "constexpr"

@@ -82,27 +82,22 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         16: AttnConfig(16, 64, 4, 2),
         # Pools with P >= BLOCK_N, 64x64 tiles in two warpgroups that split the score tile. On Hopper
         # with bf16 the Gluon kernels serve (kernels/_verify_gluon.py); elsewhere (fp16/fp32, other
-        # GPUs, triton without Gluon) the Triton kernel with TMA tiles and the same split. L=46000,
-        # P=64 (bench/RESULTS.md, session 4, call D; Triton in brackets): T=8,H=8 50.8 us (50.7),
-        # T=16,H=8 62.0 (66.2), T=64,H=8 seesaw 155.0 (177.3), T=16,H=64 seesaw 296.4 (334.9).
-        # More programs per SM (more, shorter splits) pay once there are many row blocks; the bounds
-        # leave room for the engine's T = budget + 1 (T=17 and T=65 at H=8: 136 and 520 rows).
-        192: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
-        640: AttnConfig(64, 64, 8, 2, programs_per_sm=2, tma=True, split_scores=True, kernel="gluon-seesaw"),
-        1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=4, tma=True, split_scores=True, kernel="gluon-seesaw"),
+        # GPUs, triton without Gluon) the Triton kernel with TMA tiles and the same split. One program
+        # per SM with the split count rounded down to whole waves: fewer splits, fewer fp32 partials
+        # to write and merge (session 5, call A, L=46000, P=64: T=64,H=8 seesaw 126.6 us vs 140.0 at
+        # two per SM, T=16,H=64 228.7 vs 262.3 at four, T=65,H=8 132.3 vs 149.2). The plain schedule
+        # is ahead up to 128 rows (T=16,H=8 54.7 vs 57.1), the seesaw above (T=17,H=8 62.0 vs 64.2).
+        128: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
+        1 << 30: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw"),
     },
-    # Pools with pages smaller than those tiles (P=1: token-granular trees): pointer tiles, also
-    # pipelined two deep now that split scores leave room (session 4: T=8,H=8 53.4 us, T=16,H=8 70.2,
-    # T=64,H=8 205.7, T=16,H=64 398.7; session 3's 64x64x8x1 tables: 61.7 / 95.4 / 295.6 / 654.3).
-    # The Gluon kernels' row-gather path (kernel="gluon-seesaw", one program per SM) measured faster
-    # at P = 1 (session 4, call J: 50.4 / 62.9 / 141.9 / 251.2 us) but only 67 of its 105 GPU tests
-    # have run (split parities, the NaN-poisoned pool and empty chunks not yet): opt in with
-    # config=AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-seesaw") until they have.
+    # Pools with pages smaller than those tiles (P=1: token-granular trees). On Hopper with bf16 the
+    # Gluon seesaw's row-gather path (cp.async, one page id per row; all 107 of its GPU tests pass,
+    # session 5, call A), one program per SM. L=46000, P=1 (session 5, call E): T=8,H=8 42.4 us,
+    # T=16,H=8 58.7, T=64,H=8 135.7, T=16,H=64 240.5 (session 4's Triton kernel at 2-4 programs per
+    # SM: 53.8 / 70.1 / 208.1 / 393.3; it still serves fp16/fp32 and other GPUs with these tiles).
     "sm_90:small_pages": {
         16: AttnConfig(16, 64, 4, 2),
-        128: AttnConfig(64, 64, 8, 2, split_scores=True),
-        512: AttnConfig(64, 64, 8, 2, programs_per_sm=2, split_scores=True),
-        1 << 30: AttnConfig(64, 64, 8, 2, programs_per_sm=4, split_scores=True),
+        1 << 30: AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-seesaw"),
     },
     "sm_120": {
         # mma.sync path; under DISABLE_MMA_V3=1 on the H200 16x32x8x2 was fastest or near it at

@@ -349,7 +349,10 @@ def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
     else:
         layout_ok = (kv.stride(2) == 1 and (kv.stride(0) * 2) % 16 == 0 and (kv.stride(1) * 2) % 16 == 0
                      and (kv.storage_offset() * 2) % 16 == 0)
-    return _verify_gluon.GLUON_AVAILABLE and layout_ok and torch.cuda.get_device_capability(q.device)[0] == 9
+    # Q rows arrive by 16-byte cp.async copies.
+    q_ok = q.stride(3) == 1 and all((q.stride(i) * 2) % 16 == 0 for i in range(3)) and q.data_ptr() % 16 == 0
+    return (_verify_gluon.GLUON_AVAILABLE and layout_ok and q_ok
+            and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
 def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
@@ -508,8 +511,9 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         out, lse: optional preallocated outputs (``[B, T, H, 512]`` q's dtype, ``[B, T, H]`` float32),
             written in place (static buffers for CUDA graphs); both or neither.
         config, num_splits: override the per-architecture launch config and the split count. On
-            Hopper, for bf16 pools with P % 64 == 0, the table's configs run the Gluon kernels
-            (``kernels/_verify_gluon.py``); ``AttnConfig(..., kernel="triton")`` forces Triton.
+            Hopper with bf16 the table's configs run the Gluon kernels (``kernels/_verify_gluon.py``;
+            TMA tiles for P % 64 == 0, row gathers for smaller pages); ``AttnConfig(...,
+            kernel="triton")`` forces Triton.
         d_rope: rope channels at the end of q and kv (Kimi: 64, latent 512); small models use other
             powers of two >= 16.
 
