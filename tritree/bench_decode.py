@@ -1,8 +1,8 @@
 """``python -m tritree bench decode``: the motivating scenario on a GPU. A real-shape Kimi K2.6 slice
 (one tensor-parallel rank of TP8: 8 of 64 heads, 48 of 384 experts with one routed expert per token
 on this rank, the average share; a few layers, random weights) and a K2.6-DFlash-shaped draft, with
-paged caches filled to ``--ctx`` tokens. Reports the decode step per phase (eager, CUDA events) and as
-one CUDA graph, the verify attention against its floor, and the extrapolation to 61 layers.
+paged caches filled to ``--ctx`` tokens. Reports the decode step per phase (eager, CUDA events; and
+each phase alone in a CUDA graph, which leaves out host launch time) and as one CUDA graph, the verify attention against its floor, and the extrapolation to 61 layers.
 
 Under ``torchrun --nproc-per-node N -m tritree bench decode --tp N`` every rank holds its real shard of
 the slice instead (64/N heads, 384/N experts with the real top-8 routing, vocabulary-parallel head)
@@ -16,7 +16,7 @@ import math
 import torch
 
 from .dist import active
-from .engine import PhaseTimer, SamplingConfig, decode_step_
+from .engine import PhaseTimer, SamplingConfig, accept_phase, commit_phase_, decode_step_, draft_phase_, tree_phase
 from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
 from .model.kimi_k2 import param_shapes
@@ -77,6 +77,38 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     return tcfg, dcfg, tparams, dparams, state
 
 
+def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps) -> dict:
+    """Each non-target phase of one step alone in a CUDA graph (ms), on the step's own intermediate
+    tensors; the draft and commit phases first restore the lengths they advance."""
+    from .model.kimi_k2 import verify
+    from .roofline import graph_time_us
+
+    reset()
+    dlens0, kv_lens0 = state["dlens"].clone(), state["kv_lens"].clone()
+
+    def draft():
+        state["dlens"].copy_(dlens0)
+        return draft_phase_(tparams, dp, dcfg, state)
+
+    draft_logits = draft()
+    tokens, parents, depth, tree_mask, tree_lens = tree_phase(draft_logits, state["anchor"], budget)
+    tcache = {"kv": state["tkv"], "page_table": state["page_table"], "kv_lens": state["kv_lens"]}
+    logits, _ = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens, taps=tuple(dcfg.target_layer_ids))
+    idx, n, _ = accept_phase(tcfg, tokens, parents, tree_lens, logits, state["active"], sampling, state["step"])
+
+    def commit():
+        state["kv_lens"].copy_(kv_lens0)
+        commit_phase_(state, idx, n)
+
+    fns = {"draft": draft, "tree": lambda: tree_phase(draft_logits, state["anchor"], budget),
+           "accept": lambda: accept_phase(tcfg, tokens, parents, tree_lens, logits, state["active"], sampling,
+                                          state["step"]),
+           "commit": commit}
+    out = {k: graph_time_us([f], reps=reps) / 1e3 for k, f in fns.items()}
+    reset()
+    return out
+
+
 def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None) -> dict:
     from .roofline import graph_time_us, measure_ceilings, verify_mla_counts
 
@@ -109,6 +141,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
             phases.setdefault(k, []).append(v)
     med = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
     graph_ms = graph_time_us([step], reps=reps) / 1e3
+    phases_graph = {} if active(tp) else graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps)
     # the verify attention alone at this shape, per layer
     from .kernels import verify_mla
     from .testing import random_verify_inputs
@@ -120,7 +153,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
     nbytes, flops = verify_mla_counts(batch, T, tcfg.heads, ctx)
     floor_us, bound = ceil.floor_us(nbytes, flops)
     return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
-                graph_ms=graph_ms, phases_ms=med, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
+                graph_ms=graph_ms, phases_ms=med, phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
                 floor_bound=bound)
 
 
@@ -152,8 +185,17 @@ def main(args, tp=None) -> int:
             f"({where}); verify attention {b['verify_attention_us']:.1f} us/layer vs floor "
             f"{b['verify_attention_floor_us']:.1f} us ({b['verify_attention_us'] / b['verify_attention_floor_us']:.2f}x, "
             f"{b['floor_bound']}), {verify_share:.1f} ms over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
-            f"= {100 * non_target / est61:.1f}% of the extrapolated step", flush=True)
-        rows.append(dict(budget=budget, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target))
+            f"= {100 * non_target / est61:.1f}% of the extrapolated step (eager phases)", flush=True)
+        row = dict(budget=budget, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target)
+        pg = b.get("phases_graph_ms") or {}
+        if pg:
+            non_target_graph = pg["draft"] + pg["tree"] + pg["accept"] + pg["commit"] * 61 / b["layers"]
+            say(f"budget {budget:>3}: each phase alone in a CUDA graph, ms: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in pg.items())
+                + f" (commit over {b['layers']} layers); draft+tree+accept+commit {non_target_graph:.2f} ms "
+                f"= {100 * non_target_graph / est61:.1f}% of the extrapolated step (graph-timed)", flush=True)
+            row.update(non_target_graph_ms=non_target_graph)
+        rows.append(row)
     if tp is None or tp.rank == 0:
         append_jsonl(args.out, [dict(r, tp=tp.world) for r in rows] if active(tp) else rows)
     return 0

@@ -100,56 +100,79 @@ class PhaseTimer:
         return out
 
 
+def draft_phase_(tparams, dparams, dcfg, state: dict, tp=None) -> torch.Tensor:
+    """DFlash: last step's accepted target taps (``pending``) become draft context (written into
+    ``state["dkv"]``; ``state["dlens"]`` advances), then the block after ``anchor`` is drafted.
+    Returns ``draft_logits: [B, block_size - 1, V]``."""
+    dev = state["anchor"].device
+    dcache = {"kv": state["dkv"], "page_table": state["page_table"], "kv_lens": state["dlens"]}
+    pos = state["dlens"][:, None].to(torch.long) + torch.arange(state["pending"].shape[1], device=dev)
+    dcache = dflash.materialize_context_(dparams, dcfg, state["pending"], pos, dcache, counts=state["pending_n"])
+    state["dlens"].copy_(dcache["kv_lens"])
+    return dflash.draft(dparams, dcfg, tparams["model.embed_tokens.weight"], tparams["lm_head.weight"],
+                        state["anchor"], state["dlens"], dcache, tp=tp)
+
+
+def tree_phase(draft_logits: torch.Tensor | None, anchor: torch.Tensor, budget: int, chain: bool = False):
+    """The tree to verify: a DDTree of ``budget`` nodes below ``anchor`` (``chain``: the draft's top
+    token at every depth; ``budget = 0``: the root alone). Returns ``(tokens, parents, depth,
+    tree_mask, tree_lens)`` with ``T = budget + 1`` nodes per request."""
+    B, dev, T = anchor.shape[0], anchor.device, budget + 1
+    if budget == 0:
+        return (anchor[:, None], torch.full((B, 1), -1, dtype=torch.int32, device=dev),
+                torch.zeros(B, 1, dtype=torch.int32, device=dev), torch.ones(B, 1, 1, dtype=torch.int32, device=dev),
+                torch.ones(B, dtype=torch.int32, device=dev))
+    if chain:
+        tokens = torch.cat([anchor[:, None], torch.argmax(draft_logits, dim=-1).to(torch.int32)], dim=1)
+        parents = (torch.arange(T, device=dev, dtype=torch.int32) - 1)[None].expand(B, -1).contiguous()
+        tree_lens = torch.full((B,), T, dtype=torch.int32, device=dev)
+        tree_mask, depth = tree_mask_from_parents(parents, tree_lens)
+        return tokens, parents, depth, tree_mask, tree_lens
+    tree = build_tree(draft_logits, budget, anchor)
+    return tree.tokens, tree.parents, tree.depth, tree.tree_mask, tree.tree_lens
+
+
+def accept_phase(tcfg, tokens, parents, tree_lens, logits, active, sampling: SamplingConfig, step, tp=None):
+    """The accepted path of every request: ``(idx [B, T], n [B], bonus [B])`` (``n = 0`` for inactive
+    requests). Under TP the greedy picks come from the vocabulary shards without gathering logits."""
+    idx, n, bonus, _ = dist.accept_tree(tp, tokens, parents, tree_lens, logits, tcfg.vocab_size,
+                                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                        seed=sampling.seed, step=step)
+    return idx, torch.where(active, n, 0), bonus
+
+
+def commit_phase_(state: dict, idx, n) -> None:
+    """The accepted nodes' KV moved onto the committed prefix of every target layer; ``kv_lens`` advances."""
+    state["kv_lens"].copy_(kv_commit_(state["tkv"], state["page_table"], state["kv_lens"], idx, n, stacked=True))
+
+
 def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, sampling: SamplingConfig,
                  timer: PhaseTimer | None = None, chain: bool = False, tp=None) -> dict:
-    """One speculative decode step for every request of ``state`` (see module), in place.
+    """One speculative decode step for every request of ``state`` (see module), in place: the phase
+    functions above in turn, then the step's bookkeeping.
 
     ``budget = 0`` is plain decoding (a root-only tree: one token per step, no draft); ``chain`` is
     DFlash's own chain (the draft's top token at every depth, ``budget = block_size - 1``) instead of
     a DDTree. ``tp``: this rank's group (``tparams``/``tcfg`` are then the rank's shard). Returns
     ``state`` (same buffers)."""
     timer = timer or PhaseTimer(False, state["anchor"].device)
-    B = state["anchor"].shape[0]
     dev = state["anchor"].device
     T = budget + 1
     active = state["active"]
     tcache = {"kv": state["tkv"], "page_table": state["page_table"], "kv_lens": state["kv_lens"]}
     timer.mark("start")
+    draft_logits = None
     if budget > 0:
-        dcache = {"kv": state["dkv"], "page_table": state["page_table"], "kv_lens": state["dlens"]}
-        pos = state["dlens"][:, None].to(torch.long) + torch.arange(state["pending"].shape[1], device=dev)
-        dcache = dflash.materialize_context_(dparams, dcfg, state["pending"], pos, dcache, counts=state["pending_n"])
-        state["dlens"].copy_(dcache["kv_lens"])
-        draft_logits = dflash.draft(dparams, dcfg, tparams["model.embed_tokens.weight"], tparams["lm_head.weight"],
-                                    state["anchor"], state["dlens"], dcache, tp=tp)
+        draft_logits = draft_phase_(tparams, dparams, dcfg, state, tp=tp)
         timer.mark("draft")
-        if chain:
-            tokens = torch.cat([state["anchor"][:, None], torch.argmax(draft_logits, dim=-1).to(torch.int32)], dim=1)
-            parents = (torch.arange(T, device=dev, dtype=torch.int32) - 1)[None].expand(B, -1).contiguous()
-            tree_lens = torch.full((B,), T, dtype=torch.int32, device=dev)
-            tree_mask, depth = tree_mask_from_parents(parents, tree_lens)
-        else:
-            tree = build_tree(draft_logits, budget, state["anchor"])
-            tokens, parents, depth, tree_mask, tree_lens = (tree.tokens, tree.parents, tree.depth, tree.tree_mask,
-                                                            tree.tree_lens)
-    else:
-        tokens = state["anchor"][:, None]
-        parents = torch.full((B, 1), -1, dtype=torch.int32, device=dev)
-        depth = torch.zeros(B, 1, dtype=torch.int32, device=dev)
-        tree_mask = torch.ones(B, 1, 1, dtype=torch.int32, device=dev)
-        tree_lens = torch.ones(B, dtype=torch.int32, device=dev)
+    tokens, parents, depth, tree_mask, tree_lens = tree_phase(draft_logits, state["anchor"], budget, chain)
     timer.mark("tree")
     logits, taps = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens,
                           taps=tuple(dcfg.target_layer_ids) if budget > 0 else (), tp=tp)
     timer.mark("verify")
-    # under TP: greedy picks from the vocabulary shards without gathering the logits
-    idx, n, bonus, _ = dist.accept_tree(tp, tokens, parents, tree_lens, logits, tcfg.vocab_size,
-                                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                        seed=sampling.seed, step=state["step"])
-    n = torch.where(active, n, 0)
+    idx, n, bonus = accept_phase(tcfg, tokens, parents, tree_lens, logits, active, sampling, state["step"], tp=tp)
     timer.mark("accept")
-    new_lens = kv_commit_(state["tkv"], state["page_table"], state["kv_lens"], idx, n, stacked=True)
-    state["kv_lens"].copy_(new_lens)
+    commit_phase_(state, idx, n)
     timer.mark("commit")
     # Emitted: the accepted nodes after the root, then the bonus token.
     j = torch.arange(T, device=dev)[None, :]
