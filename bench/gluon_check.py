@@ -1,6 +1,6 @@
 """Gluon (Hopper) verify kernel vs the Triton ``verify_mla`` on an H200: accuracy and CUDA-graph time.
 
-    PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64] [--page-size 1]
+    PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64] [--page-size 1] [--partials bf16]
 
 One line per (T, H) at L = 46000, B = 1, P = 64 (``--page-size``: P = 1 pools are fragmented, pages
 randomly permuted as ``verify_sweep.build_sets`` makes them; P < 64 takes the Gluon cp.async gather path,
@@ -61,7 +61,7 @@ def describe(k):
     return f"regs {regs} spills {spills} B shared {shared} B"
 
 
-def run_shape(T, H, splits_arg, P=P):
+def run_shape(T, H, splits_arg, P=P, partials="fp32"):
     flops = 2 * B * T * H * (L + T) * (576 + 512)
     n_sets = rotation_count(B * (L + T) * 576 * 2)
     sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda")
@@ -69,7 +69,8 @@ def run_shape(T, H, splits_arg, P=P):
         s["tree_lens"] = torch.full((B,), T, dtype=torch.int32, device="cuda")
     num_splits = splits_arg or choose_num_splits(batch=B, row_blocks=triton.cdiv(T * H, VG.BLOCK_M),
                                                  max_keys=sets[0]["page_table"].shape[1] * P, block_n=VG.BLOCK_N,
-                                                 sms=num_sms(torch.device("cuda")), programs_per_sm=1)
+                                                 sms=num_sms(torch.device("cuda")), programs_per_sm=1,
+                                                 whole_waves=True)
     outs = [(torch.empty(B, T, H, 512, device="cuda", dtype=torch.bfloat16),
              torch.empty(B, T, H, device="cuda", dtype=torch.float32)) for _ in sets]
     res = {}
@@ -87,6 +88,8 @@ def run_shape(T, H, splits_arg, P=P):
     for name in variants:
         try:
             scratches = [split_destinations(o[0], o[1], num_splits, T * H) for o in outs]
+            if partials != "fp32" and num_splits > 1:  # narrower o partials (same strides; lse stays fp32)
+                scratches = [(sc[0].to(getattr(torch, partials)), *sc[1:]) for sc in scratches]
             fns = [lambda s=s, o=o, sc=sc, name=name: gluon_call(s, o[0], o[1], num_splits, name, sc)
                    for s, o, sc in zip(sets, outs, scratches)]
             outs[0][0].fill_(float("nan"))
@@ -110,7 +113,7 @@ def run_shape(T, H, splits_arg, P=P):
             parts.append(f"{name} {us:8.1f} us {tf:6.1f} TF/s{e}")
         else:
             parts.append(f"{name} FAILED")
-    print(f"L={L} B={B} P={P} T={T:3d} H={H:2d} gluon_splits={num_splits:3d} | " + " | ".join(parts), flush=True)
+    print(f"L={L} B={B} P={P} T={T:3d} H={H:2d} gluon_splits={num_splits:3d} partials={partials} | " + " | ".join(parts), flush=True)
     del sets
     torch.cuda.empty_cache()
 
@@ -121,6 +124,8 @@ def main():
     ap.add_argument("--shapes", default="", help="comma-separated TxH, e.g. 8x8,16x64")
     ap.add_argument("--page-size", type=int, default=P,
                     help="pool page size (default 64; 1 = token-granular, randomly permuted pages)")
+    ap.add_argument("--partials", default="fp32", choices=["fp32", "bfloat16", "float16"],
+                    help="dtype of the Gluon variants' split partials (o; lse stays fp32)")
     args = ap.parse_args()
     if not VG.GLUON_AVAILABLE:
         sys.exit(f"Gluon unavailable: {VG._IMPORT_ERROR!r}")
@@ -128,7 +133,7 @@ def main():
     print(f"# torch {torch.__version__} triton {triton.__version__} {torch.cuda.get_device_name()}", flush=True)
     for T, H in shapes:
         try:
-            run_shape(T, H, args.splits, args.page_size)
+            run_shape(T, H, args.splits, args.page_size, args.partials)
         except Exception as e:  # noqa: BLE001
             print(f"T={T} H={H} failed: {type(e).__name__}: {e}", flush=True)
             torch.cuda.empty_cache()
