@@ -1,6 +1,6 @@
 """Gluon (Hopper) verify kernel vs the Triton ``verify_mla`` on an H200: accuracy and CUDA-graph time.
 
-    PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64] [--page-size 1] [--partials bf16]
+    PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64] [--page-size 1] [--partials bf16] [--ws]
 
 One line per (T, H) at L = 46000, B = 1, P = 64 (``--page-size``: P = 1 pools are fragmented, pages
 randomly permuted as ``verify_sweep.build_sets`` makes them; P < 64 takes the Gluon cp.async gather path,
@@ -25,6 +25,7 @@ import triton  # noqa: E402
 from bench.verify_sweep import SM_SCALE, build_sets  # noqa: E402
 from tritree import verify_mla  # noqa: E402
 from tritree.kernels import _verify_gluon as VG  # noqa: E402
+from tritree.kernels import _verify_gluon_ws as VGWS  # noqa: E402
 from tritree.kernels._splitkv import choose_num_splits, combine_splits, split_destinations  # noqa: E402
 from tritree.kernels.configs import num_sms  # noqa: E402
 from tritree.roofline import graph_time_us, rotation_count  # noqa: E402
@@ -41,8 +42,12 @@ COMPILES = {}
 def gluon_call(s, out, lse, num_splits, variant, scratch):
     q = s["q"]
     dst_o, dst_l, o_strides, l_strides = scratch
-    k = VG.launch_verify_gluon(q, s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"], dst_o,
-                               dst_l, o_strides, l_strides, SM_SCALE, num_splits, **VARIANTS[variant])
+    args = (q, s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"], dst_o, dst_l, o_strides,
+            l_strides, SM_SCALE, num_splits)
+    if variant == "gluon+ws":
+        k = VGWS.launch_verify_gluon_ws(*args)
+    else:
+        k = VG.launch_verify_gluon(*args, **VARIANTS[variant])
     if num_splits > 1:
         combine_splits(dst_o, dst_l, out, lse)
     return k
@@ -84,7 +89,7 @@ def run_shape(T, H, splits_arg, P=P, partials="fp32"):
     except Exception as e:  # noqa: BLE001
         print(f"  triton failed: {type(e).__name__}: {e}", flush=True)
         ref = None
-    variants = [v for v in VARIANTS if P % VG.BLOCK_N == 0 or not VARIANTS[v]["overlap"]]
+    variants = [v for v in VARIANTS if P % VG.BLOCK_N == 0 or not (VARIANTS[v] or {"overlap": True})["overlap"]]
     for name in variants:
         try:
             scratches = [split_destinations(o[0], o[1], num_splits, T * H) for o in outs]
@@ -124,9 +129,13 @@ def main():
     ap.add_argument("--shapes", default="", help="comma-separated TxH, e.g. 8x8,16x64")
     ap.add_argument("--page-size", type=int, default=P,
                     help="pool page size (default 64; 1 = token-granular, randomly permuted pages)")
+    ap.add_argument("--ws", action="store_true",
+                    help="also the experimental warp-specialised seesaw (_verify_gluon_ws; TMA pools only)")
     ap.add_argument("--partials", default="fp32", choices=["fp32", "bfloat16", "float16"],
                     help="dtype of the Gluon variants' split partials (o; lse stays fp32)")
     args = ap.parse_args()
+    if args.ws:
+        VARIANTS["gluon+ws"] = None  # P % 64 == 0 only (skipped for gathered pools like gluon+ovl)
     if not VG.GLUON_AVAILABLE:
         sys.exit(f"Gluon unavailable: {VG._IMPORT_ERROR!r}")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES

@@ -33,3 +33,21 @@ def test_gluon_verify_kernel_compiles_for_sm90():
                          env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("_verify_gluon_kernel sm_90") == 20, res.stdout
+
+
+def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():
+    """The experimental warp-specialised seesaw (``_verify_gluon_ws``; not yet run on a GPU) keeps
+    compiling for sm_90 within its shared memory, one split and several, P = 64 and 128."""
+    import os
+    import subprocess
+    import sys
+
+    from tritree.kernels import _verify_gluon
+
+    if not _verify_gluon.GLUON_AVAILABLE:
+        pytest.skip(f"this triton has no Gluon: {_verify_gluon._IMPORT_ERROR!r}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "tritree.kernels._verify_gluon_ws"], capture_output=True, text=True,
+                         env=env, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("_verify_gluon_ws_kernel sm_90") == 4, res.stdout

@@ -324,6 +324,94 @@ if GLUON_AVAILABLE:
         return warpgroup_mma_wait(num_outstanding=0, deps=[s])
 
     @gluon.jit
+    def _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout: gl.constexpr,
+                BLOCK_M: gl.constexpr, D_LAT: gl.constexpr):
+        """Issues the cp.async copies of the row block's queries into ``q_lat`` / ``q_pe`` (the caller
+        commits and waits): all ten column blocks in flight at once. Loads through registers were
+        issued one block ahead of their stores (triton 3.6 puts a CTA barrier between stores into one
+        buffer), nine latencies in a row before the first score. Rows past the tree or past T*H copy
+        the request's first row instead (finite; such rows are never attended from or stored nonzero)."""
+        rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
+        t_ld = rows_ld // H
+        h_ld = rows_ld % H
+        ok_ld = (rows_ld < T * H) & (t_ld < tree_len)
+        t_ld = gl.where(ok_ld, t_ld, 0)  # (clamping the indices, not the offset, keeps the strides' alignment)
+        h_ld = gl.where(ok_ld, h_ld, 0)
+        q_rows = gl.expand_dims(Q + b.to(gl.int64) * stride_qb + (t_ld * stride_qt + h_ld * stride_qh).to(gl.int64), 1)
+        d_ld = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
+        for c in gl.static_range(D_LAT // 64):
+            _cp_async(q_lat.slice(c * 64, 64, dim=1), q_rows + (c * 64 + d_ld))
+        _cp_async(q_pe, q_rows + (D_LAT + d_ld))
+
+    @gluon.jit
+    def _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable, TreeMask,
+                     b, pid_m, tail_start, end, kv_len, tree_len, T, H, stride_ptb, max_pages, num_pages, stride_kvp,
+                     stride_kvs, stride_mb, stride_mt, sm_scale_log2e, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                     ld_layout: gl.constexpr, SEESAW: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Keys ``tail_start .. end`` (the prefix remainder and the tree keys), one masked tile at a time
+        by pointer loads into slot 0 (the slots alternate; SEESAW: rows 0..63 of the pair buffers).
+        Returns ``(o, m_i, l_i)``; the scores' row statistics in ``SliceLayout(1, s_layout)``."""
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        t = rows // H
+        row_ok = (rows < T * H) & (t < tree_len)
+        mask_base = TreeMask + b.to(gl.int64) * stride_mb
+        for n in range(tail_start, end, BLOCK_N):
+            # The tail's buffers are picked by a runtime index (the two slots alternate; SEESAW: rows
+            # 0..63 via an index that is 0 at run time): wgmma descriptors of a loop-invariant buffer
+            # are hoisted out of the loop by triton 3.6 and spilled there.
+            if SEESAW:
+                ts = (n < 0).to(gl.int32)
+            else:
+                ts = ((n - tail_start) // BLOCK_N) % 2
+            tail_lat = tail_lat_v.index(ts).slice(0, BLOCK_N, dim=0)
+            tail_pe = tail_pe_v.index(ts).slice(0, BLOCK_N, dim=0)
+            _load_tail_tile(KV, PageTable, b.to(gl.int64) * stride_ptb, n, end, max_pages, num_pages,
+                            stride_kvp, stride_kvs, tail_blocks, ts * (D_LAT // 64), tail_pe, ld_layout, PAGE_SIZE,
+                            D_LAT, BLOCK_N)
+            fence_async_shared()
+            _cta_barrier()
+            s = _qk(q_lat, q_pe, tail_lat, tail_pe, s_zero, False)
+            s = _tail_mask(s, n, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt, s_layout, BLOCK_N)
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+            o = _publish_p(p, alpha, o, p_smem, o_layout)
+            o = warpgroup_mma(p_smem, tail_lat, o)
+            _cta_barrier()
+        return o, m_i, l_i
+
+    @gluon.jit
+    def _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os,
+                 stride_lb, stride_lt, stride_lh, stride_ls, o_layout: gl.constexpr, SINGLE_SPLIT: gl.constexpr,
+                 BLOCK_M: gl.constexpr, D_LAT: gl.constexpr):
+        """``_splitkv.store_rows`` semantics: ``out``/``lse`` (natural log) with one split, else the
+        split's partial rows (in the destination's dtype) and log2 lse; padding rows are zeros / -inf."""
+        row_o_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+        l_i = gl.convert_layout(l_i, row_o_layout)
+        m_o = gl.convert_layout(m_i, row_o_layout)
+        rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o_layout)
+        t_o = rows_o // H
+        h_o = rows_o % H
+        row_in = rows_o < T * H
+        ok_o = row_in & (t_o < tree_len)
+        has = (l_i > 0.0) & ok_o
+        l_safe = gl.where(has, l_i, 1.0)
+        inv = gl.where(has, 1.0 / l_safe, 0.0)
+        o = o * gl.expand_dims(inv, 1)
+        lse2 = gl.where(has, m_o + gl.log2(l_safe), float("-inf"))
+        d = gl.expand_dims(gl.arange(0, D_LAT, layout=gl.SliceLayout(0, o_layout)), 0)
+        if SINGLE_SPLIT:
+            o_row = b.to(gl.int64) * stride_ob + (t_o * stride_ot + h_o * stride_oh).to(gl.int64)
+            gl.store(Out + gl.expand_dims(o_row, 1) + d, o.to(Out.dtype.element_ty), mask=gl.expand_dims(row_in, 1))
+            gl.store(Lse + b.to(gl.int64) * stride_lb + t_o * stride_lt + h_o * stride_lh, lse2 * 0.6931471805599453,
+                     mask=row_in)
+        else:
+            # Partials in the destination's dtype (fp32 or a narrower one such as bf16); lse stays fp32.
+            o_row = b.to(gl.int64) * stride_ob + pid_s.to(gl.int64) * stride_os + rows_o.to(gl.int64) * stride_oh
+            gl.store(Out + gl.expand_dims(o_row, 1) + d, o.to(Out.dtype.element_ty), mask=gl.expand_dims(row_in, 1))
+            gl.store(Lse + b.to(gl.int64) * stride_lb + pid_s * stride_ls + rows_o * stride_lh, lse2, mask=row_in)
+
+    @gluon.jit
     def _verify_gluon_kernel(
         Q, KV, kv_desc, kv_desc3, PageTable, KvLens, TreeMask, TreeLens,
         Out, Lse,
@@ -367,7 +455,6 @@ if GLUON_AVAILABLE:
                                                    warps_per_cta=[8, 1], order=[1, 0])
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         smem3_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-        row_o_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
         if SEESAW:
             row_s_layout: gl.constexpr = gl.SliceLayout(1, s2_layout)
         else:
@@ -487,21 +574,7 @@ if GLUON_AVAILABLE:
             next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
 
         # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
-        rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
-        t_ld = rows_ld // H
-        h_ld = rows_ld % H
-        # cp.async, all ten column blocks in flight at once: loads through registers were issued one
-        # block ahead of their stores (triton 3.6 puts a CTA barrier between stores into one buffer),
-        # nine latencies in a row before the first score. Rows past the tree or past T*H copy the
-        # request's first row instead (finite; such rows are never attended from or stored nonzero).
-        ok_ld = (rows_ld < T * H) & (t_ld < tree_len)
-        t_ld = gl.where(ok_ld, t_ld, 0)  # (clamping the indices, not the offset, keeps the strides' alignment)
-        h_ld = gl.where(ok_ld, h_ld, 0)
-        q_rows = gl.expand_dims(Q + b.to(gl.int64) * stride_qb + (t_ld * stride_qt + h_ld * stride_qh).to(gl.int64), 1)
-        d_ld = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
-        for c in gl.static_range(D_LAT // 64):
-            _cp_async(q_lat.slice(c * 64, 64, dim=1), q_rows + (c * 64 + d_ld))
-        _cp_async(q_pe, q_rows + (D_LAT + d_ld))
+        _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT)
         async_copy.commit_group()
         # Also completes any KV row gathers committed before (GATHER); later groups count from here.
         async_copy.wait_group(0)
@@ -644,60 +717,16 @@ if GLUON_AVAILABLE:
             tail_blocks = k_lat._reinterpret(gl.bfloat16, [2 * (D_LAT // 64), BLOCK_N, 64], smem_layout)
 
         # ---- masked tail: prefix remainder and tree keys (pointer loads into slot 0) -------------
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        t = rows // H
-        row_ok = (rows < T * H) & (t < tree_len)
-        mask_base = TreeMask + b.to(gl.int64) * stride_mb
-        for n in range(tail_start, end, BLOCK_N):
-            # The tail's buffers are picked by a runtime index (the two slots alternate; SEESAW: rows
-            # 0..63 via an index that is 0 at run time): wgmma descriptors of a loop-invariant buffer
-            # are hoisted out of the loop by triton 3.6 and spilled there.
-            if SEESAW:
-                ts = (n < 0).to(gl.int32)
-            else:
-                ts = ((n - tail_start) // BLOCK_N) % 2
-            tail_lat = tail_lat_v.index(ts).slice(0, BLOCK_N, dim=0)
-            tail_pe = tail_pe_v.index(ts).slice(0, BLOCK_N, dim=0)
-            _load_tail_tile(KV, PageTable, b.to(gl.int64) * stride_ptb, n, end, max_pages, num_pages,
-                            stride_kvp, stride_kvs, tail_blocks, ts * (D_LAT // 64), tail_pe, ld_layout, PAGE_SIZE,
-                            D_LAT, BLOCK_N)
-            fence_async_shared()
-            _cta_barrier()
-            s = _qk(q_lat, q_pe, tail_lat, tail_pe, s_zero, False)
-            s = _tail_mask(s, n, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt, s_layout, BLOCK_N)
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-            o = _publish_p(p, alpha, o, p_smem, o_layout)
-            o = warpgroup_mma(p_smem, tail_lat, o)
-            _cta_barrier()
+        o, m_i, l_i = _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
+                                   TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H, stride_ptb, max_pages,
+                                   num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt, sm_scale_log2e, s_layout,
+                                   o_layout, ld_layout, SEESAW, PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N)
 
         mbarrier.invalidate(bars.index(0))
         mbarrier.invalidate(bars.index(1))
 
-        # ---- store (``_splitkv.store_rows`` semantics) ---------------------------------------------
-        l_i = gl.convert_layout(l_i, row_o_layout)
-        m_o = gl.convert_layout(m_i, row_o_layout)
-        rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o_layout)
-        t_o = rows_o // H
-        h_o = rows_o % H
-        row_in = rows_o < T * H
-        ok_o = row_in & (t_o < tree_len)
-        has = (l_i > 0.0) & ok_o
-        l_safe = gl.where(has, l_i, 1.0)
-        inv = gl.where(has, 1.0 / l_safe, 0.0)
-        o = o * gl.expand_dims(inv, 1)
-        lse2 = gl.where(has, m_o + gl.log2(l_safe), float("-inf"))
-        d = gl.expand_dims(gl.arange(0, D_LAT, layout=gl.SliceLayout(0, o_layout)), 0)
-        if SINGLE_SPLIT:
-            o_row = b.to(gl.int64) * stride_ob + (t_o * stride_ot + h_o * stride_oh).to(gl.int64)
-            gl.store(Out + gl.expand_dims(o_row, 1) + d, o.to(Out.dtype.element_ty), mask=gl.expand_dims(row_in, 1))
-            gl.store(Lse + b.to(gl.int64) * stride_lb + t_o * stride_lt + h_o * stride_lh, lse2 * 0.6931471805599453,
-                     mask=row_in)
-        else:
-            # Partials in the destination's dtype (fp32 or a narrower one such as bf16); lse stays fp32.
-            o_row = b.to(gl.int64) * stride_ob + pid_s.to(gl.int64) * stride_os + rows_o.to(gl.int64) * stride_oh
-            gl.store(Out + gl.expand_dims(o_row, 1) + d, o.to(Out.dtype.element_ty), mask=gl.expand_dims(row_in, 1))
-            gl.store(Lse + b.to(gl.int64) * stride_lb + pid_s * stride_ls + rows_o * stride_lh, lse2, mask=row_in)
+        _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os,
+                 stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
 
 
 def _check(q, kv, num_splits):
