@@ -16,10 +16,8 @@ def test_kernel_configs_compile(arch):
         assert r.registers > 0  # the resource report was read
 
 
-def test_gluon_verify_kernel_compiles_for_sm90():
-    """The Gluon (Hopper) verify kernels, every variant, one split and several, TMA tiles (P = 64, 128)
-    and row gathers (P = 1, 16 for plain and seesaw), fit the
-    sm_90 shared-memory limit (``python -m tritree.kernels._verify_gluon`` exits non-zero otherwise)."""
+def _compile_gluon_module(module: str) -> str:
+    """Runs ``python -m module`` (a Gluon AOT compile for sm_90, outside the interpreter); its stdout."""
     import os
     import subprocess
     import sys
@@ -29,25 +27,21 @@ def test_gluon_verify_kernel_compiles_for_sm90():
     if not _verify_gluon.GLUON_AVAILABLE:
         pytest.skip(f"this triton has no Gluon: {_verify_gluon._IMPORT_ERROR!r}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "tritree.kernels._verify_gluon"], capture_output=True, text=True,
-                         env=env, timeout=900)
+    res = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert res.stdout.count("_verify_gluon_kernel sm_90") == 20, res.stdout
+    return res.stdout
+
+
+def test_gluon_verify_kernel_compiles_for_sm90():
+    """The Gluon (Hopper) verify kernels, every variant, one split and several, TMA tiles (P = 64, 128)
+    and row gathers (P = 1, 16 for plain and seesaw), fit the
+    sm_90 shared-memory limit (``python -m tritree.kernels._verify_gluon`` exits non-zero otherwise)."""
+    out = _compile_gluon_module("tritree.kernels._verify_gluon")
+    assert out.count("_verify_gluon_kernel sm_90") == 20, out
 
 
 def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():
     """The experimental warp-specialised seesaw (``_verify_gluon_ws``; not yet run on a GPU) keeps
     compiling for sm_90 within its shared memory, one split and several, P = 64 and 128."""
-    import os
-    import subprocess
-    import sys
-
-    from tritree.kernels import _verify_gluon
-
-    if not _verify_gluon.GLUON_AVAILABLE:
-        pytest.skip(f"this triton has no Gluon: {_verify_gluon._IMPORT_ERROR!r}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "tritree.kernels._verify_gluon_ws"], capture_output=True, text=True,
-                         env=env, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert res.stdout.count("_verify_gluon_ws_kernel sm_90") == 4, res.stdout
+    out = _compile_gluon_module("tritree.kernels._verify_gluon_ws")
+    assert out.count("_verify_gluon_ws_kernel sm_90") == 4, out
