@@ -89,7 +89,7 @@ def run_shape(T, H, splits_arg, P=P, partials="fp32"):
     except Exception as e:  # noqa: BLE001
         print(f"  triton failed: {type(e).__name__}: {e}", flush=True)
         ref = None
-    variants = [v for v in VARIANTS if P % VG.BLOCK_N == 0 or not (VARIANTS[v] or {"overlap": True})["overlap"]]
+    variants = [v for v in VARIANTS if P % VG.BLOCK_N == 0 or not VARIANTS[v]["overlap"]]
     for name in variants:
         try:
             scratches = [split_destinations(o[0], o[1], num_splits, T * H) for o in outs]
@@ -135,7 +135,8 @@ def main():
                     help="dtype of the Gluon variants' split partials (o; lse stays fp32)")
     args = ap.parse_args()
     if args.ws:
-        VARIANTS["gluon+ws"] = None  # P % 64 == 0 only (skipped for gathered pools like gluon+ovl)
+        # Dispatched by name in gluon_call; "overlap" marks it TMA-only (skipped for gathered pools).
+        VARIANTS["gluon+ws"] = dict(overlap=True, seesaw=True)
     if not VG.GLUON_AVAILABLE:
         sys.exit(f"Gluon unavailable: {VG._IMPORT_ERROR!r}")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES

@@ -148,16 +148,18 @@ if GLUON_AVAILABLE:
         _tma_load(kv_desc, [row, D_LAT], cbars[D_LAT // 64], pe_smem.slice(half * BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
-    def _prefetch_tile_l2(KV, row, stride_kvs, num_rows):
-        """Asks the L2 for the 64 pool rows from ``row`` (one bulk prefetch, issued by thread 0) a pair
-        ahead of their TMA copies, so that a slot's refill, which the next scores wait for, is an L2 hit.
-        Only for pools whose rows are contiguous (``stride_kvs`` = 576) and within the pool."""
+    def _prefetch_tile_l2(KV, row, stride_kvs, num_rows, thread_mask=-1):
+        """Asks the L2 for the 64 pool rows from ``row`` (one bulk prefetch) a pair ahead of their TMA
+        copies, so that a slot's refill, which the next scores wait for, is an L2 hit. Issued by the
+        threads whose ``%tid.x & thread_mask`` is 0: thread 0 by default; 127 for a warp-specialised
+        partition that does not hold thread 0 (the first thread of each of its warpgroups). Only for
+        pools whose rows are contiguous (``stride_kvs`` = 576) and within the pool."""
         if (stride_kvs == 576) & (row + 64 <= num_rows):
             addr = KV + row.to(gl.int64) * 576
             gl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; and.b32 t, t, $2; setp.eq.u32 p, t, 0; "
                 "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
-                "=r,l", [addr], dtype=gl.int32, is_pure=False, pack=1)
+                "=r,l,r", [addr, thread_mask], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _new_bar():

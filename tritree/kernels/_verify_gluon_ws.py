@@ -99,24 +99,13 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _load_q, _masked_tail, _new_bar, _page_row_p,
-                                _publish_p, _qk_streamed, _softmax, _store_o)
+                                _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 24
 
 if GLUON_AVAILABLE:
-
-    @gluon.jit
-    def _prefetch_tile_l2_ws(KV, row, stride_kvs, num_rows):
-        """``_prefetch_tile_l2`` for a partition that does not hold thread 0: issued by the first thread
-        of each warpgroup running it (``%tid.x`` is CTA-absolute; the producer is threads 256..383)."""
-        if (stride_kvs == 576) & (row + 64 <= num_rows):
-            addr = KV + row.to(gl.int64) * 576
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; and.b32 t, t, 127; setp.eq.u32 p, t, 0; "
-                "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
-                "=r,l", [addr], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr):
@@ -144,8 +133,8 @@ if GLUON_AVAILABLE:
             row1 = _page_row_p(pt, n + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
             if L2_PREFETCH:
                 # One pair ahead of its copies, as SEESAW (which prefetches pair j when it issues j-1).
-                _prefetch_tile_l2_ws(KV, row0, stride_kvs, num_pages * PAGE_SIZE)
-                _prefetch_tile_l2_ws(KV, row1, stride_kvs, num_pages * PAGE_SIZE)
+                _prefetch_tile_l2(KV, row0, stride_kvs, num_pages * PAGE_SIZE, 127)
+                _prefetch_tile_l2(KV, row1, stride_kvs, num_pages * PAGE_SIZE, 127)
             ph = (j - 1) & 1
             mbarrier.wait(empty0, ph)
             _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 0, row0, D_LAT, BLOCK_N)
