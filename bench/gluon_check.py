@@ -1,6 +1,7 @@
 """Gluon (Hopper) verify kernel vs the Triton ``verify_mla`` on an H200: accuracy and CUDA-graph time.
 
     PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64] [--page-size 1] [--partials bf16] [--ws]
+        [--variants gluon+seesaw,gluon+ss]
 
 One line per (T, H) at L = 46000, B = 1, P = 64 (``--page-size``: P = 1 pools are fragmented, pages
 randomly permuted as ``verify_sweep.build_sets`` makes them; P < 64 takes the Gluon cp.async gather path,
@@ -35,8 +36,12 @@ SHAPES = [(8, 8), (16, 8), (64, 8), (16, 64)]
 
 
 VARIANTS = {"gluon": dict(overlap=False, seesaw=False), "gluon+ovl": dict(overlap=True, seesaw=False),
-            "gluon+seesaw": dict(overlap=False, seesaw=True)}
+            "gluon+seesaw": dict(overlap=False, seesaw=True),
+            "gluon+seesaw-cs": dict(overlap=False, seesaw=True, colsplit=True)}
 COMPILES = {}
+# --probes: the ws kernel with parts of its pair loop left out (a time decomposition; wrong results):
+# copies alone, scores + P V without the softmax, scores alone.
+PROBES = {"gluon+ws-load": 1, "gluon+ws-mma": 2, "gluon+ws-qk": 3}
 
 
 def gluon_call(s, out, lse, num_splits, variant, scratch):
@@ -44,8 +49,9 @@ def gluon_call(s, out, lse, num_splits, variant, scratch):
     dst_o, dst_l, o_strides, l_strides = scratch
     args = (q, s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"], dst_o, dst_l, o_strides,
             l_strides, SM_SCALE, num_splits)
-    if variant == "gluon+ws":
-        k = VGWS.launch_verify_gluon_ws(*args)
+    if variant.startswith("gluon+ws") or variant == "gluon+ss":
+        k = VGWS.launch_verify_gluon_ws(*args, split=variant == "gluon+ss", probe=PROBES.get(variant, 0),
+                                        colsplit=variant == "gluon+wscs")
     else:
         k = VG.launch_verify_gluon(*args, **VARIANTS[variant])
     if num_splits > 1:
@@ -130,13 +136,25 @@ def main():
     ap.add_argument("--page-size", type=int, default=P,
                     help="pool page size (default 64; 1 = token-granular, randomly permuted pages)")
     ap.add_argument("--ws", action="store_true",
-                    help="also the experimental warp-specialised seesaw (_verify_gluon_ws; TMA pools only)")
+                    help="also the experimental warp-specialised seesaws (_verify_gluon_ws: gluon+ws, a producer "
+                         "partition; gluon+ss, each warpgroup a partition too; TMA pools only)")
+    ap.add_argument("--variants", default="", help="comma-separated Gluon variants to run (default: all)")
+    ap.add_argument("--probes", action="store_true",
+                    help="also the ws kernel's time decomposition (gluon+ws-load / -mma / -qk; wrong results)")
     ap.add_argument("--partials", default="fp32", choices=["fp32", "bfloat16", "float16"],
                     help="dtype of the Gluon variants' split partials (o; lse stays fp32)")
     args = ap.parse_args()
     if args.ws:
         # Dispatched by name in gluon_call; "overlap" marks it TMA-only (skipped for gathered pools).
         VARIANTS["gluon+ws"] = dict(overlap=True, seesaw=True)
+        VARIANTS["gluon+ss"] = dict(overlap=True, seesaw=True)
+        VARIANTS["gluon+wscs"] = dict(overlap=True, seesaw=True)
+    if args.probes:
+        for name in PROBES:
+            VARIANTS[name] = dict(overlap=True, seesaw=True)
+    if args.variants:
+        for name in [v for v in VARIANTS if v not in args.variants.split(",")]:
+            del VARIANTS[name]
     if not VG.GLUON_AVAILABLE:
         sys.exit(f"Gluon unavailable: {VG._IMPORT_ERROR!r}")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES

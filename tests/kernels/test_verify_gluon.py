@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.gpu,
 
 
 VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
-            "seesaw": dict(overlap=False, seesaw=True)}
+            "seesaw": dict(overlap=False, seesaw=True),
+            "seesaw-cs": dict(overlap=False, seesaw=True, colsplit=True)}
 
 
 def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):
@@ -46,8 +47,8 @@ def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):
         dst_l.fill_(float("nan"))
     args = (q, case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
             l_strides, SM_SCALE, num_splits)
-    if variant == "ws":
-        VGWS.launch_verify_gluon_ws(*args)
+    if variant in ("ws", "ss", "wscs"):
+        VGWS.launch_verify_gluon_ws(*args, split=variant == "ss", colsplit=variant == "wscs")
     else:
         VG.launch_verify_gluon(*args, **VARIANTS[variant])
     if num_splits > 1:
@@ -86,9 +87,11 @@ CASES = [
     (2, 12, 5, 128, [3 * 128 + 64, 2 * 128], None, ("chain", "random")),  # P = 128, odd / even tiles
 ]
 
-# The warp-specialised seesaw (``_verify_gluon_ws``) has not run on a GPU yet: its cases are collected
-# only with TRITREE_EXPERIMENTAL=1 (run them alone, under a timeout, in case it hangs).
-VARIANT_IDS = list(VARIANTS) + (["ws"] if os.environ.get("TRITREE_EXPERIMENTAL") == "1" else [])
+# The warp-specialised seesaws (``_verify_gluon_ws``: "ws" a producer partition, "wscs" the same with
+# ``O += P V`` by column halves, "ss" each warpgroup a partition too) are experimental: their cases are
+# collected only with TRITREE_EXPERIMENTAL=1 (run them alone, under a timeout: a scheduling bug hangs
+# rather than fails).
+VARIANT_IDS = list(VARIANTS) + (["ws", "wscs", "ss"] if os.environ.get("TRITREE_EXPERIMENTAL") == "1" else [])
 
 
 @pytest.mark.parametrize("variant", VARIANT_IDS)
