@@ -36,8 +36,7 @@ SHAPES = [(8, 8), (16, 8), (64, 8), (16, 64)]
 
 
 VARIANTS = {"gluon": dict(overlap=False, seesaw=False), "gluon+ovl": dict(overlap=True, seesaw=False),
-            "gluon+seesaw": dict(overlap=False, seesaw=True),
-            "gluon+seesaw-cs": dict(overlap=False, seesaw=True, colsplit=True)}
+            "gluon+seesaw": dict(overlap=False, seesaw=True)}
 COMPILES = {}
 # --probes: the ws kernel with parts of its pair loop left out (a time decomposition; wrong results):
 # copies alone, scores + P V without the softmax, scores alone.
@@ -49,9 +48,8 @@ def gluon_call(s, out, lse, num_splits, variant, scratch):
     dst_o, dst_l, o_strides, l_strides = scratch
     args = (q, s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"], dst_o, dst_l, o_strides,
             l_strides, SM_SCALE, num_splits)
-    if variant.startswith("gluon+ws") or variant == "gluon+ss":
-        k = VGWS.launch_verify_gluon_ws(*args, split=variant == "gluon+ss", probe=PROBES.get(variant, 0),
-                                        colsplit=variant == "gluon+wscs")
+    if variant.startswith("gluon+ws"):
+        k = VGWS.launch_verify_gluon_ws(*args, colsplit=variant == "gluon+wscs", probe=PROBES.get(variant, 0))
     else:
         k = VG.launch_verify_gluon(*args, **VARIANTS[variant])
     if num_splits > 1:
@@ -136,8 +134,8 @@ def main():
     ap.add_argument("--page-size", type=int, default=P,
                     help="pool page size (default 64; 1 = token-granular, randomly permuted pages)")
     ap.add_argument("--ws", action="store_true",
-                    help="also the experimental warp-specialised seesaws (_verify_gluon_ws: gluon+ws, a producer "
-                         "partition; gluon+ss, each warpgroup a partition too; TMA pools only)")
+                    help="also the warp-specialised seesaw (_verify_gluon_ws; TMA pools only): gluon+wscs, O += P V "
+                         "by column halves (what verify_mla runs above 128 rows), gluon+ws, by tiles")
     ap.add_argument("--variants", default="", help="comma-separated Gluon variants to run (default: all)")
     ap.add_argument("--probes", action="store_true",
                     help="also the ws kernel's time decomposition (gluon+ws-load / -mma / -qk; wrong results)")
@@ -147,7 +145,6 @@ def main():
     if args.ws:
         # Dispatched by name in gluon_call; "overlap" marks it TMA-only (skipped for gathered pools).
         VARIANTS["gluon+ws"] = dict(overlap=True, seesaw=True)
-        VARIANTS["gluon+ss"] = dict(overlap=True, seesaw=True)
         VARIANTS["gluon+wscs"] = dict(overlap=True, seesaw=True)
     if args.probes:
         for name in PROBES:

@@ -1,10 +1,10 @@
-"""The Hopper Gluon verify kernel (``tritree.kernels._verify_gluon``) against the float64 reference:
-bf16 inputs, outputs poisoned with NaN, one split and many, every schedule (plain, overlapped, seesaw
-tile pairs), fp32 and bf16 partials; token-granular and small-page pools (P = 1, 16: the cp.async gather
-path, fragmented page tables) for the plain and seesaw schedules."""
+"""The Hopper Gluon verify kernels (``tritree.kernels._verify_gluon``, ``_verify_gluon_ws``) against the
+float64 reference: bf16 inputs, outputs poisoned with NaN, one split and many, every schedule (plain,
+overlapped, seesaw tile pairs, the warp-specialised seesaw by tiles and by column halves), fp32 and bf16
+partials; token-granular and small-page pools (P = 1, 16: the cp.async gather path, fragmented page
+tables) for the plain and seesaw schedules."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -26,8 +26,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
-            "seesaw": dict(overlap=False, seesaw=True),
-            "seesaw-cs": dict(overlap=False, seesaw=True, colsplit=True)}
+            "seesaw": dict(overlap=False, seesaw=True)}
 
 
 def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):
@@ -47,8 +46,8 @@ def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):
         dst_l.fill_(float("nan"))
     args = (q, case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
             l_strides, SM_SCALE, num_splits)
-    if variant in ("ws", "ss", "wscs"):
-        VGWS.launch_verify_gluon_ws(*args, split=variant == "ss", colsplit=variant == "wscs")
+    if variant in ("ws", "wscs"):
+        VGWS.launch_verify_gluon_ws(*args, colsplit=variant == "wscs")
     else:
         VG.launch_verify_gluon(*args, **VARIANTS[variant])
     if num_splits > 1:
@@ -87,11 +86,9 @@ CASES = [
     (2, 12, 5, 128, [3 * 128 + 64, 2 * 128], None, ("chain", "random")),  # P = 128, odd / even tiles
 ]
 
-# The warp-specialised seesaws (``_verify_gluon_ws``: "ws" a producer partition, "wscs" the same with
-# ``O += P V`` by column halves, "ss" each warpgroup a partition too) are experimental: their cases are
-# collected only with TRITREE_EXPERIMENTAL=1 (run them alone, under a timeout: a scheduling bug hangs
-# rather than fails).
-VARIANT_IDS = list(VARIANTS) + (["ws", "wscs", "ss"] if os.environ.get("TRITREE_EXPERIMENTAL") == "1" else [])
+# The warp-specialised seesaw (``_verify_gluon_ws``, TMA pools): "wscs" = O += P V by column halves (what
+# verify_mla runs above 128 rows), "ws" = by tiles.
+VARIANT_IDS = list(VARIANTS) + ["ws", "wscs"]
 
 
 @pytest.mark.parametrize("variant", VARIANT_IDS)

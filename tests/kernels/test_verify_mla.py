@@ -251,7 +251,8 @@ def test_gpu_bf16_large(B, T, H, P, L):
                                  AttnConfig(64, 64, 8, 1, split_scores=True),
                                  AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
                                  AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-overlap"),
-                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw")])
+                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw"),
+                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")])
 def test_gpu_tma_tiles(cfg):
     case = poison_unused_slots(make_case(2, 19, 8, 64, [46_000, 1_000], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=cfg.block_n))

@@ -133,38 +133,19 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _issue_pair_tile(kv_desc, lat_smem, pe_smem, cbars, half: gl.constexpr, row, D_LAT: gl.constexpr,
-                         BLOCK_N: gl.constexpr, PER_SLOT: gl.constexpr = False):
+                         BLOCK_N: gl.constexpr):
         """SEESAW: TMA of one 64-key tile into rows ``64 half .. 64 half + 63`` of the pair buffers
         (``[128, 512]`` / ``[128, 64]``): 9 boxes of 64 x 64 (the rows of one tile are not contiguous
         in a 128-row swizzled buffer, so no single 3-D box). Column block c (c = 8: rope) completes
         on ``cbars[c]``, which counts both slots' boxes: slot 0's issue arms it for both (one arrival,
-        16 KB), so the phase only completes once slot 1's box has landed too. ``PER_SLOT``: ``cbars`` are
-        this slot's own barriers, each armed here for its one box (8 KB)."""
-        if PER_SLOT:
-            for c in gl.static_range(D_LAT // 64 + 1):
-                mbarrier.expect(cbars[c], BLOCK_N * 64 * 2)
-        elif half == 0:
+        16 KB), so the phase only completes once slot 1's box has landed too."""
+        if half == 0:
             for c in gl.static_range(D_LAT // 64 + 1):
                 mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
         for c in gl.static_range(D_LAT // 64):
             dst = lat_smem.slice(half * BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1)
             _tma_load(kv_desc, [row, c * 64], cbars[c], dst)
         _tma_load(kv_desc, [row, D_LAT], cbars[D_LAT // 64], pe_smem.slice(half * BLOCK_N, BLOCK_N, dim=0))
-
-    @gluon.jit
-    def _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, C0: gl.constexpr, C1: gl.constexpr,
-                           D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
-        """COLSPLIT: TMA of column blocks ``C0 .. C1-1`` (block 8 = rope) of both tiles of a pair (rows
-        ``row0`` / ``row1`` of the pool into slots 0 / 1), each block's barrier armed for its two boxes."""
-        for c in gl.static_range(C0, C1):
-            mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
-            if c < D_LAT // 64:
-                _tma_load(kv_desc, [row0, c * 64], cbars[c], k_lat.slice(0, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
-                _tma_load(kv_desc, [row1, c * 64], cbars[c],
-                          k_lat.slice(BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
-            else:
-                _tma_load(kv_desc, [row0, D_LAT], cbars[c], k_pe.slice(0, BLOCK_N, dim=0))
-                _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
     def _prefetch_tile_l2(KV, row, stride_kvs, num_rows, thread_mask=-1):
@@ -181,9 +162,9 @@ if GLUON_AVAILABLE:
                 "=r,l,r", [addr, thread_mask], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _new_bar(COUNT: gl.constexpr = 1):
+    def _new_bar():
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(bar, count=COUNT)
+        mbarrier.init(bar, count=1)
         return bar
 
     @gluon.jit
@@ -247,10 +228,10 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _load_tail_tile(KV, PageTable, page_base, n, end, max_pages, num_pages, stride_kvp, stride_kvs, dst_blocks,
                         blk0, dst_pe, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr,
-                        BLOCK_N: gl.constexpr, ROW0: gl.constexpr = 0):
+                        BLOCK_N: gl.constexpr):
         """Keys ``n .. n+63`` into a slot by masked cp.async (rows past ``end`` zero-filled: no data
         passes through registers, which hold O here). ``dst_blocks``: the slot's latent part as
-        ``[8 column blocks, >= 64 rows, 64]`` (rows ``ROW0 .. ROW0+63`` written); a runtime loop over the blocks keeps
+        ``[8 column blocks, >= 64 rows, 64]`` (rows 0..63 written); a runtime loop over the blocks keeps
         one block's pointers live at a time (an unrolled one spilled them on triton 3.6)."""
         keys = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
         k_ok = keys < end
@@ -262,7 +243,7 @@ if GLUON_AVAILABLE:
         ok = gl.expand_dims(k_ok, 1)
         ok = ok & (d >= 0)  # full [64, 64] mask
         for c in range(D_LAT // 64):
-            _cp_async(dst_blocks.index(blk0 + c).slice(ROW0, BLOCK_N, dim=0), tok + (c * 64 + d), mask=ok)
+            _cp_async(dst_blocks.index(blk0 + c).slice(0, BLOCK_N, dim=0), tok + (c * 64 + d), mask=ok)
         _cp_async(dst_pe, tok + (D_LAT + d), mask=ok)
         async_copy.commit_group()
         async_copy.wait_group(0)
@@ -389,33 +370,6 @@ if GLUON_AVAILABLE:
         return o, m_i, l_i
 
     @gluon.jit
-    def _masked_tail_halves(oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
-                            TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H, stride_ptb, max_pages,
-                            num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt, sm_scale_log2e,
-                            s_layout: gl.constexpr, oh_layout: gl.constexpr, ld_layout: gl.constexpr,
-                            PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_M: gl.constexpr,
-                            BLOCK_N: gl.constexpr):
-        """``_masked_tail`` (SEESAW buffers) with O as two column halves ``oa`` / ``ob`` (COLSPLIT).
-        Returns ``(oa, ob, m_i, l_i)``."""
-        HALF: gl.constexpr = D_LAT // 2
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        t = rows // H
-        row_ok = (rows < T * H) & (t < tree_len)
-        mask_base = TreeMask + b.to(gl.int64) * stride_mb
-        for n in range(tail_start, end, BLOCK_N):
-            p, alpha, m_i, l_i, tail_lat = _tail_tile_p(
-                n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
-                kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages, stride_kvp, stride_kvs,
-                stride_mt, sm_scale_log2e, s_zero, s_layout, ld_layout, True, PAGE_SIZE, D_LAT, BLOCK_N)
-            oa = _publish_p(p, alpha, oa, p_smem, oh_layout)
-            ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
-            oa = warpgroup_mma(p_smem, tail_lat.slice(0, HALF, dim=1), oa)
-            ob = warpgroup_mma(p_smem, tail_lat.slice(HALF, HALF, dim=1), ob)
-            _cta_barrier()
-        return oa, ob, m_i, l_i
-
-    @gluon.jit
     def _tail_tile_p(n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
                      kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages, stride_kvp, stride_kvs,
                      stride_mt, sm_scale_log2e, s_zero, s_layout: gl.constexpr, ld_layout: gl.constexpr,
@@ -500,12 +454,8 @@ if GLUON_AVAILABLE:
         BLOCK_N: gl.constexpr = 64,
         D_LAT: gl.constexpr = 512,
         D_PE: gl.constexpr = 64,
-        COLSPLIT: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
-        if COLSPLIT:
-            gl.static_assert(SEESAW, "COLSPLIT: tile pairs only")
-            gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "COLSPLIT: TMA tiles only")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
         # GATHER (PAGE_SIZE < 64, token-granular pools): full tiles by cp.async row gathers, not TMA.
         GATHER: gl.constexpr = PAGE_SIZE < BLOCK_N
@@ -520,10 +470,6 @@ if GLUON_AVAILABLE:
                                                             instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, D_LAT // 2, 16])
-        # COLSPLIT: O as two column halves (columns 0..255 / 256..511), each warpgroup 128 of each.
-        oh_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                            instr_shape=[16, D_LAT // 4, 16])
-        HALF: gl.constexpr = D_LAT // 2
         ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                                    warps_per_cta=[8, 1], order=[1, 0])
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -656,11 +602,7 @@ if GLUON_AVAILABLE:
 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s_layout)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s_layout)
-        if COLSPLIT:
-            oa = gl.zeros([BLOCK_M, HALF], gl.float32, layout=oh_layout)
-            ob = gl.zeros([BLOCK_M, HALF], gl.float32, layout=oh_layout)
-        else:
-            o = gl.zeros([BLOCK_M, D_LAT], gl.float32, layout=o_layout)
+        o = gl.zeros([BLOCK_M, D_LAT], gl.float32, layout=o_layout)
 
         if SEESAW:
             s2_zero = gl.zeros([BLOCK_M, PAIR_N], gl.float32, layout=s2_layout)
@@ -673,49 +615,29 @@ if GLUON_AVAILABLE:
                 # Row max / sum cross the warpgroups (shared-memory reduction + barrier): after it,
                 # every warpgroup's QK is complete and the rope rows are dead.
                 p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-                if COLSPLIT:
-                    # O += P V by column halves over both tiles (m64 n256 k128): the first frees column
-                    # blocks 0..3 of both slots, refilled while the second runs; the next pair's scores
-                    # stream in the same column order, so they start before blocks 4..7 and the rope land.
-                    oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
-                    ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
-                    oa = warpgroup_mma(p2_smem, k_lat.slice(0, HALF, dim=1), oa, is_async=True)
-                    ob = warpgroup_mma(p2_smem, k_lat.slice(HALF, HALF, dim=1), ob, is_async=True)
-                    oa = warpgroup_mma_wait(num_outstanding=1, deps=[oa])
-                    _cta_barrier()  # both warpgroups are done with blocks 0..3 of both slots
-                    if i + 1 < n_pairs:
-                        _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, next_row, next_row1, 0, D_LAT // 128, D_LAT,
-                                           BLOCK_N)
-                    ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
-                    _cta_barrier()  # ... and with blocks 4..7 and the rope rows (P)
-                    if i + 1 < n_pairs:
-                        _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, next_row, next_row1, D_LAT // 128,
-                                           D_LAT // 64 + 1, D_LAT, BLOCK_N)
-                else:
-                    o = _publish_p(p, alpha, o, p2_smem, o_layout)
-                    # O[:, 256w:256w+256] += P_0 V_0[:, ...] (slot 0), then + P_1 V_1[:, ...] (slot 1), async:
-                    # slot 0 is refilled while P_1 V_1 runs.
-                    o = warpgroup_mma(p2_smem.slice(0, BLOCK_N, dim=1), k_lat.slice(0, BLOCK_N, dim=0), o,
-                                      is_async=True)
-                    o = warpgroup_mma(p2_smem.slice(BLOCK_N, BLOCK_N, dim=1), k_lat.slice(BLOCK_N, BLOCK_N, dim=0),
-                                      o, is_async=True)
-                    o = warpgroup_mma_wait(num_outstanding=1, deps=[o])
-                    _cta_barrier()  # both warpgroups are done with slot 0 (its V and P_0)
-                    if i + 1 < n_pairs:
-                        if GATHER:
-                            _gather_tile(KV, next_pg, stride_kvp, stride_kvs, g_blocks, 0, 0,
-                                         k_pe.slice(0, BLOCK_N, dim=0), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, True)
-                        else:
-                            _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 0, next_row, D_LAT, BLOCK_N)
-                    o = warpgroup_mma_wait(num_outstanding=0, deps=[o])
-                    _cta_barrier()  # ... and with slot 1
-                    if i + 1 < n_pairs:
-                        if GATHER:
-                            _gather_tile(KV, next_pg1, stride_kvp, stride_kvs, g_blocks, 0, BLOCK_N,
-                                         k_pe.slice(BLOCK_N, BLOCK_N, dim=0), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N,
-                                         True)
-                        else:
-                            _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 1, next_row1, D_LAT, BLOCK_N)
+                o = _publish_p(p, alpha, o, p2_smem, o_layout)
+                # O[:, 256w:256w+256] += P_0 V_0[:, ...] (slot 0), then + P_1 V_1[:, ...] (slot 1), async:
+                # slot 0 is refilled while P_1 V_1 runs.
+                o = warpgroup_mma(p2_smem.slice(0, BLOCK_N, dim=1), k_lat.slice(0, BLOCK_N, dim=0), o,
+                                  is_async=True)
+                o = warpgroup_mma(p2_smem.slice(BLOCK_N, BLOCK_N, dim=1), k_lat.slice(BLOCK_N, BLOCK_N, dim=0), o,
+                                  is_async=True)
+                o = warpgroup_mma_wait(num_outstanding=1, deps=[o])
+                _cta_barrier()  # both warpgroups are done with slot 0 (its V and P_0)
+                if i + 1 < n_pairs:
+                    if GATHER:
+                        _gather_tile(KV, next_pg, stride_kvp, stride_kvs, g_blocks, 0, 0,
+                                     k_pe.slice(0, BLOCK_N, dim=0), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, True)
+                    else:
+                        _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 0, next_row, D_LAT, BLOCK_N)
+                o = warpgroup_mma_wait(num_outstanding=0, deps=[o])
+                _cta_barrier()  # ... and with slot 1
+                if i + 1 < n_pairs:
+                    if GATHER:
+                        _gather_tile(KV, next_pg1, stride_kvp, stride_kvs, g_blocks, 0, BLOCK_N,
+                                     k_pe.slice(BLOCK_N, BLOCK_N, dim=0), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, True)
+                    else:
+                        _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 1, next_row1, D_LAT, BLOCK_N)
                 if GATHER:
                     next_pg = _gather_pages(pt, start + (2 * i + 4) * BLOCK_N, max_pages, num_pages, ld_layout,
                                             PAGE_SIZE, BLOCK_N)
@@ -814,31 +736,16 @@ if GLUON_AVAILABLE:
             tail_blocks = k_lat._reinterpret(gl.bfloat16, [2 * (D_LAT // 64), BLOCK_N, 64], smem_layout)
 
         # ---- masked tail: prefix remainder and tree keys (pointer loads into slot 0) -------------
-        if COLSPLIT:
-            oa, ob, m_i, l_i = _masked_tail_halves(oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks,
-                                                   p_smem, KV, PageTable, TreeMask, b, pid_m, tail_start, end, kv_len,
-                                                   tree_len, T, H, stride_ptb, max_pages, num_pages, stride_kvp,
-                                                   stride_kvs, stride_mb, stride_mt, sm_scale_log2e, s_layout,
-                                                   oh_layout, ld_layout, PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N)
-        else:
-            o, m_i, l_i = _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV,
-                                       PageTable, TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H,
-                                       stride_ptb, max_pages, num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt,
-                                       sm_scale_log2e, s_layout, o_layout, ld_layout, SEESAW, PAGE_SIZE, D_LAT,
-                                       BLOCK_M, BLOCK_N)
+        o, m_i, l_i = _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
+                                   TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H, stride_ptb, max_pages,
+                                   num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt, sm_scale_log2e, s_layout,
+                                   o_layout, ld_layout, SEESAW, PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N)
 
         mbarrier.invalidate(bars.index(0))
         mbarrier.invalidate(bars.index(1))
 
-        if COLSPLIT:
-            _store_o(oa, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
-                     stride_os, stride_lb, stride_lt, stride_lh, stride_ls, oh_layout, SINGLE_SPLIT, BLOCK_M, HALF)
-            _store_o(ob, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
-                     stride_os, stride_lb, stride_lt, stride_lh, stride_ls, oh_layout, SINGLE_SPLIT, BLOCK_M, HALF,
-                     HALF, False)
-        else:
-            _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
-                     stride_os, stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
+        _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os,
+                 stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
 
 
 def _check(q, kv, num_splits):
@@ -899,12 +806,11 @@ L2_PREFETCH = True
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                        sm_scale, num_splits, overlap=True, seesaw=False, colsplit=False):
+                        sm_scale, num_splits, overlap=True, seesaw=False):
     """Launches the main kernel with ``_launch_verify``'s conventions (``dst_o, dst_l, o_strides,
     l_strides`` from ``_splitkv.split_destinations``; ``dst_o`` may be fp32 or a narrower float type:
     partials are cast on store, ``dst_l`` is fp32). With ``num_splits > 1`` the caller merges the
-    partials with ``_splitkv.combine_splits``. ``seesaw``: the tile-pair schedule (``overlap`` ignored);
-    ``colsplit`` (with ``seesaw``, TMA pools): its ``O += P V`` by column halves (``COLSPLIT``).
+    partials with ``_splitkv.combine_splits``. ``seesaw``: the tile-pair schedule (``overlap`` ignored).
     Page sizes below 64 (``kv.shape[1]`` in ``GATHER_PAGE_SIZES``) take the cp.async gather path, which
     has no overlapped schedule: ``overlap`` is ignored there (plain schedule) and no 3-D descriptor is used.
     Returns the compiled kernel (``n_regs``, ``n_spills``, ``metadata.shared``)."""
@@ -918,7 +824,6 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
     gather = kv.shape[1] % BLOCK_N != 0
     if gather:
         overlap = False
-        colsplit = False
     # The gather path reads no descriptor; one is still passed (the signature is the same for all paths).
     desc = kv_descriptor(kv)
 
@@ -936,7 +841,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             T, H, int(num_splits),
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, COLSPLIT=bool(colsplit) and bool(seesaw),
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
             num_warps=NUM_WARPS,
         )
 
@@ -974,7 +879,7 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", colsplit: bool = False):
+                     partial_dtype: str = "fp32"):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -997,7 +902,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
                   "D_LAT": D_LAT,
-                  "D_PE": D_PE, "COLSPLIT": bool(colsplit) and seesaw and not gather}
+                  "D_PE": D_PE}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -1009,7 +914,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
 
 
 VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
-            "seesaw": dict(overlap=False, seesaw=True), "seesaw-cs": dict(overlap=False, seesaw=True, colsplit=True)}
+            "seesaw": dict(overlap=False, seesaw=True)}
 
 
 def _main():
@@ -1021,12 +926,11 @@ def _main():
     for name, kw in VARIANTS.items():
         for splits in (1, 2):
             # P = 1, 16: the cp.async gather path (plain and seesaw; overlap is TMA-only).
-            for P in (64, 128) if name in ("overlap", "seesaw-cs") else (64, 128, 1, 16):
+            for P in (64, 128) if name == "overlap" else (64, 128, 1, 16):
                 try:
-                    k = compile_for_sm90(splits, kw["overlap"], P, seesaw=kw["seesaw"],
-                                         colsplit=kw.get("colsplit", False))
+                    k = compile_for_sm90(splits, kw["overlap"], P, seesaw=kw["seesaw"])
                 except Exception as e:  # noqa: BLE001
-                    print(f"_verify_gluon_kernel sm_90 {name:9s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
+                    print(f"_verify_gluon_kernel sm_90 {name:7s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
                           f"COMPILE FAILED: {type(e).__name__}: {str(e)[:2000]}", flush=True)
                     ok = False
                     continue
@@ -1037,7 +941,7 @@ def _main():
                 good = shared <= SMEM_LIMIT_SM90
                 ok &= good
                 status = "ok" if good and spill == 0 else ("ok (spills)" if good else "FAIL")
-                print(f"_verify_gluon_kernel sm_90 {name:9s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
+                print(f"_verify_gluon_kernel sm_90 {name:7s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
                       f"shared {shared:7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill {spill:5d}  {status}",
                       flush=True)
     if not ok:

@@ -49,9 +49,10 @@ class AttnConfig:
     split_scores: the warpgroups split each score tile by keys instead of both computing all of it
         (``_splitkv.attend_tile``); verify_mla only.
     kernel: ``"triton"``, or a Gluon schedule for Hopper (``"gluon"``, ``"gluon-overlap"``,
-        ``"gluon-seesaw"``: ``kernels/_verify_gluon.py``; verify_mla only, 64x64 tiles, 8 warps). A
-        call the Gluon kernel cannot serve (other GPU, dtype, page size < 64, triton without Gluon)
-        runs the Triton kernel with the same tile sizes.
+        ``"gluon-seesaw"``: ``kernels/_verify_gluon.py``; ``"gluon-ws"``: the warp-specialised seesaw,
+        ``kernels/_verify_gluon_ws.py``, pools with P % 64 == 0, else the seesaw's row gathers;
+        verify_mla only, 64x64 tiles, 8 warps). A call the Gluon kernels cannot serve (other GPU,
+        dtype, unaligned rows, triton without Gluon) runs the Triton kernel with the same tile sizes.
     """
 
     block_m: int
@@ -88,7 +89,10 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         # two per SM, T=16,H=64 228.7 vs 262.3 at four, T=65,H=8 132.3 vs 149.2). The plain schedule
         # is ahead up to 128 rows (T=16,H=8 54.7 vs 57.1), the seesaw above (T=17,H=8 62.0 vs 64.2).
         128: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
-        1 << 30: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw"),
+        # Above: the warp-specialised seesaw with O += P V by column halves (kernels/_verify_gluon_ws.py;
+        # session 6, call E, against the seesaw: T=16,H=64 202.8 vs 211.5 us, T=65,H=8 119.7 vs 127.1,
+        # T=128,H=8 207.2 vs 214.3, T=32,H=8 66.0 vs 66.4, T=64,H=8 117.5 vs 115.3, T=17,H=8 61.9 vs 61.1).
+        1 << 30: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees). On Hopper with bf16 the
     # Gluon seesaw's row-gather path (cp.async, one page id per row; all 107 of its GPU tests pass,

@@ -333,7 +333,7 @@ def _ensure_scratch_allocator() -> None:
         _ALLOCATOR_SET = True
 
 
-GLUON_KERNELS = ("gluon", "gluon-overlap", "gluon-seesaw")
+GLUON_KERNELS = ("gluon", "gluon-overlap", "gluon-seesaw", "gluon-ws")
 
 
 def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
@@ -359,11 +359,16 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
                    num_splits, launch=None):
     B, T, H, _ = q.shape
     if launch is None and _gluon_usable(q, kv, cfg):  # eager only: the Gluon ops are opaque to torch.compile
-        from ._verify_gluon import launch_verify_gluon
         dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
-        launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                            sm_scale, num_splits, overlap=cfg.kernel == "gluon-overlap",
-                            **({"seesaw": True} if cfg.kernel == "gluon-seesaw" else {}))
+        args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale,
+                num_splits)
+        if cfg.kernel == "gluon-ws" and kv.shape[1] % 64 == 0:
+            from ._verify_gluon_ws import launch_verify_gluon_ws
+            launch_verify_gluon_ws(*args)
+        else:  # "gluon-ws" on pages < 64 runs the seesaw's row gathers
+            from ._verify_gluon import launch_verify_gluon
+            launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap",
+                                **({"seesaw": True} if cfg.kernel in ("gluon-seesaw", "gluon-ws") else {}))
         if num_splits > 1:
             combine_splits(dst_o, dst_l, out, lse)
         return
