@@ -89,9 +89,11 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         # two per SM, T=16,H=64 228.7 vs 262.3 at four, T=65,H=8 132.3 vs 149.2). The plain schedule
         # is ahead up to 128 rows (T=16,H=8 54.7 vs 57.1), the seesaw above (T=17,H=8 62.0 vs 64.2).
         128: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
-        # Above: the warp-specialised seesaw with O += P V by column halves (kernels/_verify_gluon_ws.py;
-        # session 6, call E, against the seesaw: T=16,H=64 202.8 vs 211.5 us, T=65,H=8 119.7 vs 127.1,
-        # T=128,H=8 207.2 vs 214.3, T=32,H=8 66.0 vs 66.4, T=64,H=8 117.5 vs 115.3, T=17,H=8 61.9 vs 61.1).
+        512: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw"),
+        # Above 512 rows: the warp-specialised seesaw with O += P V by column halves
+        # (kernels/_verify_gluon_ws.py). Session 6, call E, against the seesaw: T=65,H=8 (520 rows) 119.7
+        # vs 127.1 us, T=16,H=64 202.8 vs 211.5, T=128,H=8 207.2 vs 214.3; at or below 512 rows the
+        # seesaw is level or ahead: T=64,H=8 115.3 vs 117.5, T=32,H=8 66.4 vs 66.0, T=17,H=8 61.1 vs 61.9.
         1 << 30: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees). On Hopper with bf16 the
