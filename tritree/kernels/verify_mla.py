@@ -516,9 +516,9 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         out, lse: optional preallocated outputs (``[B, T, H, 512]`` q's dtype, ``[B, T, H]`` float32),
             written in place (static buffers for CUDA graphs); both or neither.
         config, num_splits: override the per-architecture launch config and the split count. On
-            Hopper with bf16 the table's configs run the Gluon kernels (``kernels/_verify_gluon.py``;
-            TMA tiles for P % 64 == 0, row gathers for smaller pages); ``AttnConfig(...,
-            kernel="triton")`` forces Triton.
+            Hopper with bf16 the table's configs run the Gluon kernels (``kernels/_verify_gluon.py``,
+            above 512 rows with TMA tiles ``kernels/_verify_gluon_ws.py``; TMA tiles for P % 64 == 0,
+            row gathers for smaller pages); ``AttnConfig(..., kernel="triton")`` forces Triton.
         d_rope: rope channels at the end of q and kv (Kimi: 64, latent 512); small models use other
             powers of two >= 16.
 
