@@ -1,14 +1,17 @@
-"""Gluon (Hopper) verify kernel vs the Triton ``verify_mla`` on an H200: accuracy and CUDA-graph time.
+"""Gluon (Hopper) verify kernels vs the Triton ``verify_mla`` on an H200: accuracy and CUDA-graph time.
 
-    PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64] [--page-size 1] [--partials bf16] [--ws]
-        [--variants gluon+seesaw,gluon+ss]
+    PYTHONPATH=. python bench/gluon_check.py [--splits N] [--shapes 8x8,16x64] [--page-size 1] [--partials bf16]
+        [--ws] [--probes] [--variants gluon+seesaw,gluon+wscs]
 
 One line per (T, H) at L = 46000, B = 1, P = 64 (``--page-size``: P = 1 pools are fragmented, pages
-randomly permuted as ``verify_sweep.build_sets`` makes them; P < 64 takes the Gluon cp.async gather path,
-which has no overlapped schedule, so ``gluon+ovl`` is skipped there): relative error of each Gluon variant against the
-Triton kernel, then us and TFLOP/s (FLOPs = 2 T H (L + T) (576 + 512)) of triton and the Gluon
-variants (plain, FA3 overlap, seesaw tile pairs), then each variant's compile (registers, spills,
-shared bytes). A variant that fails prints its exception; the rest go on.
+randomly permuted as ``verify_sweep.build_sets`` makes them; P < 64 takes the Gluon cp.async gather
+path, which has no overlapped schedule, so the TMA-only variants are skipped there): relative error of
+each Gluon variant against ``verify_mla`` ("triton" below: whatever the table runs), then us and
+TFLOP/s (FLOPs = 2 T H (L + T) (576 + 512)) of it and the Gluon variants (plain, FA3 overlap, seesaw
+tile pairs, plain with the chunk prefetched into L2 (gluon+pf); ``--ws``: the warp-specialised seesaw
+by tiles and by column halves; ``--probes``: its pair loop with parts left out, wrong results), then
+each variant's compile (registers, spills, shared bytes). A variant that fails prints its exception;
+the rest go on.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ SHAPES = [(8, 8), (16, 8), (64, 8), (16, 64)]
 
 
 VARIANTS = {"gluon": dict(overlap=False, seesaw=False), "gluon+ovl": dict(overlap=True, seesaw=False),
-            "gluon+seesaw": dict(overlap=False, seesaw=True)}
+            "gluon+seesaw": dict(overlap=False, seesaw=True),
+            "gluon+pf": dict(overlap=False, seesaw=False, prefetch_chunk=16)}
 COMPILES = {}
 # --probes: the ws kernel with parts of its pair loop left out (a time decomposition; wrong results):
 # copies alone, scores + P V without the softmax, scores alone.
@@ -122,7 +126,8 @@ def run_shape(T, H, splits_arg, P=P, partials="fp32"):
             parts.append(f"{name} {us:8.1f} us {tf:6.1f} TF/s{e}")
         else:
             parts.append(f"{name} FAILED")
-    print(f"L={L} B={B} P={P} T={T:3d} H={H:2d} gluon_splits={num_splits:3d} partials={partials} | " + " | ".join(parts), flush=True)
+    print(f"L={L} B={B} P={P} T={T:3d} H={H:2d} gluon_splits={num_splits:3d} partials={partials} | "
+          + " | ".join(parts), flush=True)
     del sets
     torch.cuda.empty_cache()
 

@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.gpu,
 
 
 VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
-            "seesaw": dict(overlap=False, seesaw=True)}
+            "seesaw": dict(overlap=False, seesaw=True),
+            # the plain schedule with 16 more tiles of each chunk prefetched into L2 at the start
+            "plain-pf": dict(overlap=False, seesaw=False, prefetch_chunk=16)}
 
 
 def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):

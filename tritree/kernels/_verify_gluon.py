@@ -162,6 +162,27 @@ if GLUON_AVAILABLE:
                 "=r,l,r", [addr, thread_mask], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
+    def _prefetch_chunk_l2(KV, pt, start, n_full, stride_kvs, max_pages, num_pages, PAGE_SIZE: gl.constexpr,
+                           BLOCK_N: gl.constexpr, FIRST: gl.constexpr, N: gl.constexpr):
+        """Bulk L2 prefetch of full tiles ``FIRST .. FIRST+N-1`` of the chunk (those < ``n_full``), all at
+        once: their page ids in one vector load, one ``cp.async.bulk.prefetch.L2`` per tile, issued by
+        threads 0..N-1 (thread t holds tile FIRST+t: a [N] vector wraps over the threads). TMA pools
+        with contiguous 576-wide rows only."""
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
+                                                warps_per_cta=[gl.num_warps()], order=[0])
+        j = FIRST + gl.arange(0, N, layout=layout)
+        n = start + j * BLOCK_N
+        col = gl.minimum(n // PAGE_SIZE, max_pages - 1)
+        page = gl.minimum(gl.maximum(gl.load(pt + col), 0), num_pages - 1)
+        row = page * PAGE_SIZE + n % PAGE_SIZE
+        ok = ((j < n_full) & (stride_kvs == 576) & (row + 64 <= num_pages * PAGE_SIZE)).to(gl.int32)
+        addr = KV + row.to(gl.int64) * 576
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.lt.u32 p, t, $3; setp.ne.u32 q, $2, 0; "
+            "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
+            "=r,l,r,r", [addr, ok, gl.full([N], N, gl.int32, layout=layout)], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _new_bar():
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(bar, count=1)
@@ -354,11 +375,8 @@ if GLUON_AVAILABLE:
         """Keys ``tail_start .. end`` (the prefix remainder and the tree keys), one masked tile at a time
         by pointer loads into slot 0 (the slots alternate; SEESAW: rows 0..63 of the pair buffers).
         Returns ``(o, m_i, l_i)``; the scores' row statistics in ``SliceLayout(1, s_layout)``."""
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        t = rows // H
-        row_ok = (rows < T * H) & (t < tree_len)
-        mask_base = TreeMask + b.to(gl.int64) * stride_mb
+        s_zero, t, row_ok, mask_base = _tail_rows(TreeMask, b, pid_m, T, H, tree_len, stride_mb, s_layout, BLOCK_M,
+                                                  BLOCK_N)
         for n in range(tail_start, end, BLOCK_N):
             p, alpha, m_i, l_i, tail_lat = _tail_tile_p(
                 n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
@@ -368,6 +386,16 @@ if GLUON_AVAILABLE:
             o = warpgroup_mma(p_smem, tail_lat, o)
             _cta_barrier()
         return o, m_i, l_i
+
+    @gluon.jit
+    def _tail_rows(TreeMask, b, pid_m, T, H, tree_len, stride_mb, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr):
+        """What every tile of the masked tail needs of its rows: ``(s_zero, t, row_ok, mask_base)``."""
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        t = rows // H
+        row_ok = (rows < T * H) & (t < tree_len)
+        return s_zero, t, row_ok, TreeMask + b.to(gl.int64) * stride_mb
 
     @gluon.jit
     def _tail_tile_p(n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
@@ -450,6 +478,7 @@ if GLUON_AVAILABLE:
         SEESAW: gl.constexpr = False,
         TMA3D: gl.constexpr = True,
         L2_PREFETCH: gl.constexpr = True,
+        PREFETCH_CHUNK: gl.constexpr = 0,
         BLOCK_M: gl.constexpr = 64,
         BLOCK_N: gl.constexpr = 64,
         D_LAT: gl.constexpr = 512,
@@ -591,6 +620,11 @@ if GLUON_AVAILABLE:
                 if n_full > 1:
                     _issue_tile(kv_desc, k_lat, k_pe, bars, 1, row1, D_LAT, BLOCK_N)
             next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
+            if PREFETCH_CHUNK > 0:
+                # Tiles 2 .. PREFETCH_CHUNK+1 asked of the L2 now: a short chunk (T=8,H=8: ~5 tiles a
+                # program) otherwise reads HBM two tiles at a time, each refill after a consumption.
+                _prefetch_chunk_l2(KV, pt, start, n_full, stride_kvs, max_pages, num_pages, PAGE_SIZE, BLOCK_N, 2,
+                                   PREFETCH_CHUNK)
 
         # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
         _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT)
@@ -803,14 +837,19 @@ USE_TMA3D = True
 # the plain schedule (T=8,H=8 28.4 -> 29.9) and for row gathers (T=16,H=64, P=1: 233.4 -> 245.9), so
 # only there.
 L2_PREFETCH = True
+# Plain TMA schedule: L2 prefetch of this many more tiles of the chunk (a power of two) at the
+# program's start (``_prefetch_chunk_l2``; 0 = off). Prepared in session 6 for T=8,H=8, whose time is the copy stream
+# alone (bench/RESULTS.md, sixth session); not yet measured, so off.
+PREFETCH_CHUNK = 0
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                        sm_scale, num_splits, overlap=True, seesaw=False):
+                        sm_scale, num_splits, overlap=True, seesaw=False, prefetch_chunk=None):
     """Launches the main kernel with ``_launch_verify``'s conventions (``dst_o, dst_l, o_strides,
     l_strides`` from ``_splitkv.split_destinations``; ``dst_o`` may be fp32 or a narrower float type:
     partials are cast on store, ``dst_l`` is fp32). With ``num_splits > 1`` the caller merges the
     partials with ``_splitkv.combine_splits``. ``seesaw``: the tile-pair schedule (``overlap`` ignored).
+    ``prefetch_chunk``: the plain TMA schedule's ``PREFETCH_CHUNK`` (default: the module's).
     Page sizes below 64 (``kv.shape[1]`` in ``GATHER_PAGE_SIZES``) take the cp.async gather path, which
     has no overlapped schedule: ``overlap`` is ignored there (plain schedule) and no 3-D descriptor is used.
     Returns the compiled kernel (``n_regs``, ``n_spills``, ``metadata.shared``)."""
@@ -841,6 +880,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             T, H, int(num_splits),
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
+            PREFETCH_CHUNK=0 if seesaw or gather else int(PREFETCH_CHUNK if prefetch_chunk is None else prefetch_chunk),
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
             num_warps=NUM_WARPS,
         )
@@ -879,7 +919,7 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32"):
+                     partial_dtype: str = "fp32", prefetch_chunk: int = 0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -900,7 +940,9 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
-                  "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
+                  "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH,
+                  "PREFETCH_CHUNK": 0 if seesaw or gather else int(prefetch_chunk), "BLOCK_M": BLOCK_M,
+                  "BLOCK_N": BLOCK_N,
                   "D_LAT": D_LAT,
                   "D_PE": D_PE}
     for k in constexprs:
@@ -914,7 +956,8 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
 
 
 VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
-            "seesaw": dict(overlap=False, seesaw=True)}
+            "seesaw": dict(overlap=False, seesaw=True),
+            "plain-pf": dict(overlap=False, seesaw=False, prefetch_chunk=16)}  # PREFETCH_CHUNK (not shipped)
 
 
 def _main():
@@ -926,11 +969,12 @@ def _main():
     for name, kw in VARIANTS.items():
         for splits in (1, 2):
             # P = 1, 16: the cp.async gather path (plain and seesaw; overlap is TMA-only).
-            for P in (64, 128) if name == "overlap" else (64, 128, 1, 16):
+            for P in (64, 128) if name in ("overlap", "plain-pf") else (64, 128, 1, 16):
                 try:
-                    k = compile_for_sm90(splits, kw["overlap"], P, seesaw=kw["seesaw"])
+                    k = compile_for_sm90(splits, kw["overlap"], P, seesaw=kw["seesaw"],
+                                         prefetch_chunk=kw.get("prefetch_chunk", 0))
                 except Exception as e:  # noqa: BLE001
-                    print(f"_verify_gluon_kernel sm_90 {name:7s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
+                    print(f"_verify_gluon_kernel sm_90 {name:8s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
                           f"COMPILE FAILED: {type(e).__name__}: {str(e)[:2000]}", flush=True)
                     ok = False
                     continue
@@ -941,7 +985,7 @@ def _main():
                 good = shared <= SMEM_LIMIT_SM90
                 ok &= good
                 status = "ok" if good and spill == 0 else ("ok (spills)" if good else "FAIL")
-                print(f"_verify_gluon_kernel sm_90 {name:7s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
+                print(f"_verify_gluon_kernel sm_90 {name:8s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
                       f"shared {shared:7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill {spill:5d}  {status}",
                       flush=True)
     if not ok:

@@ -85,8 +85,8 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _load_q, _masked_tail, _new_bar, _page_row_p,
-                                _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_tile_p,
-                                _tma_load)
+                                _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
+                                _tail_tile_p, _tma_load)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
 PRODUCER_WARPS = 4
@@ -119,11 +119,8 @@ if GLUON_AVAILABLE:
         """``_masked_tail`` (SEESAW buffers) with O as two column halves ``oa`` / ``ob`` (COLSPLIT).
         Returns ``(oa, ob, m_i, l_i)``."""
         HALF: gl.constexpr = D_LAT // 2
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        t = rows // H
-        row_ok = (rows < T * H) & (t < tree_len)
-        mask_base = TreeMask + b.to(gl.int64) * stride_mb
+        s_zero, t, row_ok, mask_base = _tail_rows(TreeMask, b, pid_m, T, H, tree_len, stride_mb, s_layout, BLOCK_M,
+                                                  BLOCK_N)
         for n in range(tail_start, end, BLOCK_N):
             p, alpha, m_i, l_i, tail_lat = _tail_tile_p(
                 n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
