@@ -139,8 +139,9 @@ def main():
     ap.add_argument("--page-size", type=int, default=P,
                     help="pool page size (default 64; 1 = token-granular, randomly permuted pages)")
     ap.add_argument("--ws", action="store_true",
-                    help="also the warp-specialised seesaw (_verify_gluon_ws; TMA pools only): gluon+wscs, O += P V "
-                         "by column halves (what verify_mla runs above 128 rows), gluon+ws, by tiles")
+                    help="also the warp-specialised seesaw (_verify_gluon_ws): gluon+wscs, O += P V by column halves "
+                         "(what verify_mla runs above 512 rows with P >= 64; with P < 64 its producer gathers rows, "
+                         "not yet measured), gluon+ws, by tiles (TMA pools only)")
     ap.add_argument("--variants", default="", help="comma-separated Gluon variants to run (default: all)")
     ap.add_argument("--probes", action="store_true",
                     help="also the ws kernel's time decomposition (gluon+ws-load / -mma / -qk; wrong results)")
@@ -150,7 +151,7 @@ def main():
     if args.ws:
         # Dispatched by name in gluon_call; "overlap" marks it TMA-only (skipped for gathered pools).
         VARIANTS["gluon+ws"] = dict(overlap=True, seesaw=True)
-        VARIANTS["gluon+wscs"] = dict(overlap=True, seesaw=True)
+        VARIANTS["gluon+wscs"] = dict(overlap=False, seesaw=True)  # also P < 64: the producer gathers rows
     if args.probes:
         for name in PROBES:
             VARIANTS[name] = dict(overlap=True, seesaw=True)

@@ -52,6 +52,13 @@ nothing, the consumers run the tail only.
 Shared memory: Q 73,728 + pair buffer 147,456 (P 64 x 128 bf16 over the rope rows) + tail P 8,192 +
 reduction scratch / capture area + 11 mbarriers = 230,060 B of the 232,448.
 
+Row gathers (pages below a tile, COLSPLIT only; compile-checked on triton 3.6 and 3.9, NOT yet run on
+a GPU, not routed by ``verify_mla``): the producer (``GATHER_PRODUCER_REGS`` = 40 registers, the
+consumers then get 232) copies each column block of both tiles by cp.async row gathers, one group per
+block; as each group lands it fences (generic -> async proxy), syncs its 128 threads and arrives once
+on the block's barrier (count 1, no transaction bytes), so the consumers wait exactly as for TMA.
+Chunks are 64-key aligned, as in the seesaw's gather path. ``bench/s7_prepared.sh`` tests and times it.
+
 ``PROBE`` (bench only, wrong results, by tiles): the pair loop with parts left out -- copies alone,
 scores + ``P V`` without the softmax, scores alone (``bench/gluon_check.py --probes``). Session 6 at
 T=64,H=8: 66.8 / 104.1 / 90.9 us against 121.4 for the whole (merge included in each).
@@ -86,11 +93,13 @@ if GLUON_AVAILABLE:
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _load_q, _masked_tail, _new_bar, _page_row_p,
                                 _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
-                                _tail_tile_p, _tma_load)
+                                _tail_tile_p, _tma_load, _cp_async, _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 24
+# ... when it gathers rows (pages below a tile): row addresses for 4 rows x 2 tiles per thread.
+GATHER_PRODUCER_REGS = 40
 
 if GLUON_AVAILABLE:
 
@@ -135,21 +144,72 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr):
-        """Keys ``[start, end)`` of split ``pid_s`` (page-aligned chunks, as ``_verify_gluon_kernel``)."""
+        """Keys ``[start, end)`` of split ``pid_s`` (as ``_verify_gluon_kernel``: page-aligned chunks, or
+        64-key-aligned ones for pages below a tile)."""
         n_keys = kv_len + tree_len
-        chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
+        if PAGE_SIZE < 64:
+            chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), 64) * 64
+        else:
+            chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
         start = pid_s * chunk
         end = gl.minimum(start + chunk, n_keys)
         return start, end
 
     @gluon.jit
-    def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvs, max_pages,
-                     num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
+    def _gather_pair_blocks(KV, pg0, pg1, stride_kvp, stride_kvs, g_blocks, k_pe, cbars, C0: gl.constexpr,
+                            C1: gl.constexpr, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr,
+                            BLOCK_N: gl.constexpr):
+        """GATHER (pages below a tile) with COLSPLIT, in the producer partition: column blocks
+        ``C0 .. C1-1`` (8 = rope) of both tiles of a pair by cp.async row gathers (``pg0`` / ``pg1``:
+        ``_gather_pages`` of each tile), one group per block; then, block by block as its group lands,
+        a proxy fence, a partition barrier and one arrival on the block's barrier (count 1, no bytes):
+        the consumers' waits in ``_qk_streamed`` are the same as for TMA."""
+        r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+        slot_row = (r % PAGE_SIZE).to(gl.int64) * stride_kvs
+        tok0 = KV + gl.expand_dims(pg0.to(gl.int64) * stride_kvp + slot_row, 1)
+        tok1 = KV + gl.expand_dims(pg1.to(gl.int64) * stride_kvp + slot_row, 1)
+        d = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
+        for c in gl.static_range(C0, C1):
+            if c < D_LAT // 64:
+                _cp_async(g_blocks.index(c).slice(0, BLOCK_N, dim=0), tok0 + (c * 64 + d))
+                _cp_async(g_blocks.index(c).slice(BLOCK_N, BLOCK_N, dim=0), tok1 + (c * 64 + d))
+            else:
+                _cp_async(k_pe.slice(0, BLOCK_N, dim=0), tok0 + (D_LAT + d))
+                _cp_async(k_pe.slice(BLOCK_N, BLOCK_N, dim=0), tok1 + (D_LAT + d))
+            async_copy.commit_group()
+        for c in gl.static_range(C0, C1):
+            async_copy.wait_group(C1 - 1 - c)
+            fence_async_shared()  # the gathers' generic-proxy writes before the consumers' wgmma reads
+            _cta_barrier()  # every producer thread's copies of block c
+            mbarrier.arrive(cbars[c])
+
+    @gluon.jit
+    def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
+                     max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
                      BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False):
         """Worker partition: all TMA copies of the pair loop. Pair j's slot s is refilled once the
         consumers released pair j-1's slot s (``empty_s`` phase j-1). ``COLSPLIT``: ``empty0`` / ``empty1``
-        release the latent column blocks 0..3 / 4..7 and the rope of both slots instead."""
-        if COLSPLIT:
+        release the latent column blocks 0..3 / 4..7 and the rope of both slots instead. Pages below a
+        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA."""
+        if PAGE_SIZE < BLOCK_N:
+            gl.static_assert(COLSPLIT, "row gathers: column halves only")
+            ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                       warps_per_cta=[gl.num_warps(), 1], order=[1, 0])
+            smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            g_blocks = k_lat._reinterpret(gl.bfloat16, [D_LAT // 64, 2 * BLOCK_N, 64], smem_layout)
+            for j in range(n_pairs):
+                n = start + 2 * j * BLOCK_N
+                pg0 = _gather_pages(pt, n, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+                pg1 = _gather_pages(pt, n + BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+                if j > 0:
+                    mbarrier.wait(empty0, (j - 1) & 1)
+                _gather_pair_blocks(KV, pg0, pg1, stride_kvp, stride_kvs, g_blocks, k_pe, cbars, 0, D_LAT // 128,
+                                    ld_layout, PAGE_SIZE, D_LAT, BLOCK_N)
+                if j > 0:
+                    mbarrier.wait(empty1, (j - 1) & 1)
+                _gather_pair_blocks(KV, pg0, pg1, stride_kvp, stride_kvs, g_blocks, k_pe, cbars, D_LAT // 128,
+                                    D_LAT // 64 + 1, ld_layout, PAGE_SIZE, D_LAT, BLOCK_N)
+        elif COLSPLIT:
             for j in range(n_pairs):
                 n = start + 2 * j * BLOCK_N
                 row0 = _page_row_p(pt, n, max_pages, num_pages, PAGE_SIZE)
@@ -354,7 +414,8 @@ if GLUON_AVAILABLE:
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "P (BLOCK_M x 2 BLOCK_N) lives in the rope buffers")
-        gl.static_assert(PAGE_SIZE % BLOCK_N == 0, "TMA path only: page size a multiple of 64")
+        # TMA tiles (P % 64 == 0), or row gathers by the producer (pages below a tile, COLSPLIT only).
+        gl.static_assert((PAGE_SIZE % BLOCK_N == 0) | (PAGE_SIZE < BLOCK_N), "page size: < 64 or a multiple of 64")
         gl.static_assert(D_LAT // 64 + 1 == 9)
         PAIR_N: gl.constexpr = 2 * BLOCK_N
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -390,8 +451,8 @@ if GLUON_AVAILABLE:
                                 T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT)),
-                (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvs,
-                                max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
+                (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
+                                stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
@@ -408,9 +469,10 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     runs); off: by tiles, as the seesaw. ``probe`` (bench only, wrong results, by tiles): see
     ``_ws_consumer``. Returns the compiled kernel."""
     _check(q, kv, num_splits)
-    if kv.shape[1] % BLOCK_N:
-        raise ValueError(f"the warp-specialized Gluon verify kernel needs a page size that is a multiple of {BLOCK_N}, "
-                         f"got {kv.shape[1]}")
+    gather = kv.shape[1] % BLOCK_N != 0
+    if gather and not colsplit:
+        raise ValueError("the warp-specialised Gluon verify kernel gathers rows (page size < 64) by column halves "
+                         "only: pass colsplit=True")
     B, T, H, _ = q.shape
     M = T * H
     if tree_lens is None:
@@ -431,7 +493,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         *l_strides,
         T, H, int(num_splits),
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, L2_PREFETCH=L2_PREFETCH,
-        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         num_warps=NUM_WARPS,
     )
@@ -459,12 +521,13 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
-                        producer_regs: int = PRODUCER_REGS, colsplit: bool = True):
+                        producer_regs: int | None = None, colsplit: bool = True):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    if page_size % BLOCK_N:
-        raise ValueError(f"page size must be a multiple of {BLOCK_N}, got {page_size}")
+    gather = page_size % BLOCK_N != 0
+    if producer_regs is None:
+        producer_regs = GATHER_PRODUCER_REGS if gather else PRODUCER_REGS
     fn = _verify_gluon_ws_kernel
     layout = _kv_smem_layout()
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
@@ -552,7 +615,9 @@ def _main():
     dump = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--dump=")), None)
     ok = True
     print(f"triton {triton.__version__}", flush=True)
-    for colsplit, splits, P in [(cs, n, P) for cs in (True, False) for n in (1, 2) for P in (64, 128)]:
+    cases = [(cs, n, P) for cs in (True, False) for n in (1, 2) for P in (64, 128)]
+    cases += [(True, n, P) for n in (1, 2) for P in (1, 16)]  # row gathers (not yet run on a GPU)
+    for colsplit, splits, P in cases:
         if True:
             name = "_verify_gluon_ws_kernel"
             tag = f"{'colsplit' if colsplit else 'by-tiles'} splits={'1' if splits == 1 else 'N'} P={P:3d}"
