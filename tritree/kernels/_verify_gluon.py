@@ -58,6 +58,9 @@ kernel does (FA3-style, one CTA of 8 warps = 2 warpgroups per 64 rows):
 Shared memory: Q 73,728 + 2 slots 147,456 + P 8,192 = 229,376 bytes (+ barriers and reduction
 scratch) of the 232,448 an H200 CTA may use: one CTA per SM.
 
+Above 512 rows ``verify_mla`` runs the SEESAW's warp-specialised form instead (``_verify_gluon_ws.py``:
+a producer partition issues the copies, ``O += P V`` by column halves), which shares this file's helpers.
+
 Targets triton 3.6 Gluon (the H200 machine); the names that changed by 3.9 (TMA load, cp.async,
 CTA barrier) are resolved at import so the file compiles with both.
 """
