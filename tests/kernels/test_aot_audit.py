@@ -41,7 +41,7 @@ def test_gluon_verify_kernel_compiles_for_sm90():
 
 
 def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():
-    """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 above 128 rows),
+    """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 above 512 rows),
     by column halves and by tiles, one split and several, P = 64 and 128, and its row gathers (P = 1, 16;
     not yet run on a GPU) fit sm_90's shared memory."""
     out = _compile_gluon_module("tritree.kernels._verify_gluon_ws")

@@ -90,7 +90,7 @@ CASES = [
 ]
 
 # The warp-specialised seesaw (``_verify_gluon_ws``, TMA pools): "wscs" = O += P V by column halves (what
-# verify_mla runs above 128 rows), "ws" = by tiles.
+# verify_mla runs above 512 rows), "ws" = by tiles.
 VARIANT_IDS = list(VARIANTS) + ["ws", "wscs"]
 
 

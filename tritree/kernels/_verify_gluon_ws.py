@@ -1,5 +1,5 @@
-"""Warp-specialised Hopper Gluon seesaw verify kernel (TMA path): what ``verify_mla`` runs on sm_90 for
-bf16 pools with P % 64 == 0 above 128 packed rows.
+"""Warp-specialised Hopper Gluon seesaw verify kernel: what ``verify_mla`` runs on sm_90 for bf16 pools
+with P % 64 == 0 above 512 packed rows.
 
 Same math, masking, tail, store and output / partial format as ``_verify_gluon_kernel`` with
 ``SEESAW=True`` (see ``_verify_gluon.py`` for the schedule of a pair); the copies are issued by a
