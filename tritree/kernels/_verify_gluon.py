@@ -58,8 +58,9 @@ kernel does (FA3-style, one CTA of 8 warps = 2 warpgroups per 64 rows):
 Shared memory: Q 73,728 + 2 slots 147,456 + P 8,192 = 229,376 bytes (+ barriers and reduction
 scratch) of the 232,448 an H200 CTA may use: one CTA per SM.
 
-Above 512 rows ``verify_mla`` runs the SEESAW's warp-specialised form instead (``_verify_gluon_ws.py``:
-a producer partition issues the copies, ``O += P V`` by column halves), which shares this file's helpers.
+From 65 to 256 rows and above 512 (P % 64 == 0), and above 16 rows for smaller pages, ``verify_mla``
+runs the SEESAW's warp-specialised form instead (``_verify_gluon_ws.py``: a producer partition issues
+the copies or gathers the rows, ``O += P V`` by column halves), which shares this file's helpers.
 
 Targets triton 3.6 Gluon (the H200 machine); the names that changed by 3.9 (TMA load, cp.async,
 CTA barrier) are resolved at import so the file compiles with both.
@@ -163,27 +164,6 @@ if GLUON_AVAILABLE:
                 "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; and.b32 t, t, $2; setp.eq.u32 p, t, 0; "
                 "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
                 "=r,l,r", [addr, thread_mask], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _prefetch_chunk_l2(KV, pt, start, n_full, stride_kvs, max_pages, num_pages, PAGE_SIZE: gl.constexpr,
-                           BLOCK_N: gl.constexpr, FIRST: gl.constexpr, N: gl.constexpr):
-        """Bulk L2 prefetch of full tiles ``FIRST .. FIRST+N-1`` of the chunk (those < ``n_full``), all at
-        once: their page ids in one vector load, one ``cp.async.bulk.prefetch.L2`` per tile, issued by
-        threads 0..N-1 (thread t holds tile FIRST+t: a [N] vector wraps over the threads). TMA pools
-        with contiguous 576-wide rows only."""
-        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
-                                                warps_per_cta=[gl.num_warps()], order=[0])
-        j = FIRST + gl.arange(0, N, layout=layout)
-        n = start + j * BLOCK_N
-        col = gl.minimum(n // PAGE_SIZE, max_pages - 1)
-        page = gl.minimum(gl.maximum(gl.load(pt + col), 0), num_pages - 1)
-        row = page * PAGE_SIZE + n % PAGE_SIZE
-        ok = ((j < n_full) & (stride_kvs == 576) & (row + 64 <= num_pages * PAGE_SIZE)).to(gl.int32)
-        addr = KV + row.to(gl.int64) * 576
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.lt.u32 p, t, $3; setp.ne.u32 q, $2, 0; "
-            "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
-            "=r,l,r,r", [addr, ok, gl.full([N], N, gl.int32, layout=layout)], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _new_bar():
@@ -481,7 +461,6 @@ if GLUON_AVAILABLE:
         SEESAW: gl.constexpr = False,
         TMA3D: gl.constexpr = True,
         L2_PREFETCH: gl.constexpr = True,
-        PREFETCH_CHUNK: gl.constexpr = 0,
         BLOCK_M: gl.constexpr = 64,
         BLOCK_N: gl.constexpr = 64,
         D_LAT: gl.constexpr = 512,
@@ -623,11 +602,6 @@ if GLUON_AVAILABLE:
                 if n_full > 1:
                     _issue_tile(kv_desc, k_lat, k_pe, bars, 1, row1, D_LAT, BLOCK_N)
             next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
-            if PREFETCH_CHUNK > 0:
-                # Tiles 2 .. PREFETCH_CHUNK+1 asked of the L2 now: a short chunk (T=8,H=8: ~5 tiles a
-                # program) otherwise reads HBM two tiles at a time, each refill after a consumption.
-                _prefetch_chunk_l2(KV, pt, start, n_full, stride_kvs, max_pages, num_pages, PAGE_SIZE, BLOCK_N, 2,
-                                   PREFETCH_CHUNK)
 
         # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
         _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT)
@@ -840,19 +814,14 @@ USE_TMA3D = True
 # the plain schedule (T=8,H=8 28.4 -> 29.9) and for row gathers (T=16,H=64, P=1: 233.4 -> 245.9), so
 # only there.
 L2_PREFETCH = True
-# Plain TMA schedule: L2 prefetch of this many more tiles of the chunk (a power of two) at the
-# program's start (``_prefetch_chunk_l2``; 0 = off). Prepared in session 6 for T=8,H=8, whose time is the copy stream
-# alone (bench/RESULTS.md, sixth session); not yet measured, so off.
-PREFETCH_CHUNK = 0
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                        sm_scale, num_splits, overlap=True, seesaw=False, prefetch_chunk=None):
+                        sm_scale, num_splits, overlap=True, seesaw=False):
     """Launches the main kernel with ``_launch_verify``'s conventions (``dst_o, dst_l, o_strides,
     l_strides`` from ``_splitkv.split_destinations``; ``dst_o`` may be fp32 or a narrower float type:
     partials are cast on store, ``dst_l`` is fp32). With ``num_splits > 1`` the caller merges the
     partials with ``_splitkv.combine_splits``. ``seesaw``: the tile-pair schedule (``overlap`` ignored).
-    ``prefetch_chunk``: the plain TMA schedule's ``PREFETCH_CHUNK`` (default: the module's).
     Page sizes below 64 (``kv.shape[1]`` in ``GATHER_PAGE_SIZES``) take the cp.async gather path, which
     has no overlapped schedule: ``overlap`` is ignored there (plain schedule) and no 3-D descriptor is used.
     Returns the compiled kernel (``n_regs``, ``n_spills``, ``metadata.shared``)."""
@@ -883,7 +852,6 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             T, H, int(num_splits),
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
-            PREFETCH_CHUNK=0 if seesaw or gather else int(PREFETCH_CHUNK if prefetch_chunk is None else prefetch_chunk),
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
             num_warps=NUM_WARPS,
         )
@@ -922,7 +890,7 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", prefetch_chunk: int = 0):
+                     partial_dtype: str = "fp32"):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -943,11 +911,8 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
-                  "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH,
-                  "PREFETCH_CHUNK": 0 if seesaw or gather else int(prefetch_chunk), "BLOCK_M": BLOCK_M,
-                  "BLOCK_N": BLOCK_N,
-                  "D_LAT": D_LAT,
-                  "D_PE": D_PE}
+                  "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
+                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -959,8 +924,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
 
 
 VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
-            "seesaw": dict(overlap=False, seesaw=True),
-            "plain-pf": dict(overlap=False, seesaw=False, prefetch_chunk=16)}  # PREFETCH_CHUNK (not shipped)
+            "seesaw": dict(overlap=False, seesaw=True)}
 
 
 def _main():
@@ -972,10 +936,9 @@ def _main():
     for name, kw in VARIANTS.items():
         for splits in (1, 2):
             # P = 1, 16: the cp.async gather path (plain and seesaw; overlap is TMA-only).
-            for P in (64, 128) if name in ("overlap", "plain-pf") else (64, 128, 1, 16):
+            for P in (64, 128) if name == "overlap" else (64, 128, 1, 16):
                 try:
-                    k = compile_for_sm90(splits, kw["overlap"], P, seesaw=kw["seesaw"],
-                                         prefetch_chunk=kw.get("prefetch_chunk", 0))
+                    k = compile_for_sm90(splits, kw["overlap"], P, seesaw=kw["seesaw"])
                 except Exception as e:  # noqa: BLE001
                     print(f"_verify_gluon_kernel sm_90 {name:8s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
                           f"COMPILE FAILED: {type(e).__name__}: {str(e)[:2000]}", flush=True)
