@@ -37,12 +37,13 @@ def test_gluon_verify_kernel_compiles_for_sm90():
     and row gathers (P = 1, 16 for plain and seesaw), fit the
     sm_90 shared-memory limit (``python -m tritree.kernels._verify_gluon`` exits non-zero otherwise)."""
     out = _compile_gluon_module("tritree.kernels._verify_gluon")
-    assert out.count("_verify_gluon_kernel sm_90") == 24, out
+    assert out.count("_verify_gluon_kernel sm_90") == 20, out
 
 
 def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():
-    """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 above 512 rows),
-    by column halves and by tiles, one split and several, P = 64 and 128, and its row gathers (P = 1, 16;
-    not yet run on a GPU) fit sm_90's shared memory."""
+    """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 from 65 to 256
+    rows without its L2 prefetch, above 512 rows with it, and above 16 rows for pages below 64), by
+    column halves and by tiles, one split and several, P = 64 and 128, and its row gathers (P = 1, 16)
+    fit sm_90's shared memory."""
     out = _compile_gluon_module("tritree.kernels._verify_gluon_ws")
-    assert out.count("_verify_gluon_ws_kernel sm_90") == 12, out
+    assert out.count("_verify_gluon_ws_kernel sm_90") == 16, out

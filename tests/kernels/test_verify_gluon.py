@@ -5,7 +5,6 @@ partials; token-granular and small-page pools (P = 1, 16: the cp.async gather pa
 tables) for the plain and seesaw schedules."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -27,9 +26,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
-            "seesaw": dict(overlap=False, seesaw=True),
-            # the plain schedule with 16 more tiles of each chunk prefetched into L2 at the start
-            "plain-pf": dict(overlap=False, seesaw=False, prefetch_chunk=16)}
+            "seesaw": dict(overlap=False, seesaw=True)}
 
 
 def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):
@@ -49,8 +46,8 @@ def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):
         dst_l.fill_(float("nan"))
     args = (q, case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
             l_strides, SM_SCALE, num_splits)
-    if variant in ("ws", "wscs"):
-        VGWS.launch_verify_gluon_ws(*args, colsplit=variant == "wscs")
+    if variant in ("ws", "wscs", "wscs-nopf"):
+        VGWS.launch_verify_gluon_ws(*args, colsplit=variant != "ws", l2_prefetch=variant != "wscs-nopf")
     else:
         VG.launch_verify_gluon(*args, **VARIANTS[variant])
     if num_splits > 1:
@@ -90,8 +87,9 @@ CASES = [
 ]
 
 # The warp-specialised seesaw (``_verify_gluon_ws``, TMA pools): "wscs" = O += P V by column halves (what
-# verify_mla runs above 512 rows), "ws" = by tiles.
-VARIANT_IDS = list(VARIANTS) + ["ws", "wscs"]
+# verify_mla runs above 512 rows), "wscs-nopf" = the same without the L2 prefetch (65..256 rows), "ws" = by
+# tiles.
+VARIANT_IDS = list(VARIANTS) + ["ws", "wscs", "wscs-nopf"]
 
 
 @pytest.mark.parametrize("variant", VARIANT_IDS)
@@ -146,9 +144,8 @@ def test_gluon_9_box_fallback(variant, monkeypatch):
 
 
 # ---- gather path: P < 64 (cp.async row gathers instead of TMA), plain and seesaw -------------------
-# "wscs" on pages below a tile: the producer partition gathers the rows (compile-checked, not yet run on a
-# GPU: collected only with TRITREE_EXPERIMENTAL=1; run it alone, under a timeout).
-GATHER_VARIANTS = ["plain", "seesaw"] + (["wscs"] if os.environ.get("TRITREE_EXPERIMENTAL") == "1" else [])
+# "wscs" on pages below a tile: the producer partition gathers the rows (what verify_mla runs there).
+GATHER_VARIANTS = ["plain", "seesaw", "wscs"]
 GATHER_PAGE_SIZES = [1, 16]
 
 

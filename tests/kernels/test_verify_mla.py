@@ -235,8 +235,8 @@ def test_kernel_clamps_bad_page_ids_without_faulting(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,T,H,P,L", [(1, 8, 8, 64, 46_000), (1, 64, 8, 64, 8_000), (2, 16, 64, 1, 4_000),
-                                       (4, 33, 16, 64, 3_000), (1, 128, 8, 16, 2_000)])
+@pytest.mark.parametrize("B,T,H,P,L", [(1, 8, 8, 64, 46_000), (1, 17, 8, 64, 20_000), (1, 64, 8, 64, 8_000),
+                                       (2, 16, 64, 1, 4_000), (4, 33, 16, 64, 3_000), (1, 128, 8, 16, 2_000)])
 def test_gpu_bf16_large(B, T, H, P, L):
     kv_lens = [L - 37 * b for b in range(B)]
     tree_lens = [T - (b % 3) for b in range(B)]
@@ -252,7 +252,8 @@ def test_gpu_bf16_large(B, T, H, P, L):
                                  AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
                                  AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-overlap"),
                                  AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw"),
-                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")])
+                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
+                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws-noprefetch")])
 def test_gpu_tma_tiles(cfg):
     case = poison_unused_slots(make_case(2, 19, 8, 64, [46_000, 1_000], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=cfg.block_n))
@@ -271,6 +272,29 @@ def test_gpu_tma_tiles(cfg):
     with torch.cuda.graph(g):
         verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
     out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 16])
+def test_gpu_small_pages_table_in_a_graph(P):
+    """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the
+    reference, then captured in a CUDA graph and replayed into poisoned outputs."""
+    case = poison_unused_slots(make_case(2, 19, 8, P, [20_000, 1_000 + 3], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=P))
+    check_against_reference(case, torch.bfloat16)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    ref = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"])
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse)
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref)

@@ -1,5 +1,6 @@
 """Warp-specialised Hopper Gluon seesaw verify kernel: what ``verify_mla`` runs on sm_90 for bf16 pools
-with P % 64 == 0 above 512 packed rows.
+with P % 64 == 0 from 65 to 256 packed rows (without its L2 prefetch) and above 512, and for pages
+below 64 above 16 rows (row gathers).
 
 Same math, masking, tail, store and output / partial format as ``_verify_gluon_kernel`` with
 ``SEESAW=True`` (see ``_verify_gluon.py`` for the schedule of a pair); the copies are issued by a
@@ -27,8 +28,11 @@ Partitions (``gl.warp_specialize``; 12 warps per CTA):
   never issues a TMA copy. COLSPLIT: O is two accumulators ``oa`` / ``ob`` (columns 0..255 / 256..511,
   each warpgroup 128 columns of each, 64 registers each).
 * worker partition ``_ws_producer`` (``PRODUCER_WARPS`` = 4 warps, ``PRODUCER_REGS`` = 24 registers):
-  page-table lookups, the TMA boxes of every pair and the bulk L2 prefetch one pair ahead. It exits
-  after issuing the last pair.
+  page-table lookups, the TMA boxes of every pair and (``L2_PREFETCH``) the bulk L2 prefetch one pair
+  ahead. It exits after issuing the last pair. On triton 3.6 the prefetch gives the kernel a 440-byte
+  stack frame whose loads sit in the consumers' pair loop; without it the kernel is faster from 65 to
+  256 rows and slower above 512 (session 7, call D), so ``verify_mla`` has both
+  (``"gluon-ws-noprefetch"``, ``"gluon-ws"``).
 
 Barriers (all ``count=1``, each its own allocation, initialised before the fork):
 
@@ -52,12 +56,15 @@ nothing, the consumers run the tail only.
 Shared memory: Q 73,728 + pair buffer 147,456 (P 64 x 128 bf16 over the rope rows) + tail P 8,192 +
 reduction scratch / capture area + 11 mbarriers = 230,060 B of the 232,448.
 
-Row gathers (pages below a tile, COLSPLIT only; compile-checked on triton 3.6 and 3.9, NOT yet run on
-a GPU, not routed by ``verify_mla``): the producer (``GATHER_PRODUCER_REGS`` = 40 registers, the
-consumers then get 232) copies each column block of both tiles by cp.async row gathers, one group per
-block; as each group lands it fences (generic -> async proxy), syncs its 128 threads and arrives once
-on the block's barrier (count 1, no transaction bytes), so the consumers wait exactly as for TMA.
-Chunks are 64-key aligned, as in the seesaw's gather path. ``bench/s7_prepared.sh`` tests and times it.
+Row gathers (pages below a tile, COLSPLIT only): the producer (``GATHER_PRODUCER_REGS`` = 40
+registers, the consumers then get 232) copies each column block of both tiles by cp.async row
+gathers, one group per block; as each group lands it fences (generic -> async proxy), syncs its 128
+threads and arrives once on the block's barrier (count 1, no transaction bytes), so the consumers wait
+exactly as for TMA. Blocks 4..8 are issued as soon as ``empty1`` frees them, each followed by the
+arrival of the block four groups back. Chunks are 64-key aligned, as in the seesaw's gather path.
+Session 7 (call B, P = 1, us): T=64,H=8 120.9 vs the seesaw's gathers 136.1, T=16,H=64 217.4 vs
+241.1, T=65,H=8 127.5 vs 146.0, T=16,H=8 52.4 vs 58.0; the fragmented pool is then within 1-7% of
+the P = 64 times (``bench/RESULTS.md``).
 
 ``PROBE`` (bench only, wrong results, by tiles): the pair loop with parts left out -- copies alone,
 scores + ``P V`` without the softmax, scores alone (``bench/gluon_check.py --probes``). Session 6 at
@@ -156,32 +163,38 @@ if GLUON_AVAILABLE:
         return start, end
 
     @gluon.jit
-    def _gather_pair_blocks(KV, pg0, pg1, stride_kvp, stride_kvs, g_blocks, k_pe, cbars, C0: gl.constexpr,
-                            C1: gl.constexpr, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr,
-                            BLOCK_N: gl.constexpr):
-        """GATHER (pages below a tile) with COLSPLIT, in the producer partition: column blocks
-        ``C0 .. C1-1`` (8 = rope) of both tiles of a pair by cp.async row gathers (``pg0`` / ``pg1``:
-        ``_gather_pages`` of each tile), one group per block; then, block by block as its group lands,
-        a proxy fence, a partition barrier and one arrival on the block's barrier (count 1, no bytes):
-        the consumers' waits in ``_qk_streamed`` are the same as for TMA."""
+    def _gather_rows(KV, pg0, pg1, stride_kvp, stride_kvs, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                     BLOCK_N: gl.constexpr):
+        """Row base pointers of both tiles of a pair (``pg0`` / ``pg1``: ``_gather_pages`` of each) and
+        the 64 column offsets of a block, for ``_gather_block``."""
         r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
         slot_row = (r % PAGE_SIZE).to(gl.int64) * stride_kvs
         tok0 = KV + gl.expand_dims(pg0.to(gl.int64) * stride_kvp + slot_row, 1)
         tok1 = KV + gl.expand_dims(pg1.to(gl.int64) * stride_kvp + slot_row, 1)
         d = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
-        for c in gl.static_range(C0, C1):
-            if c < D_LAT // 64:
-                _cp_async(g_blocks.index(c).slice(0, BLOCK_N, dim=0), tok0 + (c * 64 + d))
-                _cp_async(g_blocks.index(c).slice(BLOCK_N, BLOCK_N, dim=0), tok1 + (c * 64 + d))
-            else:
-                _cp_async(k_pe.slice(0, BLOCK_N, dim=0), tok0 + (D_LAT + d))
-                _cp_async(k_pe.slice(BLOCK_N, BLOCK_N, dim=0), tok1 + (D_LAT + d))
-            async_copy.commit_group()
-        for c in gl.static_range(C0, C1):
-            async_copy.wait_group(C1 - 1 - c)
-            fence_async_shared()  # the gathers' generic-proxy writes before the consumers' wgmma reads
-            _cta_barrier()  # every producer thread's copies of block c
-            mbarrier.arrive(cbars[c])
+        return tok0, tok1, d
+
+    @gluon.jit
+    def _gather_block(tok0, tok1, d, g_blocks, k_pe, c: gl.constexpr, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Column block ``c`` (8 = rope) of both tiles of a pair by cp.async row gathers, one group."""
+        if c < D_LAT // 64:
+            _cp_async(g_blocks.index(c).slice(0, BLOCK_N, dim=0), tok0 + (c * 64 + d))
+            _cp_async(g_blocks.index(c).slice(BLOCK_N, BLOCK_N, dim=0), tok1 + (c * 64 + d))
+        else:
+            _cp_async(k_pe.slice(0, BLOCK_N, dim=0), tok0 + (D_LAT + d))
+            _cp_async(k_pe.slice(BLOCK_N, BLOCK_N, dim=0), tok1 + (D_LAT + d))
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _gather_landed(cbars, c: gl.constexpr, pending: gl.constexpr):
+        """Block ``c``'s group has landed once at most ``pending`` later groups are in flight: a proxy
+        fence (the gathers' generic-proxy writes before the consumers' wgmma reads), a partition
+        barrier (every producer thread's copies of the block) and one arrival on its barrier (count 1,
+        no bytes), so the consumers wait exactly as for TMA."""
+        async_copy.wait_group(pending)
+        fence_async_shared()
+        _cta_barrier()
+        mbarrier.arrive(cbars[c])
 
     @gluon.jit
     def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
@@ -201,14 +214,22 @@ if GLUON_AVAILABLE:
                 n = start + 2 * j * BLOCK_N
                 pg0 = _gather_pages(pt, n, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
                 pg1 = _gather_pages(pt, n + BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
+                tok0, tok1, d = _gather_rows(KV, pg0, pg1, stride_kvp, stride_kvs, ld_layout, PAGE_SIZE, BLOCK_N)
                 if j > 0:
                     mbarrier.wait(empty0, (j - 1) & 1)
-                _gather_pair_blocks(KV, pg0, pg1, stride_kvp, stride_kvs, g_blocks, k_pe, cbars, 0, D_LAT // 128,
-                                    ld_layout, PAGE_SIZE, D_LAT, BLOCK_N)
+                for c in gl.static_range(0, D_LAT // 128):
+                    _gather_block(tok0, tok1, d, g_blocks, k_pe, c, D_LAT, BLOCK_N)
+                # Blocks 4..8 issued as soon as their space is free, each issue followed by the arrival
+                # of the block four groups back: neither do the first half's arrivals wait for empty1
+                # and the whole second issue, nor the second issue for the first half's landing (that
+                # order was 7-10% slower at P = 1, session 7, call B).
                 if j > 0:
                     mbarrier.wait(empty1, (j - 1) & 1)
-                _gather_pair_blocks(KV, pg0, pg1, stride_kvp, stride_kvs, g_blocks, k_pe, cbars, D_LAT // 128,
-                                    D_LAT // 64 + 1, ld_layout, PAGE_SIZE, D_LAT, BLOCK_N)
+                for c in gl.static_range(D_LAT // 128, D_LAT // 64 + 1):
+                    _gather_block(tok0, tok1, d, g_blocks, k_pe, c, D_LAT, BLOCK_N)
+                    _gather_landed(cbars, c - D_LAT // 128, D_LAT // 128)
+                for c in gl.static_range(D_LAT // 128 + 1, D_LAT // 64 + 1):
+                    _gather_landed(cbars, c, D_LAT // 64 - c)
         elif COLSPLIT:
             for j in range(n_pairs):
                 n = start + 2 * j * BLOCK_N
@@ -459,15 +480,19 @@ if GLUON_AVAILABLE:
         )
 
 
+# Default of ``launch_verify_gluon_ws(..., l2_prefetch=None)`` and of the AOT check.
 L2_PREFETCH = True
 
 
 def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                           sm_scale, num_splits, colsplit: bool = True, probe: int = 0):
-    """``launch_verify_gluon(..., seesaw=True)``'s conventions, the warp-specialised kernel (page sizes
-    that are a multiple of 64 only). ``colsplit``: ``O += P V`` by column halves (what ``verify_mla``
-    runs); off: by tiles, as the seesaw. ``probe`` (bench only, wrong results, by tiles): see
-    ``_ws_consumer``. Returns the compiled kernel."""
+                           sm_scale, num_splits, colsplit: bool = True, probe: int = 0,
+                           l2_prefetch: bool | None = None):
+    """``launch_verify_gluon(..., seesaw=True)``'s conventions, the warp-specialised kernel (TMA tiles for
+    page sizes that are a multiple of 64, row gathers by the producer below 64). ``colsplit``: ``O +=
+    P V`` by column halves (what ``verify_mla`` runs; required for row gathers); off: by tiles, as the
+    seesaw. ``probe`` (bench only, wrong results, by tiles): see ``_ws_consumer``. ``l2_prefetch``:
+    the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``).
+    Returns the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
     if gather and not colsplit:
@@ -492,7 +517,8 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         *o_strides,
         *l_strides,
         T, H, int(num_splits),
-        PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, L2_PREFETCH=L2_PREFETCH,
+        PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1,
+        L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         num_warps=NUM_WARPS,
@@ -521,7 +547,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
-                        producer_regs: int | None = None, colsplit: bool = True):
+                        producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -540,7 +566,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
             "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
-    constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "L2_PREFETCH": L2_PREFETCH,
+    constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1,
+                  "L2_PREFETCH": L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit)}
     for k in constexprs:
@@ -615,14 +642,16 @@ def _main():
     dump = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--dump=")), None)
     ok = True
     print(f"triton {triton.__version__}", flush=True)
-    cases = [(cs, n, P) for cs in (True, False) for n in (1, 2) for P in (64, 128)]
-    cases += [(True, n, P) for n in (1, 2) for P in (1, 16)]  # row gathers (not yet run on a GPU)
-    for colsplit, splits, P in cases:
+    cases = [(cs, n, P, True) for cs in (True, False) for n in (1, 2) for P in (64, 128)]
+    cases += [(True, n, P, False) for n in (1, 2) for P in (64, 128)]  # without the L2 prefetch
+    cases += [(True, n, P, True) for n in (1, 2) for P in (1, 16)]  # row gathers
+    for colsplit, splits, P, l2_prefetch in cases:
         if True:
             name = "_verify_gluon_ws_kernel"
-            tag = f"{'colsplit' if colsplit else 'by-tiles'} splits={'1' if splits == 1 else 'N'} P={P:3d}"
+            tag = (f"{'colsplit' if colsplit else 'by-tiles'}{'' if l2_prefetch else '-nopf'} "
+                   f"splits={'1' if splits == 1 else 'N'} P={P:3d}")
             try:
-                k = compile_for_sm90_ws(splits, P, colsplit=colsplit)
+                k = compile_for_sm90_ws(splits, P, colsplit=colsplit, l2_prefetch=l2_prefetch)
             except Exception as e:  # noqa: BLE001
                 print(f"{name} sm_90 {tag} COMPILE FAILED: {type(e).__name__}: {str(e)[:3000]}",
                       flush=True)
@@ -636,7 +665,7 @@ def _main():
             counts = sass_counts(k.asm["cubin"])
             if dump and counts is not None:
                 os.makedirs(dump, exist_ok=True)
-                base = os.path.join(dump, f"ws{'cs' if colsplit else ''}_s{splits}_p{P}")
+                base = os.path.join(dump, f"ws{'cs' if colsplit else ''}{'' if l2_prefetch else '-nopf'}_s{splits}_p{P}")
                 with open(base + ".sass", "w") as f:
                     f.write(counts["_text"])
                 with open(base + ".ptx", "w") as f:

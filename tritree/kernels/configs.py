@@ -50,9 +50,11 @@ class AttnConfig:
         (``_splitkv.attend_tile``); verify_mla only.
     kernel: ``"triton"``, or a Gluon schedule for Hopper (``"gluon"``, ``"gluon-overlap"``,
         ``"gluon-seesaw"``: ``kernels/_verify_gluon.py``; ``"gluon-ws"``: the warp-specialised seesaw,
-        ``kernels/_verify_gluon_ws.py``, pools with P % 64 == 0, else the seesaw's row gathers;
-        verify_mla only, 64x64 tiles, 8 warps). A call the Gluon kernels cannot serve (other GPU,
-        dtype, unaligned rows, triton without Gluon) runs the Triton kernel with the same tile sizes.
+        ``kernels/_verify_gluon_ws.py``: TMA tiles where P % 64 == 0, else row gathers by its
+        producer partition; ``"gluon-ws-noprefetch"``: the same without the producer's L2 prefetch
+        of the next pair; verify_mla only, 64x64 tiles, 8 warps). A call the Gluon kernels cannot
+        serve (other GPU, dtype, unaligned rows, triton without Gluon) runs the Triton kernel with the
+        same tile sizes.
     """
 
     block_m: int
@@ -88,22 +90,26 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         # to write and merge (session 5, call A, L=46000, P=64: T=64,H=8 seesaw 126.6 us vs 140.0 at
         # two per SM, T=16,H=64 228.7 vs 262.3 at four, T=65,H=8 132.3 vs 149.2). The plain schedule
         # is ahead up to 128 rows (T=16,H=8 54.7 vs 57.1), the seesaw above (T=17,H=8 62.0 vs 64.2).
-        128: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
+        64: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
+        # 65..256 rows: the warp-specialised kernel without its producer's L2 prefetch of the next pair
+        # (session 7, call D, us: T=16,H=8 49.5 vs plain 50.7, T=17,H=8 58.1 vs seesaw 60.6, T=32,H=8
+        # 66.4 vs 66.5; with the prefetch, triton 3.6 gives the kernel a 440-byte stack frame whose
+        # loads sit in the pair loop, yet at 512 rows and above the prefetch wins: T=64,H=8 114.1
+        # without vs 118.4 with and 113.2 for the seesaw, T=16,H=64 209.3 vs 200.8).
+        256: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws-noprefetch"),
         512: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw"),
-        # Above 512 rows: the warp-specialised seesaw with O += P V by column halves
-        # (kernels/_verify_gluon_ws.py). Session 6, call E, against the seesaw: T=65,H=8 (520 rows) 119.7
-        # vs 127.1 us, T=16,H=64 202.8 vs 211.5, T=128,H=8 207.2 vs 214.3; at or below 512 rows the
-        # seesaw is level or ahead: T=64,H=8 115.3 vs 117.5, T=32,H=8 66.4 vs 66.0, T=17,H=8 61.1 vs 61.9.
         1 << 30: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees). On Hopper with bf16 the
-    # Gluon seesaw's row-gather path (cp.async, one page id per row; all 107 of its GPU tests pass,
-    # session 5, call A), one program per SM. L=46000, P=1 (session 5, call E): T=8,H=8 42.4 us,
-    # T=16,H=8 58.7, T=64,H=8 135.7, T=16,H=64 240.5 (session 4's Triton kernel at 2-4 programs per
-    # SM: 53.8 / 70.1 / 208.1 / 393.3; it still serves fp16/fp32 and other GPUs with these tiles).
+    # warp-specialised seesaw whose producer partition gathers the rows (cp.async by column halves,
+    # one page id per row), one program per SM. L=46000, P=1, against the seesaw's gathers (session
+    # 7, call B, us): T=8,H=8 38.9 vs 40.8, T=16,H=8 52.4 vs 58.0, T=17,H=8 63.3 vs 66.4, T=64,H=8
+    # 120.9 vs 136.1, T=65,H=8 127.5 vs 146.0, T=16,H=64 217.4 vs 241.1; P=16: T=65,H=8 127.0 vs
+    # 144.6, T=17,H=8 61.3 vs 65.7. (Session 4's Triton kernel, which still serves fp16/fp32 and
+    # other GPUs with these tiles: 53.8 / 70.1 / 208.1 / 393.3 at T=8,16,64 H=8 and T=16,H=64.)
     "sm_90:small_pages": {
         16: AttnConfig(16, 64, 4, 2),
-        1 << 30: AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-seesaw"),
+        1 << 30: AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-ws"),
     },
     "sm_120": {
         # mma.sync path; under DISABLE_MMA_V3=1 on the H200 16x32x8x2 was fastest or near it at

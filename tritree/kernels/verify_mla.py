@@ -333,7 +333,7 @@ def _ensure_scratch_allocator() -> None:
         _ALLOCATOR_SET = True
 
 
-GLUON_KERNELS = ("gluon", "gluon-overlap", "gluon-seesaw", "gluon-ws")
+GLUON_KERNELS = ("gluon", "gluon-overlap", "gluon-seesaw", "gluon-ws", "gluon-ws-noprefetch")
 
 
 def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
@@ -362,13 +362,13 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
         args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale,
                 num_splits)
-        if cfg.kernel == "gluon-ws" and kv.shape[1] % 64 == 0:
+        if cfg.kernel.startswith("gluon-ws"):  # TMA tiles, or row gathers by its producer on pages below a tile
             from ._verify_gluon_ws import launch_verify_gluon_ws
-            launch_verify_gluon_ws(*args)
-        else:  # "gluon-ws" on pages < 64 runs the seesaw's row gathers
+            launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch")
+        else:
             from ._verify_gluon import launch_verify_gluon
             launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap",
-                                **({"seesaw": True} if cfg.kernel in ("gluon-seesaw", "gluon-ws") else {}))
+                                **({"seesaw": True} if cfg.kernel == "gluon-seesaw" else {}))
         if num_splits > 1:
             combine_splits(dst_o, dst_l, out, lse)
         return
@@ -516,8 +516,8 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         out, lse: optional preallocated outputs (``[B, T, H, 512]`` q's dtype, ``[B, T, H]`` float32),
             written in place (static buffers for CUDA graphs); both or neither.
         config, num_splits: override the per-architecture launch config and the split count. On
-            Hopper with bf16 the table's configs run the Gluon kernels (``kernels/_verify_gluon.py``,
-            above 512 rows with TMA tiles ``kernels/_verify_gluon_ws.py``; TMA tiles for P % 64 == 0,
+            Hopper with bf16 the table's configs run the Gluon kernels (``kernels/_verify_gluon.py``
+            and its warp-specialised form ``kernels/_verify_gluon_ws.py``; TMA tiles for P % 64 == 0,
             row gathers for smaller pages); ``AttnConfig(..., kernel="triton")`` forces Triton.
         d_rope: rope channels at the end of q and kv (Kimi: 64, latent 512); small models use other
             powers of two >= 16.
