@@ -47,12 +47,16 @@ def main(argv=None):
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--no-prefetch", action="store_true", help="Gluon seesaw without its L2 prefetch")
-    ap.add_argument("--combine", default="", help="MIN_PROGRAMS,CHUNK_VALUES of the split merge (combine_config)")
+    ap.add_argument("--combine", default="",
+                    help="MIN_PROGRAMS,CHUNK_VALUES[,WARPS8_VALUES] of the split merge (combine_config)")
     args = ap.parse_args(argv)
     if args.combine:
         from tritree.kernels import _splitkv
 
-        _splitkv._COMBINE_MIN_PROGRAMS, _splitkv._COMBINE_CHUNK_VALUES = map(int, args.combine.split(","))
+        bounds = [int(x) for x in args.combine.split(",")]
+        _splitkv._COMBINE_MIN_PROGRAMS, _splitkv._COMBINE_CHUNK_VALUES = bounds[:2]
+        if len(bounds) > 2:
+            _splitkv._COMBINE_WARPS8_VALUES = bounds[2]
     if args.no_prefetch:
         from tritree.kernels import _verify_gluon
 

@@ -192,13 +192,14 @@ def _combine_kernel(
         tl.store(lse_ptr, lse)
 
 
-# Enough merge programs that every SM holds several (the merge is bound by bytes in flight), and
-# at most this many fp32 partial values loaded per program per chunk. Chosen on the H200 (session 5,
-# call D, verify_mla at L=46000 with 8-132 splits; the merge alone, us, for 1024/8192 -> 512/16384):
-# T=8,H=8 7.9 -> 7.6, T=16,H=8 10.7 -> 9.9, T=64,H=8 9.1 -> 5.0, T=17,H=8 10.2 -> 10.3 (the previous
-# merge, a chunk of at most 16 splits x 128 columns: 13.0, 10.9, 23.6 at 33 splits, 9.9).
-_COMBINE_MIN_PROGRAMS = 512
-_COMBINE_CHUNK_VALUES = 16384
+# Enough merge programs that every SM holds several (the merge is bound by bytes in flight), at most
+# this many fp32 partial values loaded per program per chunk, and 8 warps from this many values (else
+# 4). Chosen on the H200 (session 7, call G, the merge alone, us, old 512 / 16384 / 4096 -> these):
+# T=8,H=8 (132 splits) 7.6 -> 6.7, T=16,H=8 9.8 -> 8.1, T=17,H=8 10.1 -> 5.6, T=64,H=8 5.0 -> 4.7,
+# T=65,H=8 5.6 -> 4.5, T=16,H=64 6.6 -> 4.0 (8-warp programs of 4096 values were the slow ones).
+_COMBINE_MIN_PROGRAMS = 1024
+_COMBINE_CHUNK_VALUES = 4096
+_COMBINE_WARPS8_VALUES = 8192
 
 
 def combine_config(rows: int, splits: int, D: int) -> tuple[int, int, int]:
@@ -209,7 +210,7 @@ def combine_config(rows: int, splits: int, D: int) -> tuple[int, int, int]:
     while block_d > 32 and block_d % 2 == 0 and rows * (D // block_d) < _COMBINE_MIN_PROGRAMS:
         block_d //= 2
     chunk = max(1, min(triton.next_power_of_2(splits), _COMBINE_CHUNK_VALUES // block_d))
-    num_warps = 8 if chunk * block_d >= 4096 else 4  # <= 64 values per thread
+    num_warps = 8 if chunk * block_d >= _COMBINE_WARPS8_VALUES else 4  # <= 64 values per thread
     return block_d, chunk, num_warps
 
 
