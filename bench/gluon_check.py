@@ -8,8 +8,8 @@ randomly permuted as ``verify_sweep.build_sets`` makes them; P < 64 takes the Gl
 path, which has no overlapped schedule, so the TMA-only variants are skipped there): relative error of
 each Gluon variant against ``verify_mla`` ("triton" below: whatever the table runs), then us and
 TFLOP/s (FLOPs = 2 T H (L + T) (576 + 512)) of it and the Gluon variants (plain, FA3 overlap, seesaw
-tile pairs, plain with the chunk prefetched into L2 (gluon+pf); ``--ws``: the warp-specialised seesaw
-by tiles and by column halves; ``--probes``: its pair loop with parts left out, wrong results), then
+tile pairs; ``--ws``: the warp-specialised seesaw by tiles and by column halves; ``--probes``: its pair
+loop with parts left out, wrong results), then
 each variant's compile (registers, spills, shared bytes). A variant that fails prints its exception;
 the rest go on.
 """
@@ -39,8 +39,7 @@ SHAPES = [(8, 8), (16, 8), (64, 8), (16, 64)]
 
 
 VARIANTS = {"gluon": dict(overlap=False, seesaw=False), "gluon+ovl": dict(overlap=True, seesaw=False),
-            "gluon+seesaw": dict(overlap=False, seesaw=True),
-            "gluon+pf": dict(overlap=False, seesaw=False, prefetch_chunk=16)}
+            "gluon+seesaw": dict(overlap=False, seesaw=True)}
 COMPILES = {}
 # --probes: the ws kernel with parts of its pair loop left out (a time decomposition; wrong results):
 # copies alone, scores + P V without the softmax, scores alone.
@@ -53,7 +52,9 @@ def gluon_call(s, out, lse, num_splits, variant, scratch):
     args = (q, s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"], dst_o, dst_l, o_strides,
             l_strides, SM_SCALE, num_splits)
     if variant.startswith("gluon+ws"):
-        k = VGWS.launch_verify_gluon_ws(*args, colsplit=variant == "gluon+wscs", probe=PROBES.get(variant, 0))
+        k = VGWS.launch_verify_gluon_ws(*args, colsplit=variant in ("gluon+wscs", "gluon+wscs-nopf"),
+                                        probe=PROBES.get(variant, 0),
+                                        l2_prefetch=False if variant == "gluon+wscs-nopf" else None)
     else:
         k = VG.launch_verify_gluon(*args, **VARIANTS[variant])
     if num_splits > 1:
@@ -140,8 +141,8 @@ def main():
                     help="pool page size (default 64; 1 = token-granular, randomly permuted pages)")
     ap.add_argument("--ws", action="store_true",
                     help="also the warp-specialised seesaw (_verify_gluon_ws): gluon+wscs, O += P V by column halves "
-                         "(what verify_mla runs above 512 rows with P >= 64; with P < 64 its producer gathers rows, "
-                         "not yet measured), gluon+ws, by tiles (TMA pools only)")
+                         "(what verify_mla runs above 512 rows with P >= 64, and above 16 rows with P < 64, where its "
+                         "producer gathers rows), gluon+ws, by tiles (TMA pools only)")
     ap.add_argument("--variants", default="", help="comma-separated Gluon variants to run (default: all)")
     ap.add_argument("--probes", action="store_true",
                     help="also the ws kernel's time decomposition (gluon+ws-load / -mma / -qk; wrong results)")
@@ -152,6 +153,7 @@ def main():
         # Dispatched by name in gluon_call; "overlap" marks it TMA-only (skipped for gathered pools).
         VARIANTS["gluon+ws"] = dict(overlap=True, seesaw=True)
         VARIANTS["gluon+wscs"] = dict(overlap=False, seesaw=True)  # also P < 64: the producer gathers rows
+        VARIANTS["gluon+wscs-nopf"] = dict(overlap=True, seesaw=True)  # TMA, without the L2 prefetch
     if args.probes:
         for name in PROBES:
             VARIANTS[name] = dict(overlap=True, seesaw=True)
