@@ -75,10 +75,22 @@ def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0):
     return sets
 
 
+def to_fp8_sets(sets):
+    """The pools quantised to float8_e4m3fn with one per-tensor scale (``kv_scale`` of each set)."""
+    for s in sets:
+        scale = float(s["kv"].abs().max()) / 448.0
+        s["kv"] = (s["kv"].float() / scale).to(torch.float8_e4m3fn)
+        s["kv_scale"] = scale
+    return sets
+
+
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
-    nbytes, flops = verify_mla_counts(B, T, H, L)
-    n_sets = rotation_count(B * (L + T) * 576 * 2)
+    fp8 = variant == "tritree-fp8"
+    nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
+    n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
     sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda")
+    if fp8:
+        sets = to_fp8_sets(sets)
     row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(config) if config else "default")
     if variant == "torch":
         if B * T * H * (L + T) * 4 * 3 > TORCH_SCORE_LIMIT:
@@ -89,7 +101,8 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
         outs = [(torch.empty(B, T, H, 512, device="cuda", dtype=torch.bfloat16),
                  torch.empty(B, T, H, device="cuda", dtype=torch.float32)) for _ in sets]
         fns = [lambda s=s, o=o: verify_mla(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"],
-                                           sm_scale=SM_SCALE, out=o[0], lse=o[1], config=config)
+                                           sm_scale=SM_SCALE, out=o[0], lse=o[1], config=config,
+                                           kv_scale=s.get("kv_scale"))
                for s, o in zip(sets, outs)]
     try:
         us = graph_time_us(fns)
@@ -102,9 +115,11 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
                frac_mma=flops / (us * 1e-6) / 1e12 / ceil.matmul_tflops, n_sets=n_sets)
     if check and variant != "torch" and B * T * H * (L + T) * 4 * 3 <= TORCH_SCORE_LIMIT // 4:
         s = sets[0]
-        ref = torch_verify(s["q"].float(), s["kv"].float(), s["page_table"], s["kv_lens"], s["tree_mask"], SM_SCALE, L + T)
+        kv_ref = s["kv"].float() * s.get("kv_scale", 1.0)
+        ref = torch_verify(s["q"].float(), kv_ref, s["page_table"], s["kv_lens"], s["tree_mask"], SM_SCALE, L + T)
         out = fns[0]() if variant == "torch" else verify_mla(s["q"], s["kv"], s["page_table"], s["kv_lens"],
-                                                             s["tree_mask"], sm_scale=SM_SCALE, config=config)
+                                                             s["tree_mask"], sm_scale=SM_SCALE, config=config,
+                                                             kv_scale=s.get("kv_scale"))
         row["rel_err"] = float((out.float() - ref).norm() / ref.norm())
     del sets
     torch.cuda.empty_cache()
@@ -136,7 +151,8 @@ def fmt_row(r):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
-    ap.add_argument("--variant", action="append", choices=["tritree", "tritree-sm120", "torch"])
+    ap.add_argument("--variant", action="append", choices=["tritree", "tritree-fp8", "tritree-sm120", "torch"],
+                    help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale")
     ap.add_argument("--configs", default="", help="semicolon-separated BM,BN,warps,stages to try instead of the table")
     ap.add_argument("--filter", default="", help="python expression over B,T,H,L,P selecting cases")
     ap.add_argument("--out", default="verify_sweep.jsonl")

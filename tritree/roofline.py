@@ -74,9 +74,12 @@ def rotation_count(bytes_per_set: int, cap: int = 32) -> int:
     return max(1, min(cap, math.ceil(L2_ROTATE_BYTES / max(1, bytes_per_set))))
 
 
-def verify_mla_counts(B: int, T: int, H: int, L: int, dtype_bytes: int = 2) -> tuple[int, int]:
-    """Fewest bytes (KV once, q, out) and FLOPs (QK 576 + PV 512 per row and key) of one verify call."""
-    nbytes = B * (L + T) * 576 * dtype_bytes + B * T * H * (576 + 512) * dtype_bytes
+def verify_mla_counts(B: int, T: int, H: int, L: int, dtype_bytes: int = 2,
+                      kv_bytes: int | None = None) -> tuple[int, int]:
+    """Fewest bytes (KV once, q, out) and FLOPs (QK 576 + PV 512 per row and key) of one verify call.
+    ``kv_bytes``: bytes per KV element when the pool's dtype differs from q's (fp8 pools: 1)."""
+    kv_bytes = dtype_bytes if kv_bytes is None else kv_bytes
+    nbytes = B * (L + T) * 576 * kv_bytes + B * T * H * (576 + 512) * dtype_bytes
     flops = 2 * B * T * H * (L + T) * (576 + 512)
     return nbytes, flops
 

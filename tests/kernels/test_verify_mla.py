@@ -32,7 +32,7 @@ def check_against_reference(case, dtype, **kw):
     out = torch.full((B, T, H, 512), float("nan"), dtype=dtype, device=q.device)  # poison
     lse = torch.full((B, T, H), float("nan"), dtype=torch.float32, device=q.device)
     verify_mla(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"], sm_scale=SM_SCALE,
-               tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
+               tree_lens=case["tree_lens"], out=out, lse=lse, kv_scale=case.get("kv_scale"), **kw)
     assert_matches_reference(case, out, lse, dtype)
     return out
 
@@ -44,7 +44,7 @@ def assert_matches_reference(case, out, lse, dtype):
     T = case["q"].shape[1]
     ref_out, ref_lse = verify_mla_reference(
         case["q"].double(), case["kv"].double(), case["page_table"], case["kv_lens"], case["tree_mask"],
-        sm_scale=SM_SCALE, tree_lens=case["tree_lens"], return_lse=True)
+        sm_scale=SM_SCALE, tree_lens=case["tree_lens"], return_lse=True, kv_scale=case.get("kv_scale"))
     assert not torch.isnan(out).any(), "some output elements were not written"
     assert not torch.isnan(lse).any(), "some lse elements were not written"
     err = (out.double() - ref_out).norm() / ref_out.norm().clamp_min(1e-30)
@@ -95,6 +95,37 @@ def test_verify_mla_matches_reference(c):
     cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"], hoist_pages=c["hoist"],
                      split_scores=c["split_scores"])
     check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
+
+
+def to_fp8_pool(case, headroom=1.0):
+    """The case's pool quantised to float8_e4m3fn with one per-tensor scale (its largest magnitude maps
+    to ``448 / headroom``); the reference then reads the same fp8 values times the scale."""
+    kv = case["kv"].float()
+    scale = float(kv.abs().max().clamp_min(1e-6)) * headroom / 448.0
+    case["kv"] = (kv / scale).to(torch.float8_e4m3fn)
+    case["kv_scale"] = scale
+    return case
+
+
+@settings(max_examples=12)
+@given(verify_cases(), st.floats(1.0, 8.0))
+def test_fp8_pool_matches_reference(c, headroom):
+    """fp8 (e4m3) pools with a per-tensor scale, fp32 / fp16 queries: the kernel against the float64
+    reference over the same fp8 values (tolerances of q's dtype)."""
+    case = to_fp8_pool(make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"],
+                                 c["dtype"], seed=c["seed"], fragmented=c["fragmented"]), headroom)
+    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"], hoist_pages=c["hoist"],
+                     split_scores=c["split_scores"])
+    check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
+
+
+@pytest.mark.parametrize("P", [1, 16])
+def test_fp8_pool_bf16_queries_and_a_gluon_config(P):
+    """bf16 queries over an fp8 pool; a Gluon config runs the Triton kernel with its tiles."""
+    case = to_fp8_pool(make_case(2, 19, 4, P, [150, 61], [19, 11], ("random", "chain"), torch.bfloat16, seed=P))
+    check_against_reference(case, torch.bfloat16, config=SMALL, num_splits=3)
+    check_against_reference(case, torch.bfloat16,
+                            config=AttnConfig(16, 16, 4, 1, split_scores=True, kernel="gluon-ws"), num_splits=2)
 
 
 def poison_unused_slots(case):
@@ -210,6 +241,24 @@ def test_validation(mutate, exc, match, monkeypatch):
         _call(c, **mutate(c))
 
 
+@pytest.mark.parametrize("fp8,kv_scale,match", [(False, 0.5, "kv_scale is the dequantisation scale"),
+                                                 (True, 0.0, "kv_scale must be a positive"),
+                                                 (True, float("nan"), "kv_scale must be a positive"),
+                                                 (True, "0.5", "kv_scale must be a positive")])
+def test_validation_kv_scale(fp8, kv_scale, match):
+    c = to_fp8_pool(_valid()) if fp8 else _valid()
+    with pytest.raises(ValueError, match=match):
+        verify_mla(c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"], sm_scale=0.1, kv_scale=kv_scale)
+
+
+def test_fp8_pool_without_a_scale_reads_it_unscaled():
+    c = to_fp8_pool(_valid())
+    got = verify_mla(c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"], sm_scale=0.1, config=SMALL)
+    ref = verify_mla_reference(c["q"].double(), c["kv"].double(), c["page_table"], c["kv_lens"], c["tree_mask"],
+                               sm_scale=0.1)
+    assert ((got.double() - ref).norm() / ref.norm()) < TOL[torch.float32]
+
+
 def test_validation_out_buffers():
     c = _valid()
     args = (c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"])
@@ -295,6 +344,30 @@ def test_gpu_small_pages_table_in_a_graph(P):
         verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse)
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H,P,L", [(8, 8, 64, 46_000), (64, 8, 64, 8_000), (16, 64, 1, 4_000), (17, 8, 16, 6_000)])
+def test_gpu_fp8_pool(T, H, P, L):
+    """bf16 queries over an fp8 (e4m3) pool with a per-tensor scale, the table's config (the Triton
+    kernel with its tiles), against the reference; then compiled and in a CUDA graph."""
+    case = to_fp8_pool(make_case(1, T, H, P, [L], [T - 1], ("random",), torch.bfloat16, seed=L + P), 2.0)
+    ref = check_against_reference(case, torch.bfloat16)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    kw = dict(sm_scale=SM_SCALE, tree_lens=case["tree_lens"], kv_scale=case["kv_scale"])
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: verify_mla(*a, **kw), fullgraph=True)(*args)
+    assert ((compiled.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    g = torch.cuda.CUDAGraph()
+    verify_mla(*args, **kw, out=out, lse=lse)
+    with torch.cuda.graph(g):
+        verify_mla(*args, **kw, out=out, lse=lse)
+    out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref)

@@ -91,9 +91,13 @@ def audit(fn, signature, constexprs, arch, num_warps, num_stages, divisible=(), 
                          use.get("LOCAL", 0) + use.get("STACK", 0))
 
 
+# Architectures whose verify configs are also compiled for fp8 (e4m3) pools (e4m3 needs sm_89+).
+FP8_KV_ARCHS = ("sm_90", "sm_120")
+
+
 def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -> list[CompileReport]:
     """Compiles the verify kernel for every config of every table (and the one- and many-split
-    store paths, which differ)."""
+    store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool."""
     from .verify_mla import _verify_mla_kernel
 
     reports = []
@@ -105,6 +109,8 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
             for splits in split_variants:
                 reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits))
+                if arch in FP8_KV_ARCHS:
+                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits, kv_dtype="fp8e4nv"))
     return reports
 
 
@@ -227,11 +233,13 @@ def kv_reports(archs=None) -> list[CompileReport]:
     return reports
 
 
-def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) -> CompileReport:
+def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
+                   kv_dtype: str | None = None) -> CompileReport:
     ptr = "*" + dtype
     sig = {
-        "Q": ptr, "KV": ptr, "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32",
-        "Out": ptr if num_splits == 1 else "*fp32", "Lse": "*fp32", "sm_scale_log2e": "fp32",
+        "Q": ptr, "KV": "*" + (kv_dtype or dtype), "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32",
+        "TreeLens": "*i32", "Out": ptr if num_splits == 1 else "*fp32", "Lse": "*fp32", "sm_scale_log2e": "fp32",
+        "v_scale": "fp32",
     }
     ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
             "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
@@ -241,13 +249,14 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int) 
                   "UPCAST": False, "IEEE": dtype == "fp32",
                   "SCALAR_PAGE": cfg.scalar_page, "TMA": cfg.tma, "HOIST_PAGES": cfg.tma or (cfg.hoist_pages and cfg.scalar_page), "PAGE_GROUP": 16,
                   "SPLIT_SCORES": cfg.split_scores,
-                  "TAIL_STAGES": 1 if cfg.split_scores else cfg.num_stages, "D_LAT": 512, "D_PE": 64}
+                  "TAIL_STAGES": 1 if cfg.split_scores else cfg.num_stages, "D_LAT": 512, "D_PE": 64,
+                  "V_SCALED": kv_dtype is not None and kv_dtype != dtype}
     divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse",
                  "stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot",
                  "stride_oh", "stride_os")
     label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{' tma' if cfg.tma else ''}"
              f"{' hoist' if cfg.hoist_pages else ''}{' split' if cfg.split_scores else ''} "
-             f"splits{'1' if num_splits == 1 else 'N'}")
+             f"splits{'1' if num_splits == 1 else 'N'}{' kv ' + kv_dtype if kv_dtype else ''}")
     return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, divisible, label)
 
 

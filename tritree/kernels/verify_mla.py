@@ -104,11 +104,12 @@ def _tree_visible(tree_mask: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False,
-                         d_rope: int = D_ROPE):
+                         d_rope: int = D_ROPE, kv_scale: float | None = None):
     """Plain PyTorch verify attention with the semantics of :func:`verify_mla`.
 
     Computes in ``promote(q.dtype, float32)`` (float64 inputs give a float64 result) and returns
-    that dtype. Reads the host copies of the lengths: a specification, not a fast path.
+    that dtype. Reads the host copies of the lengths: a specification, not a fast path. ``kv_scale``:
+    an fp8 pool's per-tensor scale (the keys and values are ``kv * kv_scale``).
     """
     B, T, H, _ = q.shape
     P = kv.shape[1]
@@ -125,6 +126,8 @@ def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tre
             continue
         pos = torch.arange(L + n, device=q.device)
         keys = kv[page_table[b, pos // P].long(), pos % P].to(cdt)  # [L+n, 576]
+        if kv_scale is not None:
+            keys = keys * kv_scale
         visible = torch.ones(n, L + n, dtype=torch.bool, device=q.device)
         visible[:, L:] = vis_tree[b, :n, :n]
         scores = torch.einsum("thd,sd->ths", q[b, :n].to(cdt), keys) * sm_scale
@@ -167,6 +170,10 @@ def _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages
 @triton.jit
 def _qk_pv_step(q_lat, q_pe, k_lat, k_pe, qk_extra_mask, m_i, l_i, acc, sm_scale_log2e,
                 MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, SPLIT_SCORES: tl.constexpr = False):
+    # fp8 pools: the tile in q's dtype (exact: every e4m3 value is a bf16 / fp16 / fp32 value; the
+    # per-tensor scale is folded into the score scale and applied to O once). No-op otherwise.
+    k_lat = k_lat.to(q_lat.dtype)
+    k_pe = k_pe.to(q_pe.dtype)
     if UPCAST:  # interpreter: its bf16 dot is wrong, so compute bf16 tiles in fp32
         k_lat = k_lat.to(tl.float32)
         k_pe = k_pe.to(tl.float32)
@@ -190,6 +197,7 @@ def _verify_mla_kernel(
     Q, KV, PageTable, KvLens, TreeMask, TreeLens,
     Out, Lse,
     sm_scale_log2e,
+    v_scale,
     stride_qb, stride_qt, stride_qh,
     stride_kvp, stride_kvs,
     stride_ptb, max_pages, num_pages,
@@ -213,6 +221,7 @@ def _verify_mla_kernel(
     TAIL_STAGES: tl.constexpr = 1,
     D_LAT: tl.constexpr = 512,
     D_PE: tl.constexpr = 64,
+    V_SCALED: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -293,6 +302,8 @@ def _verify_mla_kernel(
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, visible, m_i, l_i, acc, sm_scale_log2e,
                                     True, UPCAST, IEEE, SPLIT_SCORES)
 
+    if V_SCALED:  # fp8 pools: the values' per-tensor scale (the keys' is in sm_scale_log2e)
+        acc = acc * v_scale
     store_rows(Out, Lse, acc, m_i, l_i, row_ok, rows < T * H, b, pid_s, t, h, rows,
                stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
                SINGLE_SPLIT, D_LAT)
@@ -356,9 +367,9 @@ def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
 
 
 def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
-                   num_splits, launch=None):
+                   num_splits, launch=None, kv_scale: float = 1.0):
     B, T, H, _ = q.shape
-    if launch is None and _gluon_usable(q, kv, cfg):  # eager only: the Gluon ops are opaque to torch.compile
+    if launch is None and kv.dtype == q.dtype and _gluon_usable(q, kv, cfg):  # eager only: the Gluon ops are opaque to torch.compile
         dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
         args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale,
                 num_splits)
@@ -385,7 +396,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
     kernel[(row_blocks, num_splits, B)](
         q, kv, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
-        sm_scale * LOG2E,
+        sm_scale * kv_scale * LOG2E, kv_scale,
         q.stride(0), q.stride(1), q.stride(2),
         kv.stride(0), kv.stride(1),
         page_table.stride(0), page_table.shape[1], kv.shape[0],
@@ -399,6 +410,7 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         # The tail is one or two tiles: with split scores its copy buffers would not fit next to the
         # prefix loop's, so it runs unpipelined there (elsewhere as the kernel's loops).
         SPLIT_SCORES=cfg.split_scores, TAIL_STAGES=1 if cfg.split_scores else cfg.num_stages, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
+        V_SCALED=kv.dtype != q.dtype,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
@@ -410,7 +422,7 @@ def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, 
                    tree_mask: torch.Tensor, tree_lens: torch.Tensor, sm_scale: float, block_m: int, block_n: int,
                    num_warps: int, num_stages: int, scalar_page: bool, num_splits: int,
                    d_rope: int = 64, tma: bool = False, hoist_pages: bool = False,
-                   split_scores: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   split_scores: bool = False, kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, H, D = q.shape
     out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
@@ -418,7 +430,7 @@ def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, 
                    AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
                                        hoist_pages=hoist_pages, split_scores=split_scores),
                    int(num_splits),
-                   launch=torch.library.wrap_triton)
+                   launch=torch.library.wrap_triton, kv_scale=kv_scale)
     return out, lse
 
 
@@ -427,12 +439,12 @@ def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tens
                        tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
                        scalar_page: bool, num_splits: int, tma: bool = False, hoist_pages: bool = False,
-                       split_scores: bool = False) -> None:
+                       split_scores: bool = False, kv_scale: float = 1.0) -> None:
     _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
                    AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
                                        hoist_pages=hoist_pages, split_scores=split_scores),
                    int(num_splits),
-                   launch=torch.library.wrap_triton)
+                   launch=torch.library.wrap_triton, kv_scale=kv_scale)
 
 
 @torch.library.custom_op("tritree::verify_mla_gluon", mutates_args=("out", "lse"))
@@ -455,7 +467,10 @@ def _(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, bloc
     return None
 
 
-def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope=D_ROPE):
+KV_FP8 = torch.float8_e4m3fn
+
+
+def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope=D_ROPE, kv_scale=None):
     V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
     dev = q.device
     B, T, H, D = q.shape
@@ -465,9 +480,17 @@ def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope
                          f"(Kimi: 512 + 64 = {D_QK}); got {tuple(q.shape)} with d_rope = {d_rope}")
     if T < 1 or H < 1:
         raise ValueError(f"q must have T >= 1 tree tokens and H >= 1 heads, got shape {tuple(q.shape)}")
-    V.check_tensor("kv", kv, ndim=3, dtypes=V.ATTN_DTYPES, device=dev)
-    if kv.dtype != q.dtype:
-        raise TypeError(f"kv must have the dtype of q ({q.dtype}), got {kv.dtype}")
+    V.check_tensor("kv", kv, ndim=3, dtypes=V.ATTN_DTYPES + (KV_FP8,), device=dev)
+    if kv.dtype != q.dtype and kv.dtype != KV_FP8:
+        raise TypeError(f"kv must have the dtype of q ({q.dtype}) or be a float8_e4m3fn pool, got {kv.dtype}")
+    if kv_scale is not None:
+        if kv.dtype != KV_FP8:
+            raise ValueError(f"kv_scale is the dequantisation scale of a float8_e4m3fn pool; kv is {kv.dtype}")
+        if not isinstance(kv_scale, (int, float)) or not math.isfinite(kv_scale) or kv_scale <= 0:
+            raise ValueError(f"kv_scale must be a positive finite float, got {kv_scale!r}")
+    if kv.dtype == KV_FP8 and kv.is_cuda and torch.cuda.get_device_capability(kv.device) < (8, 9):
+        raise TypeError("float8_e4m3fn pools need a GPU of compute capability 8.9 or newer (Ada, Hopper, "
+                        f"Blackwell); this one is {torch.cuda.get_device_capability(kv.device)}")
     num_pages, P, Dk = kv.shape
     if Dk != D:
         raise ValueError(f"kv must have shape [num_pages, P, {D}] (the last dim of q), got {tuple(kv.shape)}")
@@ -500,12 +523,13 @@ def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope
 
 def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False,
                out=None, lse=None, config: AttnConfig | None = None, num_splits: int | None = None,
-               d_rope: int = D_ROPE):
+               d_rope: int = D_ROPE, kv_scale: float | None = None):
     """Tree-masked MLA verify attention over a paged latent KV cache (absorbed form, one KV head).
 
     Args:
         q: ``[B, T, H, 576]`` absorbed queries (512 latent ++ 64 rope), bf16 / fp16 / fp32.
-        kv: ``[num_pages, P, 576]`` one layer's latent pool, same dtype; P a power of two in [1, 128].
+        kv: ``[num_pages, P, 576]`` one layer's latent pool, q's dtype or ``torch.float8_e4m3fn`` (with
+            ``kv_scale``); P a power of two in [1, 128].
         page_table: ``[B, max_pages]`` int32; position s of request b is ``kv[page_table[b, s // P], s % P]``.
         kv_lens: ``[B]`` int32 committed tokens before the tree. The tree's own KV is already written
             at positions ``kv_lens[b] + i``, i = 0..T-1, in node order.
@@ -521,6 +545,10 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
             row gathers for smaller pages); ``AttnConfig(..., kernel="triton")`` forces Triton.
         d_rope: rope channels at the end of q and kv (Kimi: 64, latent 512); small models use other
             powers of two >= 16.
+        kv_scale: for a ``float8_e4m3fn`` pool, its per-tensor dequantisation scale (keys and values
+            are ``kv * kv_scale``; default 1.0); must be None for other pools. fp8 pools run the
+            Triton kernel (tiles converted to q's dtype in registers; the scale folded into the score
+            scale and applied to O once), also on Hopper.
 
     Returns:
         ``out: [B, T, H, 512]`` in q's dtype (and ``lse``). Row (b, i, h) attends to all ``kv_lens[b]``
@@ -532,7 +560,9 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     the values on the host). Without them, out-of-range page ids are clamped into the pool in the kernel
     (no fault, wrong rows). CUDA-graph capturable; traced by torch.compile as ``tritree::verify_mla``.
     """
-    _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope)
+    _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope, kv_scale)
+    if kv.dtype == KV_FP8 and kv_scale is None:
+        kv_scale = 1.0
     B, T, H, D = q.shape
     d_lat = D - d_rope
     if (out is None) != (lse is None):
@@ -544,7 +574,8 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         V.check_shape("lse", lse, (B, T, H), "[B, T, H]")
     if q.device.type == "cpu" and not _interpreting():
         ref_out, ref_lse = verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=sm_scale,
-                                                tree_lens=tree_lens, return_lse=True, d_rope=d_rope)
+                                                tree_lens=tree_lens, return_lse=True, d_rope=d_rope,
+                                                kv_scale=kv_scale)
         if out is None:
             out, lse = ref_out.to(q.dtype), ref_lse.to(torch.float32)
         else:
@@ -562,9 +593,10 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(cfg.scalar_page),
                    int(num_splits))
-    if cfg.kernel != "triton":
-        if cfg.kernel not in GLUON_KERNELS:
-            raise ValueError(f"config.kernel must be 'triton' or one of {GLUON_KERNELS}, got {cfg.kernel!r}")
+    if cfg.kernel not in ("triton",) + GLUON_KERNELS:
+        raise ValueError(f"config.kernel must be 'triton' or one of {GLUON_KERNELS}, got {cfg.kernel!r}")
+    fp8 = {} if kv_scale is None else {"kv_scale": float(kv_scale)}
+    if cfg.kernel != "triton" and not fp8:  # fp8 pools: the Triton kernel with the config's tiles
         if out is None:
             out = torch.empty(B, T, H, d_lat, dtype=q.dtype, device=q.device)
             lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
@@ -574,8 +606,8 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     if out is None:
         out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args, d_rope=d_rope,
                                   tma=bool(cfg.tma), hoist_pages=bool(cfg.hoist_pages),
-                                  split_scores=bool(cfg.split_scores))
+                                  split_scores=bool(cfg.split_scores), **fp8)
     else:
         _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args, tma=bool(cfg.tma),
-                           hoist_pages=bool(cfg.hoist_pages), split_scores=bool(cfg.split_scores))
+                           hoist_pages=bool(cfg.hoist_pages), split_scores=bool(cfg.split_scores), **fp8)
     return (out, lse) if return_lse else out
