@@ -251,3 +251,17 @@ def test_accept_with_picks_equals_accept_tree(path, monkeypatch):
     got = accept_with_picks(tokens, parents, tree_lens, torch.argmax(logits, -1).to(torch.int32))
     for a, b in zip(got, want):
         assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_bench_decode_without_collectives_keeps_the_rank_and_leaves_collectives_out():
+    """The timing-only group of ``bench decode --tp``: same world and rank, no communication."""
+    from tritree.bench_decode import without_collectives
+
+    local = without_collectives(TPGroup(4, 2))
+    assert (local.world, local.rank, local.active) == (4, 2, True)
+    x = torch.arange(6.0).view(2, 3)
+    assert local.all_reduce_(x) is x and torch.equal(x, torch.arange(6.0).view(2, 3))
+    g = local.all_gather(x)
+    assert g.shape == (4, 2, 3) and all(torch.equal(g[r], x) for r in range(4))
+    g[0, 0, 0] = 100.0  # a copy, not a view of x
+    assert x[0, 0] == 0.0

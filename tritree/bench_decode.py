@@ -6,7 +6,8 @@ each phase alone in a CUDA graph, which leaves out host launch time) and as one 
 
 Under ``torchrun --nproc-per-node N -m tritree bench decode --tp N`` every rank holds its real shard of
 the slice instead (64/N heads, 384/N experts with the real top-8 routing, vocabulary-parallel head)
-and the step includes the collectives; rank 0 prints.
+and the step includes the collectives; rank 0 prints, with the step's graph time with every collective
+left out (``without_collectives``) and from the two the collectives' share of the step.
 """
 
 from __future__ import annotations
@@ -109,6 +110,25 @@ def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, rep
     return out
 
 
+def without_collectives(tp):
+    """``tp``'s shard and ranks with every collective left out (a sum over the ranks returns the rank's
+    own part, a gather repeats it): the step timed with it, against the real one, gives the share of the
+    step spent in collectives. Wrong results by design; timing only."""
+    from dataclasses import dataclass
+
+    from .dist import TPGroup
+
+    @dataclass(frozen=True)
+    class _LocalOnly(TPGroup):
+        def all_reduce_(self, x):
+            return x
+
+        def all_gather(self, x):
+            return x[None].expand(self.world, *x.shape).clone()
+
+    return _LocalOnly(tp.world, tp.rank, tp.group)
+
+
 def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None) -> dict:
     from .roofline import graph_time_us, measure_ceilings, verify_mla_counts
 
@@ -141,19 +161,31 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
             phases.setdefault(k, []).append(v)
     med = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
     graph_ms = graph_time_us([step], reps=reps) / 1e3
+    graph_ms_local = None
+    if active(tp):
+        local_tp = without_collectives(tp)
+
+        def step_local():
+            reset()
+            decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, tp=local_tp)
+
+        graph_ms_local = graph_time_us([step_local], reps=reps) / 1e3
+        reset()
     phases_graph = {} if active(tp) else graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps)
-    # the verify attention alone at this shape, per layer
+    # the verify attention alone at this shape, per layer, called as the model calls it (with tree_lens:
+    # without them verify_mla fills a tensor of T's, one more graph node)
     from .kernels import verify_mla
     from .testing import random_verify_inputs
     T = budget + 1
-    case = random_verify_inputs(batch, T, tcfg.heads, 64, [ctx] * batch, None, ("wide",), torch.bfloat16, device="cuda")
+    case = random_verify_inputs(batch, T, tcfg.heads, 64, [ctx] * batch, [T] * batch, ("wide",), torch.bfloat16,
+                                device="cuda")
     args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    attn_us = graph_time_us([lambda: verify_mla(*args, sm_scale=tcfg.softmax_scale)])
+    attn_us = graph_time_us([lambda: verify_mla(*args, sm_scale=tcfg.softmax_scale, tree_lens=case["tree_lens"])])
     ceil = measure_ceilings()
     nbytes, flops = verify_mla_counts(batch, T, tcfg.heads, ctx)
     floor_us, bound = ceil.floor_us(nbytes, flops)
     return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
-                graph_ms=graph_ms, phases_ms=med, phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
+                graph_ms=graph_ms, graph_ms_without_collectives=graph_ms_local, phases_ms=med, phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
                 floor_bound=bound)
 
 
@@ -175,6 +207,10 @@ def main(args, tp=None) -> int:
             ph = ", ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
             say(f"budget {budget:>3} layers {layers}: eager {r['eager_ms']:.3f} ms, graph {r['graph_ms']:.3f} ms "
                 f"(host overhead {r['eager_ms'] - r['graph_ms']:.3f} ms); phases ms: {ph}", flush=True)
+            if r["graph_ms_without_collectives"] is not None:
+                share = 1 - r["graph_ms_without_collectives"] / r["graph_ms"]
+                say(f"budget {budget:>3} layers {layers}: graph without collectives "
+                    f"{r['graph_ms_without_collectives']:.3f} ms: collectives {100 * share:.1f}% of the step", flush=True)
         a, b = per[args.layers], per[args.layers + 1]
         moe_layer = b["graph_ms"] - a["graph_ms"]
         est61 = a["graph_ms"] + (61 - args.layers) * moe_layer
