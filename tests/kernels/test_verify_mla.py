@@ -119,6 +119,22 @@ def test_fp8_pool_matches_reference(c, headroom):
     check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
 
 
+def test_fp8_pool_written_by_kv_write_():
+    """The tree rows quantised with the pool's scale and written by ``kv_write_``, then verified."""
+    from tritree import kv_write_
+
+    case = to_fp8_pool(make_case(2, 9, 3, 16, [70, 33], [9, 6], ("random", "wide"), torch.float32, seed=21), 4.0)
+    g = torch.Generator().manual_seed(3)
+    latent = torch.randn(2, 9, 576, generator=g).to(case["q"].device)
+    rows = (latent / case["kv_scale"]).to(torch.float8_e4m3fn)
+    kv_write_(case["kv"], case["page_table"], case["kv_lens"], rows, case["tree_lens"])
+    for b, (L, n) in enumerate(zip(case["kv_lens"].tolist(), case["tree_lens"].tolist())):
+        pos = torch.arange(L, L + n, device=case["kv"].device)
+        written = case["kv"][case["page_table"][b, pos // 16].long(), pos % 16]
+        assert torch.equal(written.view(torch.uint8), rows[b, :n].view(torch.uint8))
+    check_against_reference(case, torch.float32, config=SMALL, num_splits=2)
+
+
 @pytest.mark.parametrize("P", [1, 16])
 def test_fp8_pool_bf16_queries_and_a_gluon_config(P):
     """bf16 queries over an fp8 pool; a Gluon config runs the Triton kernel with its tiles."""
