@@ -13,10 +13,11 @@ left out (``without_collectives``) and from the two the collectives' share of th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .dist import active
+from .dist import TPGroup, active
 from .engine import PhaseTimer, SamplingConfig, accept_phase, commit_phase_, decode_step_, draft_phase_, tree_phase
 from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
@@ -110,22 +111,21 @@ def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, rep
     return out
 
 
-def without_collectives(tp):
-    """``tp``'s shard and ranks with every collective left out (a sum over the ranks returns the rank's
-    own part, a gather repeats it): the step timed with it, against the real one, gives the share of the
-    step spent in collectives. Wrong results by design; timing only."""
-    from dataclasses import dataclass
+@dataclass(frozen=True)
+class _LocalOnly(TPGroup):
+    """A group whose collectives are left out: a sum over the ranks returns the rank's own part, a
+    gather repeats it."""
 
-    from .dist import TPGroup
+    def all_reduce_(self, x):
+        return x
 
-    @dataclass(frozen=True)
-    class _LocalOnly(TPGroup):
-        def all_reduce_(self, x):
-            return x
+    def all_gather(self, x):
+        return x[None].expand(self.world, *x.shape).clone()
 
-        def all_gather(self, x):
-            return x[None].expand(self.world, *x.shape).clone()
 
+def without_collectives(tp: TPGroup) -> TPGroup:
+    """``tp``'s shard and ranks with every collective left out: the step timed with it, against the
+    real one, gives the share of the step spent in collectives. Wrong results by design; timing only."""
     return _LocalOnly(tp.world, tp.rank, tp.group)
 
 
@@ -140,9 +140,9 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
         for k, v in mutable.items():
             state[k].copy_(v)
 
-    def step(timer=None):
+    def step(timer=None, group=tp):
         reset()
-        decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, timer=timer, tp=tp)
+        decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, timer=timer, tp=group)
 
     step()
     torch.cuda.synchronize()
@@ -163,13 +163,8 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
     graph_ms = graph_time_us([step], reps=reps) / 1e3
     graph_ms_local = None
     if active(tp):
-        local_tp = without_collectives(tp)
-
-        def step_local():
-            reset()
-            decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, tp=local_tp)
-
-        graph_ms_local = graph_time_us([step_local], reps=reps) / 1e3
+        local = without_collectives(tp)
+        graph_ms_local = graph_time_us([lambda: step(group=local)], reps=reps) / 1e3
         reset()
     phases_graph = {} if active(tp) else graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps)
     # the verify attention alone at this shape, per layer, called as the model calls it (with tree_lens:
@@ -185,7 +180,8 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
     nbytes, flops = verify_mla_counts(batch, T, tcfg.heads, ctx)
     floor_us, bound = ceil.floor_us(nbytes, flops)
     return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
-                graph_ms=graph_ms, graph_ms_without_collectives=graph_ms_local, phases_ms=med, phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
+                graph_ms=graph_ms, graph_ms_without_collectives=graph_ms_local, phases_ms=med,
+                phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
                 floor_bound=bound)
 
 

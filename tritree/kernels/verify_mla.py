@@ -350,8 +350,9 @@ GLUON_KERNELS = ("gluon", "gluon-overlap", "gluon-seesaw", "gluon-ws", "gluon-ws
 def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
     """The Gluon kernels serve bf16 Kimi-shaped (512 + 64) calls on Hopper: P % 64 == 0 pools by TMA
     (the pool addressable as one matrix), smaller pages by row gathers (16-byte aligned rows);
-    anything else takes the Triton kernel."""
-    if cfg.kernel not in GLUON_KERNELS or not q.is_cuda or q.dtype != torch.bfloat16 or q.shape[-1] != D_QK:
+    anything else (fp8 pools included) takes the Triton kernel."""
+    if (cfg.kernel not in GLUON_KERNELS or not q.is_cuda or q.dtype != torch.bfloat16 or kv.dtype != q.dtype
+            or q.shape[-1] != D_QK):
         return False
     from . import _verify_gluon
     P = kv.shape[1]
@@ -369,7 +370,7 @@ def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
 def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
                    num_splits, launch=None, kv_scale: float = 1.0):
     B, T, H, _ = q.shape
-    if launch is None and kv.dtype == q.dtype and _gluon_usable(q, kv, cfg):  # eager only: the Gluon ops are opaque to torch.compile
+    if launch is None and _gluon_usable(q, kv, cfg):  # eager only: the Gluon ops are opaque to torch.compile
         dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
         args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale,
                 num_splits)
