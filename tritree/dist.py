@@ -76,7 +76,9 @@ def init_tp(world: int | None = None, backend: str | None = None) -> TPGroup:
     """The group of a ``torchrun`` launch (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``...):
     initialises the default process group (NCCL with a GPU, else gloo) and, on a GPU, selects
     ``cuda:LOCAL_RANK``. ``world`` (e.g. ``--tp``), when given, must equal ``WORLD_SIZE``. Without
-    ``WORLD_SIZE`` (a plain ``python`` run) returns ``TPGroup()`` if ``world`` is 1 or None."""
+    ``WORLD_SIZE`` (a plain ``python`` run) returns ``TPGroup()`` if ``world`` is 1 or None.
+    ``TRITREE_STACKS_EVERY_S=N`` makes every rank print its threads' Python stacks every N seconds
+    (to find where a hung rank waits)."""
     import torch.distributed as dist
 
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -85,6 +87,11 @@ def init_tp(world: int | None = None, backend: str | None = None) -> TPGroup:
                          f"'torchrun --nproc-per-node {world} -m tritree ... --tp {world}'")
     if env_world == 1:
         return TPGroup()
+    if os.environ.get("TRITREE_STACKS_EVERY_S"):  # a hung rank shows where it waits (debugging aid)
+        import faulthandler
+        import sys
+
+        faulthandler.dump_traceback_later(float(os.environ["TRITREE_STACKS_EVERY_S"]), repeat=True, file=sys.stderr)
     if not dist.is_initialized():
         gpu = torch.cuda.is_available()
         if gpu:
