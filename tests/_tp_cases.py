@@ -8,7 +8,7 @@ import socket
 import torch
 
 from tritree import tree_mask_from_parents
-from tritree.dist import gather_vocab, greedy_picks
+from tritree.dist import gather_vocab, greedy_picks, shutdown_tp
 from tritree.engine import Engine
 from tritree.model import dflash
 from tritree.model.config import dflash_tiny, kimi_tiny
@@ -53,15 +53,15 @@ def run_cases(tp, device):
         out["verify_picks"] = greedy_picks(tp, logits, V).cpu()
         out["latents"] = cache["kv"].cpu()
     graphs = device != "cpu"
-    eng = Engine(tparams, lcfg, dparams, dcfg, page_size=8, num_pages=256, graphs=graphs, tp=tp)
-    out["greedy"] = [r.tokens for r in eng.generate(PROMPTS, 12, budget=8)]
-    out["plain"] = [r.tokens for r in eng.generate(PROMPTS, 12, speculative=False)]
-    out["chain"] = [r.tokens for r in eng.generate(PROMPTS, 12, chain=True)]
-    out["sampled"] = [r.tokens for r in eng.generate(PROMPTS, 8, budget=4, temperature=1.0, top_k=20, seed=5)]
+    with Engine(tparams, lcfg, dparams, dcfg, page_size=8, num_pages=256, graphs=graphs, tp=tp) as eng:
+        out["greedy"] = [r.tokens for r in eng.generate(PROMPTS, 12, budget=8)]
+        out["plain"] = [r.tokens for r in eng.generate(PROMPTS, 12, speculative=False)]
+        out["chain"] = [r.tokens for r in eng.generate(PROMPTS, 12, chain=True)]
+        out["sampled"] = [r.tokens for r in eng.generate(PROMPTS, 8, budget=4, temperature=1.0, top_k=20, seed=5)]
     sp, scfg = load_params(str(ASSETS / "target"), device=device, tp=tp)
     dp, dc = load_dflash_params(str(ASSETS / "draft"), device=device)
-    eng = Engine(sp, scfg, dp, dc, page_size=16, num_pages=64, graphs=graphs, tp=tp)
-    out["text"] = [r.tokens for r in eng.generate(TEXT_PROMPTS, 16, budget=8)]
+    with Engine(sp, scfg, dp, dc, page_size=16, num_pages=64, graphs=graphs, tp=tp) as eng:
+        out["text"] = [r.tokens for r in eng.generate(TEXT_PROMPTS, 16, budget=8)]
     return out
 
 
@@ -76,7 +76,7 @@ def _worker(rank, world, port, out_dir, backend):
         res = run_cases(tp, f"cuda:{rank}" if backend == "nccl" else "cpu")
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        torch.distributed.destroy_process_group()
+        shutdown_tp(tp)
 
 
 def _free_port():

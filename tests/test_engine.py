@@ -157,6 +157,17 @@ def test_gpu_graph_step_equals_eager_step_and_plain_greedy(budget):
 
 
 @pytest.mark.gpu
+def test_gpu_close_frees_graphs_and_the_engine_captures_again():
+    with make_engine(device="cuda", graphs=True) as eng:
+        a = [r.tokens for r in eng.generate(PROMPTS, 10, budget=4)]
+        assert eng._graphs
+        eng.close()
+        assert not eng._graphs
+        assert [r.tokens for r in eng.generate(PROMPTS, 10, budget=4)] == a
+    assert not eng._graphs
+
+
+@pytest.mark.gpu
 def test_gpu_compiled_graph_step():
     eng = make_engine(device="cuda", graphs=True, compile=True)
     ref = make_engine(device="cuda", graphs=False)

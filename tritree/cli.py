@@ -191,6 +191,7 @@ def generate(args, tp=None) -> int:
         else:
             say("check: at temperature > 0 the outputs are samples; the distributions are equal "
                 "(tests/test_engine.py), the tokens need not be")
+    engine.close()
     return 0 if ok else 1
 
 
@@ -294,9 +295,9 @@ def main(argv=None) -> int:
         return _dispatch(args, tp)
     finally:
         if tp is not None:
-            import torch.distributed as dist
+            from .dist import shutdown_tp
 
-            dist.destroy_process_group()
+            shutdown_tp(tp)
 
 
 def _dispatch(args, tp) -> int:

@@ -100,6 +100,22 @@ def init_tp(world: int | None = None, backend: str | None = None) -> TPGroup:
     return TPGroup(dist.get_world_size(), dist.get_rank())
 
 
+def shutdown_tp(tp: TPGroup | None = None) -> None:
+    """Destroys the launch's process group (if any). CUDA graphs that captured NCCL collectives must
+    be freed first (``Engine.close``; pytorch/pytorch#115388: the teardown otherwise hangs); graphs
+    still held by unreachable objects (reference cycles) are collected here before the group goes."""
+    import gc
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
+
+
 # --------------------------------------------------------------------------------------------------
 # Vocabulary parallelism: rank r holds rows [r * Vs, (r + 1) * Vs) of embed_tokens and lm_head,
 # Vs = ceil(V / world); the last shard is zero-padded to Vs rows (its padded logits are -inf).

@@ -446,6 +446,21 @@ class Engine:
         run.graph = graph
         return run
 
+    def close(self):
+        """Frees the captured step graphs (the engine stays usable: later calls capture again). Under
+        tensor parallelism call it before ``destroy_process_group``: NCCL's teardown waits on graphs that
+        captured its collectives (a TP2 ``generate`` hung there on the H200; pytorch/pytorch#115388)."""
+        for _, run in self._graphs.values():
+            run.graph.reset()
+        self._graphs.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def report_phases(self):
         for name, vals in self.phase_stats.items():
             if vals:

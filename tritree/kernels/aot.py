@@ -97,7 +97,8 @@ FP8_KV_ARCHS = ("sm_90", "sm_120")
 
 def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -> list[CompileReport]:
     """Compiles the verify kernel for every config of every table (and the one- and many-split
-    store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool."""
+    store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool (``"<arch>:fp8"``
+    tables: with that pool only)."""
     from .verify_mla import _verify_mla_kernel
 
     reports = []
@@ -105,10 +106,12 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
         arch = key.split(":")[0]  # "sm_90:small_pages" compiles for sm_90
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
+        fp8_only = key.endswith(":fp8")  # "sm_90:fp8" serves fp8 pools only
         kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.scalar_page, c.tma, c.hoist_pages): c for c in table.values()}
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
             for splits in split_variants:
-                reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits))
+                if not fp8_only:
+                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits))
                 if arch in FP8_KV_ARCHS:
                     reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits, kv_dtype="fp8e4nv"))
     return reports

@@ -111,6 +111,14 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         16: AttnConfig(16, 64, 4, 2),
         1 << 30: AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-ws"),
     },
+    # fp8 (e4m3) pools with P >= BLOCK_N: the Triton kernel (tiles converted to bf16 in registers),
+    # three stages (half-size tiles leave the shared memory for them). L=46000, P=64 (session 8,
+    # call B, us, 3 vs 2 stages): T=8,H=8 46.2 vs 50.9, T=16,H=8 67.4 vs 75.6, T=64,H=8 206.0 vs
+    # 234.4, T=16,H=64 392.0 vs 445.9; four stages do not fit (258,072 B).
+    "sm_90:fp8": {
+        16: AttnConfig(16, 64, 4, 2),
+        1 << 30: AttnConfig(64, 64, 8, 3, tma=True, split_scores=True),
+    },
     "sm_120": {
         # mma.sync path; under DISABLE_MMA_V3=1 on the H200 16x32x8x2 was fastest or near it at
         # every target shape among the configs that fit sm_120's 101,376 B without spills.
@@ -148,13 +156,15 @@ def _cuda_arch(index: int) -> str:
     return "sm_80"
 
 
-def lookup(table: dict[str, dict[int, AttnConfig]], arch: str, rows: int, page_size: int | None = None) -> AttnConfig:
-    """The config of ``arch`` for ``rows`` packed query rows. With ``page_size``: a config whose
-    tiles need whole pages (``tma``/``hoist_pages`` with ``page_size < block_n``) gives way to the
-    ``"<arch>:small_pages"`` table where there is one."""
+def lookup(table: dict[str, dict[int, AttnConfig]], arch: str, rows: int, page_size: int | None = None,
+           kv_fp8: bool = False) -> AttnConfig:
+    """The config of ``arch`` for ``rows`` packed query rows. ``kv_fp8``: the ``"<arch>:fp8"`` table
+    where there is one (fp8 pools). With ``page_size``: a config whose tiles need whole pages
+    (``tma``/``hoist_pages`` with ``page_size < block_n``) gives way to the ``"<arch>:small_pages"``
+    table where there is one."""
     if arch not in table:
         raise ValueError(f"no config table for architecture {arch!r}; known: {sorted(table)}")
-    cfg = _bucket(table[arch], rows)
+    cfg = _bucket(table[f"{arch}:fp8" if kv_fp8 and f"{arch}:fp8" in table else arch], rows)
     small = f"{arch}:small_pages"
     if page_size is not None and (cfg.tma or cfg.hoist_pages) and page_size < cfg.block_n and small in table:
         cfg = _bucket(table[small], rows)

@@ -586,7 +586,8 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         return (out, lse) if return_lse else out
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
-    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(q.device), T * H, page_size=kv.shape[1])
+    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(q.device), T * H, page_size=kv.shape[1],
+                               kv_fp8=kv.dtype == KV_FP8)
     if num_splits is None:
         num_splits = choose_num_splits(batch=B, row_blocks=triton.cdiv(T * H, cfg.block_m),
                                        max_keys=page_table.shape[1] * kv.shape[1], block_n=cfg.block_n,
