@@ -196,7 +196,8 @@ def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedTok": "*i32",
            "E": "i32", "Hd": "i32", "I": "i32"}
     L = MOE_LAUNCH
-    consts = {"BLOCK_M": L["block_m"], "BLOCK_N": L["block_n"], "BLOCK_K": L["block_k"], "UPCAST": False}
+    consts = {"BLOCK_M": L["block_m"], "BLOCK_N": L["block_n"], "BLOCK_K": L["block_k"], "UPCAST": False,
+              "IEEE": dtype == "fp32"}
     kernels = [
         (_gate_up_kernel, {"X": ptr, "Wg": ptr, "Wu": ptr, "Hbuf": ptr, **idx, "stride_x": "i32", "stride_we": "i32",
                            "stride_wi": "i32", "stride_h": "i32"}),

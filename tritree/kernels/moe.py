@@ -51,7 +51,8 @@ def _block_rows(BlockExpert, BlockStart, BlockEnd, SortedTok, b, BLOCK_M: tl.con
 @triton.jit
 def _gate_up_kernel(X, Wg, Wu, Hbuf, BlockExpert, BlockStart, BlockEnd, SortedTok, E, Hd, I,
                     stride_x, stride_we, stride_wi, stride_h,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                    IEEE: tl.constexpr = False):
     b = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     e, r, ok, tok = _block_rows(BlockExpert, BlockStart, BlockEnd, SortedTok, b, BLOCK_M, E)
@@ -65,8 +66,12 @@ def _gate_up_kernel(X, Wg, Wu, Hbuf, BlockExpert, BlockStart, BlockEnd, SortedTo
         wu = tl.load(Wu + e * stride_we + n[None, :] * stride_wi + k[:, None], mask=wmask, other=0.0)
         if UPCAST:
             xa, wg, wu = xa.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
-        acc_g = tl.dot(xa, wg, acc_g)
-        acc_u = tl.dot(xa, wu, acc_u)
+        if IEEE:  # fp32 stays fp32: tf32 rounding turns 1e-7 differences upstream into 1e-3 ones
+            acc_g = tl.dot(xa, wg, acc_g, input_precision="ieee")
+            acc_u = tl.dot(xa, wu, acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(xa, wg, acc_g)
+            acc_u = tl.dot(xa, wu, acc_u)
     h = acc_g * tl.sigmoid(acc_g) * acc_u
     tl.store(Hbuf + r.to(tl.int64)[:, None] * stride_h + n[None, :], h.to(Hbuf.dtype.element_ty),
              mask=ok[:, None] & (n < I)[None, :])
@@ -75,7 +80,8 @@ def _gate_up_kernel(X, Wg, Wu, Hbuf, BlockExpert, BlockStart, BlockEnd, SortedTo
 @triton.jit
 def _down_kernel(Hbuf, Wd, Out, SortedW, BlockExpert, BlockStart, BlockEnd, SortedTok, E, Hd, I,
                  stride_h, stride_we, stride_wo, stride_o,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                 IEEE: tl.constexpr = False):
     b = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     e, r, ok, tok = _block_rows(BlockExpert, BlockStart, BlockEnd, SortedTok, b, BLOCK_M, E)
@@ -87,7 +93,10 @@ def _down_kernel(Hbuf, Wd, Out, SortedW, BlockExpert, BlockStart, BlockEnd, Sort
                      other=0.0)
         if UPCAST:
             ha, wd = ha.to(tl.float32), wd.to(tl.float32)
-        acc = tl.dot(ha, wd, acc)
+        if IEEE:
+            acc = tl.dot(ha, wd, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(ha, wd, acc)
     w = tl.load(SortedW + r, mask=ok, other=0.0)
     tl.atomic_add(Out + tok.to(tl.int64)[:, None] * stride_o + n[None, :], acc * w[:, None],
                   mask=ok[:, None] & (n < Hd)[None, :])
@@ -152,13 +161,14 @@ def _routed_experts_launch(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, b
     hbuf = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
     out = torch.zeros(N, Hd, dtype=torch.float32, device=x.device)
     upcast = _interpreting() and x.dtype == torch.bfloat16
+    ieee = x.dtype == torch.float32
     xc = x.contiguous()
     _gate_up_kernel[(nb, triton.cdiv(I, block_n))](
         xc, w_gate, w_up, hbuf, block_expert, block_start, block_end, sorted_tok, E, Hd, I,
         xc.stride(0), w_gate.stride(0), w_gate.stride(1), hbuf.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, num_warps=num_warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, IEEE=ieee, num_warps=num_warps)
     _down_kernel[(nb, triton.cdiv(Hd, block_n))](
         hbuf, w_down, out, sorted_w, block_expert, block_start, block_end, sorted_tok, E, Hd, I,
         hbuf.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, num_warps=num_warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast, IEEE=ieee, num_warps=num_warps)
     return out.to(x.dtype) if x.dtype != torch.float32 else out
