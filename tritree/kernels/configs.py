@@ -113,7 +113,7 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     },
     # fp8 (e4m3) pools with P >= BLOCK_N: the Triton kernel (tiles converted to bf16 in registers),
     # three stages (half-size tiles leave the shared memory for them). L=46000, P=64 (session 8,
-    # call B, us, 3 vs 2 stages): T=8,H=8 46.2 vs 50.9, T=16,H=8 67.4 vs 75.6, T=64,H=8 206.0 vs
+    # call C, us, 3 vs 2 stages): T=8,H=8 46.2 vs 50.9, T=16,H=8 67.4 vs 75.6, T=64,H=8 206.0 vs
     # 234.4, T=16,H=64 392.0 vs 445.9; four stages do not fit (258,072 B).
     "sm_90:fp8": {
         16: AttnConfig(16, 64, 4, 2),
