@@ -9,6 +9,7 @@ export TRITREE_STACKS_EVERY_S=40 NCCL_DEBUG=WARN
 G="torchrun --standalone --nproc-per-node 2 -m tritree generate --tp 2 -n 12 --check --quiet"
 ( time timeout -s INT 90 $G --eager ) > $OUT/b_eager.txt 2>&1; tail -5 $OUT/b_eager.txt
 ( time timeout -s INT 100 $G ) > $OUT/b_graph.txt 2>&1; tail -5 $OUT/b_graph.txt
+# (TRITREE_CAPTURE_ERROR_MODE: a switch of the engine at the time, removed after this call: it changed nothing)
 ( time TRITREE_CAPTURE_ERROR_MODE=thread_local timeout -s INT 100 $G ) > $OUT/b_graph_tl.txt 2>&1; tail -5 $OUT/b_graph_tl.txt
 unset TRITREE_STACKS_EVERY_S NCCL_DEBUG
 CF="64,64,8,2,1,0,1,1,1;64,64,8,3,1,0,1,1,1;64,64,8,4,1,0,1,1,1;64,64,4,3,1,0,1,1,0;64,64,8,2,1,0,1,1,0;64,32,8,4,1,0,1,1,1;32,64,4,3,2,0,1,1,0;16,64,4,3,2,0,1,1,0;64,64,8,2,2,0,1,1,1;64,128,8,2,1,0,0,0,1"

@@ -426,7 +426,7 @@ class Engine:
         graph = torch.cuda.CUDAGraph()
         active = state["active"].clone()
         state["active"].zero_()
-        with torch.cuda.graph(graph, capture_error_mode=os.environ.get("TRITREE_CAPTURE_ERROR_MODE", "global")):
+        with torch.cuda.graph(graph):
             step(*args, state, budget=budget, sampling=sampling)
         state["active"].copy_(active)
         for k in mutable:
