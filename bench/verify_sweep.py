@@ -85,6 +85,14 @@ def to_fp8_sets(sets):
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
+    if variant == "tritree-pdl":  # the table's kernels, the split merge by programmatic dependent launch
+        from tritree.kernels import _splitkv
+
+        _splitkv.MERGE_PDL = True
+        try:
+            return run_case(B, T, H, L, P, "tritree", ceil, config, check) | {"variant": variant}
+        finally:
+            _splitkv.MERGE_PDL = False
     fp8 = variant == "tritree-fp8"
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
@@ -151,8 +159,10 @@ def fmt_row(r):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
-    ap.add_argument("--variant", action="append", choices=["tritree", "tritree-fp8", "tritree-sm120", "torch"],
-                    help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale")
+    ap.add_argument("--variant", action="append",
+                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-sm120", "torch"],
+                    help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
+                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL)")
     ap.add_argument("--configs", default="", help="semicolon-separated BM,BN,warps,stages to try instead of the table")
     ap.add_argument("--filter", default="", help="python expression over B,T,H,L,P selecting cases")
     ap.add_argument("--out", default="verify_sweep.jsonl")

@@ -3,6 +3,7 @@ merge of split partials against a float64 merge (one chunk and several, splits w
 with no keys at all), its launch shapes, and the split-count policy."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -78,3 +79,18 @@ def test_choose_num_splits_whole_waves():
     # Never more splits than chunks of min_tiles_per_split tiles, never fewer than one.
     assert choose_num_splits(batch=1, row_blocks=1, max_keys=256, block_n=64, sms=132) == 1
     assert choose_num_splits(batch=64, row_blocks=16, max_keys=46_080, block_n=64, sms=132, whole_waves=True) == 1
+
+
+def test_merge_pdl_only_on_hopper_gpus_with_several_splits(monkeypatch):
+    """The programmatic-dependent-launch switch never reaches the interpreter, the CPU, one split or a
+    pre-Hopper GPU (griddepcontrol is sm_90+); off by default."""
+    assert _splitkv.MERGE_PDL is False or os.environ.get("TRITREE_MERGE_PDL") == "1"
+    monkeypatch.setattr(_splitkv, "MERGE_PDL", True)
+    assert not _splitkv.merge_pdl(8, torch.device("cpu"))
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        assert not _splitkv.merge_pdl(1, dev)
+        assert _splitkv.merge_pdl(8, dev) == (torch.cuda.get_device_capability(dev)[0] >= 9
+                                              and os.environ.get("TRITON_INTERPRET", "0") != "1")
+    monkeypatch.setattr(_splitkv, "MERGE_PDL", False)
+    assert not _splitkv.merge_pdl(8, torch.device("cuda"))

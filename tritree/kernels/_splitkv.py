@@ -15,10 +15,12 @@ chunk had no visible key for the row).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -144,6 +146,22 @@ def split_destinations(out, lse, num_splits: int, rows: int):
             (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1)))
 
 
+# Programmatic dependent launch of the split merge (sm_90+; an experiment until measured, so off by
+# default; ``TRITREE_MERGE_PDL=1`` turns it on): the merge grid is launched while the split kernel still
+# runs (the Gluon split kernels signal it at their start), its programs take the SMs the split programs
+# leave and wait in ``griddepcontrol.wait`` for the split kernel's writes, instead of the merge launching
+# only after the split kernel has completed. Eager launches only (torch.compile's Triton path: off).
+MERGE_PDL = os.environ.get("TRITREE_MERGE_PDL", "0") == "1"
+
+
+def merge_pdl(num_splits: int, device: torch.device) -> bool:
+    """Whether a split kernel with ``num_splits`` on ``device`` and its merge use programmatic
+    dependent launch (``MERGE_PDL``, several splits, a Hopper-or-later GPU, not the interpreter)."""
+    return (MERGE_PDL and num_splits > 1 and device.type == "cuda"
+            and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 @triton.jit
 def _combine_kernel(
     PartO, PartLse, Out, Lse,
@@ -154,10 +172,13 @@ def _combine_kernel(
     H, num_splits,
     SPLIT_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # One pass with a running maximum (the partials' lse are log2): each chunk's partial rows and
     # lse are loaded together, so a chunk costs one memory round trip and chunks can be in flight
     # together (the merge is bound by bytes in flight, not by arithmetic).
+    if PDL:  # launched early: wait for the split kernel's partials
+        gdc_wait()
     row = tl.program_id(0)
     b = tl.program_id(1)
     pid_d = tl.program_id(2)
@@ -222,6 +243,7 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     H = out.shape[2]
     block_d, chunk, num_warps = combine_config(B * M, S, D)
     kernel = _combine_kernel if launch is None else launch(_combine_kernel)
+    pdl = launch is None and merge_pdl(S, part_o.device)
     kernel[(M, B, D // block_d)](
         part_o, part_lse, out, lse,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
@@ -231,6 +253,7 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         H, S,
         SPLIT_CHUNK=chunk, BLOCK_D=block_d,
         num_warps=num_warps,
+        **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
 
 

@@ -71,7 +71,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ._splitkv import LOG2E
+from ._splitkv import LOG2E, merge_pdl
 
 GLUON_AVAILABLE = False
 _IMPORT_ERROR: Exception | None = None
@@ -164,6 +164,14 @@ if GLUON_AVAILABLE:
                 "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; and.b32 t, t, $2; setp.eq.u32 p, t, 0; "
                 "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
                 "=r,l,r", [addr, thread_mask], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _launch_dependents(any_int):
+        """Programmatic dependent launch: the next grid (the split merge, launched with ``launch_pdl``)
+        may be placed now; it waits for this grid's writes itself. A no-op for other launches.
+        ``any_int``: a scalar for the asm's operand list."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r,r", [any_int],
+                                  dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _new_bar():
@@ -465,6 +473,7 @@ if GLUON_AVAILABLE:
         BLOCK_N: gl.constexpr = 64,
         D_LAT: gl.constexpr = 512,
         D_PE: gl.constexpr = 64,
+        PDL: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -493,6 +502,8 @@ if GLUON_AVAILABLE:
         pid_m = gl.program_id(0)
         pid_s = gl.program_id(1)
         b = gl.program_id(2)
+        if PDL:  # the merge may be placed now (one wave of programs: all of them have started)
+            _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
         n_keys = kv_len + tree_len
@@ -853,7 +864,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
-            num_warps=NUM_WARPS,
+            num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
     if USE_TMA3D and not seesaw and not gather:
@@ -890,7 +901,7 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32"):
+                     partial_dtype: str = "fp32", pdl: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -912,7 +923,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
-                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE}
+                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -954,6 +965,12 @@ def _main():
                 print(f"_verify_gluon_kernel sm_90 {name:8s} splits={'1' if splits == 1 else 'N'} P={P:3d} "
                       f"shared {shared:7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill {spill:5d}  {status}",
                       flush=True)
+    for name in ("plain", "seesaw"):  # programmatic dependent launch of the merge (TRITREE_MERGE_PDL)
+        k = compile_for_sm90(2, False, 64, seesaw=name == "seesaw", pdl=True)
+        has = "griddepcontrol.launch_dependents" in k.asm["ptx"]
+        ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 PDL: launch_dependents "
+              f"{'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)}", flush=True)
     if not ok:
         raise SystemExit(1)
 

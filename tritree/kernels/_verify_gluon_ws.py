@@ -88,6 +88,7 @@ import tempfile
 import torch
 import triton
 
+from ._splitkv import merge_pdl
 from ._verify_gluon import (BLOCK_M, BLOCK_N, D_LAT, D_PE, GLUON_AVAILABLE, LOG2E, NUM_WARPS, SMEM_LIMIT_SM90, _check,
                             _IMPORT_ERROR, _kv_smem_layout, kv_descriptor)
 
@@ -98,8 +99,8 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _load_q, _masked_tail, _new_bar, _page_row_p,
-                                _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
+    from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
+                                _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
                                 _tail_tile_p, _tma_load, _cp_async, _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
@@ -430,6 +431,7 @@ if GLUON_AVAILABLE:
         D_PE: gl.constexpr = 64,
         PROBE: gl.constexpr = 0,
         COLSPLIT: gl.constexpr = False,
+        PDL: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -443,6 +445,8 @@ if GLUON_AVAILABLE:
 
         pid_s = gl.program_id(1)
         b = gl.program_id(2)
+        if PDL:  # the merge may be placed now (one wave of programs: all of them have started)
+            _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
         start, end = _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE)
@@ -521,7 +525,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
-        num_warps=NUM_WARPS,
+        num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
 
@@ -547,7 +551,8 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
-                        producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None):
+                        producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
+                        pdl: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -569,7 +574,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1,
                   "L2_PREFETCH": L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
-                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit)}
+                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
+                  "PDL": pdl}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -686,6 +692,14 @@ def _main():
                         f.write(rc["_text"])
                 print(f"  reference seesaw      {tag} shared {int(r.metadata.shared):7d} regs {ruse.get('REG', 0):3d} "
                       f"spill {ruse.get('LOCAL', 0) + ruse.get('STACK', 0):5d}  {_fmt_counts(rc)}", flush=True)
+    for P, l2_prefetch in ((64, True), (64, False), (1, True)):  # programmatic dependent launch of the merge
+        k = compile_for_sm90_ws(2, P, l2_prefetch=l2_prefetch, pdl=True)
+        use = resource_usage(k.asm["cubin"])
+        has = "griddepcontrol.launch_dependents" in k.asm["ptx"]
+        ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits=N P={P:3d} PDL: "
+              f"launch_dependents {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
+              f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
     if not ok:
         raise SystemExit(1)
 
