@@ -156,6 +156,26 @@ def test_gpu_graph_step_equals_eager_step_and_plain_greedy(budget):
     assert [r.tokens for r in again] == [r.tokens for r in a] and len(eng_graph._graphs) == graphs
 
 
+def test_close_all_engines_frees_every_live_engines_graphs():
+    """What ``dist.shutdown_tp`` runs before destroying the process group (NCCL's teardown hangs on
+    live graphs that captured collectives): every engine a caller still holds loses its graphs."""
+    from tritree.engine import close_all_engines
+
+    class FakeGraph:
+        resets = 0
+
+        def reset(self):
+            FakeGraph.resets += 1
+
+    engines = [make_engine(device="cpu", graphs=False) for _ in range(2)]
+    for i, eng in enumerate(engines):
+        run = lambda: None  # noqa: E731
+        run.graph = FakeGraph()
+        eng._graphs[("key", i)] = ({}, run)
+    close_all_engines()
+    assert FakeGraph.resets == 2 and not any(eng._graphs for eng in engines)
+
+
 @pytest.mark.gpu
 def test_gpu_close_frees_graphs_and_the_engine_captures_again():
     with make_engine(device="cuda", graphs=True) as eng:

@@ -102,14 +102,17 @@ def init_tp(world: int | None = None, backend: str | None = None) -> TPGroup:
 
 def shutdown_tp(tp: TPGroup | None = None) -> None:
     """Destroys the launch's process group (if any). CUDA graphs that captured NCCL collectives must
-    be freed first (``Engine.close``; pytorch/pytorch#115388: the teardown otherwise hangs); graphs
-    still held by unreachable objects (reference cycles) are collected here before the group goes."""
+    be freed first (pytorch/pytorch#115388: the teardown otherwise hangs): every live engine's graphs
+    are freed (``Engine.close``) and unreachable objects collected before the group goes."""
     import gc
 
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return
+    from .engine import close_all_engines
+
+    close_all_engines()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()

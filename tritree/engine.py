@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -198,6 +199,17 @@ def _profile_env():
     return v not in ("", "0", "false", "False"), v == "eager"
 
 
+# Every engine, so that ``close_all_engines`` (``dist.shutdown_tp``) can free their graphs before the
+# process group goes, also those a caller still holds.
+_LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
+def close_all_engines() -> None:
+    """``close()`` on every live :class:`Engine` (frees their captured CUDA graphs)."""
+    for eng in list(_LIVE_ENGINES):
+        eng.close()
+
+
 class Engine:
     """Generation with a target/draft pair (parameters as dicts, configs as dataclasses).
 
@@ -222,6 +234,7 @@ class Engine:
         self.profile_every = profile_every
         self.phase_stats = defaultdict(list)
         self._graphs = {}
+        _LIVE_ENGINES.add(self)
         self._chain = False
         self.pool = PagePool(num_pages, page_size)
         self._tkv = torch.zeros(tcfg.num_hidden_layers, num_pages, page_size, tcfg.latent_dim, dtype=self.dtype,
@@ -448,8 +461,9 @@ class Engine:
 
     def close(self):
         """Frees the captured step graphs (the engine stays usable: later calls capture again). Under
-        tensor parallelism call it before ``destroy_process_group``: NCCL's teardown waits on graphs that
-        captured its collectives (a TP2 ``generate`` hung there on the H200; pytorch/pytorch#115388)."""
+        tensor parallelism call it (or ``dist.shutdown_tp``, which closes every engine) before
+        ``destroy_process_group``: NCCL's teardown waits on graphs that captured its collectives (a TP2
+        ``generate`` hung there on two H200s; pytorch/pytorch#115388)."""
         for _, run in self._graphs.values():
             run.graph.reset()
         self._graphs.clear()
