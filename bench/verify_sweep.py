@@ -3,6 +3,11 @@ PyTorch version a user would write (gather the pages, dense masked attention).
 
     python -m bench.verify_sweep --grid full --variant tritree --variant torch --out results.jsonl
     DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 python -m bench.verify_sweep --variant tritree-sm120 ...
+    python -m bench.verify_sweep --trees chain --variant tritree --variant flashinfer ...
+
+``flashinfer``: FlashInfer's MLA kernel (``flashinfer.mla.BatchMLAPagedAttentionWrapper``, issue #2's named
+peer; FlashInfer carried to the GPU machine as wheels, ``bench/PEERS.md``) over the same pool, page
+table and queries, for chain-shaped trees only (``--trees chain``: its causal mask is a chain's tree mask).
 
 The sm_120 emulation (mma.sync instead of wgmma, with the sm_120 config table) must run in its own
 process: Triton reads DISABLE_MMA_V3 when it compiles.
@@ -60,11 +65,14 @@ def torch_verify(q, kv, page_table, kv_lens, tree_mask, sm_scale, max_len):
     return torch.einsum("bths,bsd->bthd", p, keys[..., :512])
 
 
-def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0):
+TREE_KINDS = {"random": ("random", "wide"), "chain": ("chain",)}
+
+
+def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0, trees="random"):
     g = torch.Generator().manual_seed(seed)
     cap = L + T
     sets = []
-    parents = random_trees(B, T, ("random", "wide"), generator=g)
+    parents = random_trees(B, T, TREE_KINDS[trees], generator=g)
     tree_mask, _ = tree_mask_from_parents(parents.to(device))
     kv_lens = torch.full((B,), L, dtype=torch.int32, device=device)
     for _ in range(n_sets):
@@ -73,6 +81,30 @@ def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0):
         q = torch.randn(B, T, H, 576, device=device, dtype=dtype)
         sets.append(dict(q=q, kv=kv, page_table=page_table, kv_lens=kv_lens, tree_mask=tree_mask))
     return sets
+
+
+def flashinfer_fns(sets, B, T, H, L, P, backend="auto"):
+    """One FlashInfer MLA call per input set (planned here, outside any graph), writing preallocated
+    outputs; queries and pool are views of the same tensors tritree reads (512 latent ++ 64 rope
+    channels), the pool's pages through the same page table. Returns ``(fns, backend)``."""
+    from flashinfer.mla import BatchMLAPagedAttentionWrapper
+
+    dev = sets[0]["q"].device
+    n_pages = -(-(L + T) // P)
+    qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=dev) * T
+    kv_indptr = torch.arange(B + 1, dtype=torch.int32, device=dev) * n_pages
+    kv_len = torch.full((B,), L + T, dtype=torch.int32, device=dev)
+    fns = []
+    for s in sets:
+        wrapper = BatchMLAPagedAttentionWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), backend=backend)
+        kv_indices = s["page_table"][:, :n_pages].reshape(-1).contiguous()
+        wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_len, H, 512, 64, P, True, SM_SCALE, s["q"].dtype,
+                     s["kv"].dtype)
+        q = s["q"].reshape(B * T, H, 576)
+        out = torch.empty(B * T, H, 512, dtype=s["q"].dtype, device=dev)
+        fns.append(lambda w=wrapper, q=q, kv=s["kv"], o=out: w.run(q[..., :512], q[..., 512:], kv[..., :512],
+                                                                     kv[..., 512:], out=o).view(B, T, H, 512))
+    return fns, getattr(wrapper, "_backend", backend)
 
 
 def to_fp8_sets(sets):
@@ -84,23 +116,30 @@ def to_fp8_sets(sets):
     return sets
 
 
-def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
+def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
     if variant == "tritree-pdl":  # the table's kernels, the split merge by programmatic dependent launch
         from tritree.kernels import _splitkv
 
         _splitkv.MERGE_PDL = True
         try:
-            return run_case(B, T, H, L, P, "tritree", ceil, config, check) | {"variant": variant}
+            return run_case(B, T, H, L, P, "tritree", ceil, config, check, trees) | {"variant": variant}
         finally:
             _splitkv.MERGE_PDL = False
     fp8 = variant == "tritree-fp8"
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
-    sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda")
+    row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, trees=trees, config=str(config) if config else "default")
+    if variant == "flashinfer" and trees != "chain":
+        return {**row, "skipped": "FlashInfer's MLA mask is causal: chain-shaped trees only (--trees chain)"}
+    sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda", trees=trees)
     if fp8:
         sets = to_fp8_sets(sets)
-    row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(config) if config else "default")
-    if variant == "torch":
+    if variant == "flashinfer":
+        try:
+            fns, row["backend"] = flashinfer_fns(sets, B, T, H, L, P)
+        except ImportError as e:
+            return {**row, "skipped": f"flashinfer not importable: {e}"}
+    elif variant == "torch":
         if B * T * H * (L + T) * 4 * 3 > TORCH_SCORE_LIMIT:
             return {**row, "skipped": "score tensor too large"}
         fns = [lambda s=s: torch_verify(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], SM_SCALE, L + T)
@@ -125,9 +164,9 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True):
         s = sets[0]
         kv_ref = s["kv"].float() * s.get("kv_scale", 1.0)
         ref = torch_verify(s["q"].float(), kv_ref, s["page_table"], s["kv_lens"], s["tree_mask"], SM_SCALE, L + T)
-        out = fns[0]() if variant == "torch" else verify_mla(s["q"], s["kv"], s["page_table"], s["kv_lens"],
-                                                             s["tree_mask"], sm_scale=SM_SCALE, config=config,
-                                                             kv_scale=s.get("kv_scale"))
+        out = fns[0]() if variant in ("torch", "flashinfer") else verify_mla(
+            s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], sm_scale=SM_SCALE, config=config,
+            kv_scale=s.get("kv_scale"))
         row["rel_err"] = float((out.float() - ref).norm() / ref.norm())
     del sets
     torch.cuda.empty_cache()
@@ -152,6 +191,7 @@ def fmt_row(r):
     if "skipped" in r:
         return head + f" skipped ({r['skipped']})"
     err = f" err {r['rel_err']:.1e}" if "rel_err" in r else ""
+    err += f" [{r['backend']}]" if "backend" in r else ""
     return (head + f" {r['us']:9.1f} us  floor {r['floor_us']:8.1f} ({r['bound'][:3]})  {r['frac_floor']*100:5.1f}% "
             f"{r['gbps']:7.0f} GB/s ({r['frac_copy_bw']*100:4.1f}%)  {r['tflops']:6.1f} TFLOP/s ({r['frac_mma']*100:4.1f}%){err}")
 
@@ -160,9 +200,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-sm120", "torch"],
+                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-sm120", "torch", "flashinfer"],
                     help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
-                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL)")
+                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); flashinfer: "
+                         "FlashInfer's MLA kernel (with --trees chain)")
+    ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
+                    help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")
     ap.add_argument("--configs", default="", help="semicolon-separated BM,BN,warps,stages to try instead of the table")
     ap.add_argument("--filter", default="", help="python expression over B,T,H,L,P selecting cases")
     ap.add_argument("--out", default="verify_sweep.jsonl")
@@ -185,7 +228,7 @@ def main(argv=None):
             for variant in variants:
                 for cfg in (configs if variant != "torch" else [None]):
                     try:
-                        r = run_case(B, T, H, L, P, variant, ceil, config=cfg)
+                        r = run_case(B, T, H, L, P, variant, ceil, config=cfg, trees=args.trees)
                     except Exception as e:  # record and go on: one bad config must not lose the sweep
                         r = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(cfg), skipped=f"{type(e).__name__}: {str(e)[:200]}")
                         torch.cuda.empty_cache()

@@ -1,4 +1,5 @@
-# Prepared in session 8 for the next one (one H200; not yet run; ~5 device minutes; carry [".whl"]).
+# Prepared in session 8 for the next one, call A (one H200; not yet run; ~5 device minutes; carry [".whl"]).
+# Send call B (bench/s9_call_b.sh: FlashInfer) right after it, within the machine's 30 s warm window.
 # The split merge by programmatic dependent launch (TRITREE_MERGE_PDL; the Gluon split kernels signal
 # griddepcontrol.launch_dependents at their start, the merge waits in griddepcontrol.wait):
 # 1. its GPU tests (every Gluon kernel, the row gathers and the Triton path; eager and CUDA graph),
