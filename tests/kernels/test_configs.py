@@ -1,0 +1,37 @@
+"""The config tables' lookup: row buckets, the small-pages and fp8 tables, errors."""
+
+import pytest
+
+from tritree.kernels.configs import lookup
+from tritree.kernels.verify_mla import VERIFY_MLA_CONFIGS
+
+
+def test_sm90_buckets_and_small_pages():
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 16).kernel == "triton"
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 64, page_size=64).kernel == "gluon"
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 65, page_size=64).kernel == "gluon-ws-noprefetch"
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 512, page_size=64).kernel == "gluon-seesaw"
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 1024, page_size=128).kernel == "gluon-ws"
+    # TMA tiles need whole pages: smaller pages take the small-pages table (row gathers).
+    small = lookup(VERIFY_MLA_CONFIGS, "sm_90", 520, page_size=1)
+    assert small == VERIFY_MLA_CONFIGS["sm_90:small_pages"][1 << 30] and not small.tma
+
+
+@pytest.mark.parametrize("rows", [8, 64, 520, 1024])
+def test_fp8_pools_take_the_fp8_table_where_there_is_one(rows):
+    cfg = lookup(VERIFY_MLA_CONFIGS, "sm_90", rows, page_size=64, kv_fp8=True)
+    table = VERIFY_MLA_CONFIGS["sm_90:fp8"]
+    assert cfg == table[min(b for b in table if rows <= b)]
+    assert cfg.kernel == "triton"  # the Gluon kernels are bf16-only
+    if rows > 16:
+        assert cfg.num_stages == 3 and cfg.tma
+    # Pages below a tile: the small-pages table, as for bf16 pools.
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", rows, page_size=1, kv_fp8=True) == \
+        lookup(VERIFY_MLA_CONFIGS, "sm_90", rows, page_size=1)
+    # Architectures without an fp8 table keep their own.
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, kv_fp8=True) == lookup(VERIFY_MLA_CONFIGS, "sm_120", rows)
+
+
+def test_unknown_architecture_is_a_value_error():
+    with pytest.raises(ValueError, match="no config table for architecture 'sm_75'"):
+        lookup(VERIFY_MLA_CONFIGS, "sm_75", 64)
