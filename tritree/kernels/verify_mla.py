@@ -522,6 +522,25 @@ def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope
         V.check_paged_lengths(page_table, num_pages, P, kv_lens, tl_)
 
 
+_FULL_TREE_LENS: dict = {}
+
+
+def _full_tree_lens(B: int, T: int, device: torch.device) -> torch.Tensor:
+    """``[B]`` int32 of T's (``tree_lens=None``), cached per (device, B, T) so that eager calls, and
+    graphs captured after one, launch no fill kernel (a graph node of its own, ~1 us). Read-only. Under
+    torch.compile, or first met inside a capture (where the fill runs only at replay), a fresh fill."""
+    if torch.compiler.is_compiling():
+        return torch.full((B,), T, dtype=torch.int32, device=device)
+    key = (device, B, T)
+    t = _FULL_TREE_LENS.get(key)
+    if t is None:
+        t = torch.full((B,), T, dtype=torch.int32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return t
+        _FULL_TREE_LENS[key] = t  # never evicted: captured graphs may hold its address
+    return t
+
+
 def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False,
                out=None, lse=None, config: AttnConfig | None = None, num_splits: int | None = None,
                d_rope: int = D_ROPE, kv_scale: float | None = None):
@@ -585,7 +604,7 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
             lse.copy_(ref_lse)
         return (out, lse) if return_lse else out
     if tree_lens is None:
-        tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
+        tree_lens = _full_tree_lens(B, T, q.device)
     cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(q.device), T * H, page_size=kv.shape[1],
                                kv_fp8=kv.dtype == KV_FP8)
     if num_splits is None:
