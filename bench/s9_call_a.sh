@@ -4,7 +4,7 @@
 # griddepcontrol.launch_dependents at their start, the merge waits in griddepcontrol.wait):
 # 1. its GPU tests (every Gluon kernel, the row gathers and the Triton path; eager and CUDA graph), and
 #    the cached tensor of T's for tree_lens=None (no fill kernel in the graphs the sweeps time:
-#    the "tritree" rows below include that change, ~1 us at small shapes vs session 8),
+#    the "tritree" rows below include that change: compare with session 8's; not yet measured),
 # 2. the target and engine shapes with and without it, side by side in one process,
 # 3. the decode step with and without it (TP8 view, budget 64).
 # If it wins everywhere: MERGE_PDL on by default (tritree/kernels/_splitkv.py) and the RESULTS table.
