@@ -96,7 +96,7 @@ def flashinfer_fns(sets, B, T, H, L, P, backend="auto"):
     kv_len = torch.full((B,), L + T, dtype=torch.int32, device=dev)
     fns = []
     for s in sets:
-        wrapper = BatchMLAPagedAttentionWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), backend=backend)
+        wrapper = BatchMLAPagedAttentionWrapper(torch.empty(128 << 20, dtype=torch.int8, device=dev), backend=backend)
         kv_indices = s["page_table"][:, :n_pages].reshape(-1).contiguous()
         wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_len, H, 512, 64, P, True, SM_SCALE, s["q"].dtype,
                      s["kv"].dtype)
