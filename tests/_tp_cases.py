@@ -76,7 +76,7 @@ def _worker(rank, world, port, out_dir, backend):
         res = run_cases(tp, f"cuda:{rank}" if backend == "nccl" else "cpu")
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        shutdown_tp(tp)
+        shutdown_tp()
 
 
 def _free_port():

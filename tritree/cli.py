@@ -191,7 +191,6 @@ def generate(args, tp=None) -> int:
         else:
             say("check: at temperature > 0 the outputs are samples; the distributions are equal "
                 "(tests/test_engine.py), the tokens need not be")
-    engine.close()
     return 0 if ok else 1
 
 
@@ -297,7 +296,7 @@ def main(argv=None) -> int:
         if tp is not None:
             from .dist import shutdown_tp
 
-            shutdown_tp(tp)
+            shutdown_tp()
 
 
 def _dispatch(args, tp) -> int:

@@ -100,7 +100,7 @@ def init_tp(world: int | None = None, backend: str | None = None) -> TPGroup:
     return TPGroup(dist.get_world_size(), dist.get_rank())
 
 
-def shutdown_tp(tp: TPGroup | None = None) -> None:
+def shutdown_tp() -> None:
     """Destroys the launch's process group (if any). CUDA graphs that captured NCCL collectives must
     be freed first (pytorch/pytorch#115388: the teardown otherwise hangs): every live engine's graphs
     are freed (``Engine.close``) and unreachable objects collected before the group goes."""
