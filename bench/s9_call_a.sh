@@ -16,5 +16,5 @@ for grid in targets engine; do
   timeout 120 python3 -m bench.verify_sweep --grid $grid --variant tritree --variant tritree-pdl \
     --out $OUT/s9_pdl_$grid.jsonl 2>&1 | grep "L=\|#" | tee $OUT/s9_pdl_$grid.txt
 done
-timeout 120 python3 -m tritree bench decode --ctx 46000 --budgets 64 --out $OUT/s9_decode.jsonl 2>&1 | grep -v Warn | tee $OUT/s9_decode.txt
-TRITREE_MERGE_PDL=1 timeout 120 python3 -m tritree bench decode --ctx 46000 --budgets 64 --out $OUT/s9_decode_pdl.jsonl 2>&1 | grep -v Warn | tee $OUT/s9_decode_pdl.txt
+timeout 120 python3 -m tritree bench decode --ctx 46000 --budgets 64 --out /tmp/s9_decode.jsonl 2>&1 | grep -v Warn | tee $OUT/s9_decode.txt
+TRITREE_MERGE_PDL=1 timeout 120 python3 -m tritree bench decode --ctx 46000 --budgets 64 --out /tmp/s9_decode_pdl.jsonl 2>&1 | grep -v Warn | tee $OUT/s9_decode_pdl.txt

@@ -116,15 +116,22 @@ def to_fp8_sets(sets):
     return sets
 
 
+# Variants that run the table's kernels with a switch of ``tritree.kernels._splitkv`` on: the split
+# merge by programmatic dependent launch (TRITREE_MERGE_PDL), inside the split kernel (TRITREE_FUSED_MERGE).
+SPLITKV_SWITCHES = {"tritree-pdl": "MERGE_PDL", "tritree-fused": "FUSED_MERGE"}
+
+
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
-    if variant == "tritree-pdl":  # the table's kernels, the split merge by programmatic dependent launch
+    if variant in SPLITKV_SWITCHES:  # the table's kernels with one _splitkv switch on
         from tritree.kernels import _splitkv
 
-        _splitkv.MERGE_PDL = True
+        name = SPLITKV_SWITCHES[variant]
+        before = getattr(_splitkv, name)
+        setattr(_splitkv, name, True)
         try:
             return run_case(B, T, H, L, P, "tritree", ceil, config, check, trees) | {"variant": variant}
         finally:
-            _splitkv.MERGE_PDL = False
+            setattr(_splitkv, name, before)
     fp8 = variant == "tritree-fp8"
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
@@ -200,9 +207,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-sm120", "torch", "flashinfer"],
+                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-fused", "tritree-sm120", "torch",
+                             "flashinfer"],
                     help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
-                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); flashinfer: "
+                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); tritree-fused: the split "
+                         "merge inside the split kernel (TRITREE_FUSED_MERGE); flashinfer: "
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")
