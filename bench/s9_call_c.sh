@@ -1,3 +1,4 @@
+# Ran at commit 995064a (the fused merge was removed after this call: not faster).
 # Session 9, call C (one H200): the split merge inside the split kernel (TRITREE_FUSED_MERGE).
 # 1. its GPU tests (every Gluon kernel family, P = 64 and 1, empty splits; eager, and 20 graph replays
 #    into poisoned outputs); the sweeps and decode only if they pass (a broken barrier would hang),

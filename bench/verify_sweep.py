@@ -117,8 +117,9 @@ def to_fp8_sets(sets):
 
 
 # Variants that run the table's kernels with a switch of ``tritree.kernels._splitkv`` on: the split
-# merge by programmatic dependent launch (TRITREE_MERGE_PDL), inside the split kernel (TRITREE_FUSED_MERGE).
-SPLITKV_SWITCHES = {"tritree-pdl": "MERGE_PDL", "tritree-fused": "FUSED_MERGE"}
+# merge by programmatic dependent launch (TRITREE_MERGE_PDL). (Session 9's "tritree-fused", the merge
+# inside the split kernel, measured no faster: commit 995064a, bench/RESULTS.md.)
+SPLITKV_SWITCHES = {"tritree-pdl": "MERGE_PDL"}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
@@ -207,11 +208,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-fused", "tritree-sm120", "torch",
-                             "flashinfer"],
+                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-sm120", "torch", "flashinfer"],
                     help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
-                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); tritree-fused: the split "
-                         "merge inside the split kernel (TRITREE_FUSED_MERGE); flashinfer: "
+                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); flashinfer: "
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")

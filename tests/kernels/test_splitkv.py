@@ -94,34 +94,3 @@ def test_merge_pdl_only_on_hopper_gpus_with_several_splits(monkeypatch):
                                               and os.environ.get("TRITON_INTERPRET", "0") != "1")
     monkeypatch.setattr(_splitkv, "MERGE_PDL", False)
     assert not _splitkv.merge_pdl(8, torch.device("cuda"))
-
-
-def test_fused_merge_only_on_hopper_gpus_with_several_splits_in_one_wave(monkeypatch):
-    """The in-kernel merge switch never reaches the interpreter, the CPU, one split, a pre-Hopper GPU
-    or a grid larger than the SM count (its row-block barrier needs every program resident); off by
-    default."""
-    assert _splitkv.FUSED_MERGE is False or os.environ.get("TRITREE_FUSED_MERGE") == "1"
-    monkeypatch.setattr(_splitkv, "FUSED_MERGE", True)
-    assert not _splitkv.fused_merge(16, 8, torch.device("cpu"))
-    if torch.cuda.is_available():
-        dev = torch.device("cuda")
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        hopper = (torch.cuda.get_device_capability(dev)[0] >= 9 and os.environ.get("TRITON_INTERPRET", "0") != "1")
-        assert not _splitkv.fused_merge(8, 1, dev)
-        assert _splitkv.fused_merge(sms, 2, dev) == hopper
-        assert not _splitkv.fused_merge(sms + 2, 2, dev)
-    monkeypatch.setattr(_splitkv, "FUSED_MERGE", False)
-    assert not _splitkv.fused_merge(16, 8, torch.device("cuda"))
-
-
-@pytest.mark.parametrize("splits", [2, 3, 7, 14, 16, 44, 66, 132, 256])
-def test_fused_merge_config_covers_the_row_block_within_the_register_budget(splits):
-    """Units are whole column ranges of one row (a divisor of D), the split chunk holds every partial
-    lane of the layout and at most 32 fp32 values a thread, and the busiest program is never given
-    more than one round over a fair share plus a unit."""
-    unit, chunk, threads_s = _splitkv.fused_merge_config(splits, 512)
-    assert 512 % unit == 0 and unit >= 128
-    assert chunk >= threads_s and chunk * unit <= 8192 and chunk & (chunk - 1) == 0
-    assert threads_s * (unit // 4) == 32 * 8  # 8 warps x 32 lanes, 4 values a lane: no replication
-    units = 64 * 512 // unit
-    assert math.ceil(units / splits) * unit <= 64 * 512 / splits + 512

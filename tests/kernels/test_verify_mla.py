@@ -1,7 +1,6 @@
 """verify_mla against its float64 reference: property tests (interpreter on the CPU), edge cases,
 input validation, and GPU tests in bf16 at large shapes."""
 
-import importlib
 import math
 
 import pytest
@@ -372,45 +371,6 @@ def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P,L", [("gluon", 64, 30_000), ("gluon-seesaw", 64, 30_000), ("gluon-ws", 64, 30_000),
-                                        ("gluon-ws-noprefetch", 64, 30_000), ("gluon-ws", 1, 30_000),
-                                        ("gluon-seesaw", 64, 2_000), ("gluon-ws", 64, 2_000)])
-def test_gpu_merge_inside_the_split_kernel(kernel, P, L, monkeypatch):
-    """``TRITREE_FUSED_MERGE``: the split programs merge their partials themselves after a row-block
-    barrier. Against the reference (two requests, different lengths, a padded tree, short and empty
-    prefixes: splits with no key), eagerly and replayed from a CUDA graph many times into poisoned
-    outputs (the barrier words must come back to rest after every launch), then eagerly again."""
-    import tritree.kernels._splitkv as splitkv
-
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
-    case = poison_unused_slots(make_case(2, 19, 8, P, [L, L // 30 + 5], [19, 11], ("random", "chain"),
-                                         torch.bfloat16, seed=P + len(kernel) + L))
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    monkeypatch.setattr(splitkv, "FUSED_MERGE", True)
-
-    def no_merge_kernel(*a, **k):
-        raise AssertionError("the merge kernel ran: the split kernel should have merged")
-
-    # (the module, not the function of the same name that tritree.kernels re-exports)
-    monkeypatch.setattr(importlib.import_module("tritree.kernels.verify_mla"), "combine_splits", no_merge_kernel)
-    check_against_reference(case, torch.bfloat16, config=cfg)
-    ref, ref_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, return_lse=True)
-    out, lse = torch.empty_like(ref), torch.empty_like(ref_lse)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
-    for _ in range(20):
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
-    again, again_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, return_lse=True)
-    assert torch.equal(again, ref) and torch.equal(again_lse, ref_lse)
-    assert not splitkv.merge_sync_buffer(case["q"].device)[:splitkv._SYNC_SLOTS].any()  # every count back at 0
 
 
 @pytest.mark.gpu

@@ -162,61 +162,6 @@ def merge_pdl(num_splits: int, device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
-# The split merge inside the split kernel (the Gluon kernels on Hopper; an experiment until measured,
-# so off by default; ``TRITREE_FUSED_MERGE=1`` turns it on): each program writes its partial, waits in a
-# barrier of its row block's ``num_splits`` programs (all of the grid resident at once: one program per
-# SM, at most one wave, launched cooperatively), then merges 1 / ``num_splits`` of the row block. No
-# merge kernel, no launch gap between the two, and the merge's reads spread over every SM.
-FUSED_MERGE = os.environ.get("TRITREE_FUSED_MERGE", "0") == "1"
-# Barrier words per (device, stream): arrival counts then generations, one of each per (request, row
-# block). A finished launch leaves every count at 0, so the buffer is zeroed only once.
-_SYNC_SLOTS = 1024
-_SYNC_BUFFERS: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def fused_merge(num_programs: int, num_splits: int, device: torch.device) -> bool:
-    """Whether a split kernel of ``num_programs`` programs merges its ``num_splits`` partials itself
-    (``FUSED_MERGE``, several splits, a Hopper-or-later GPU, a grid no larger than the SM count, so
-    that every program of a row block is resident while the others wait for it)."""
-    return (FUSED_MERGE and num_splits > 1 and device.type == "cuda"
-            and os.environ.get("TRITON_INTERPRET", "0") != "1"
-            and torch.cuda.get_device_capability(device)[0] >= 9
-            and num_programs <= torch.cuda.get_device_properties(device).multi_processor_count
-            and num_programs // num_splits <= _SYNC_SLOTS)
-
-
-def merge_sync_buffer(device: torch.device) -> torch.Tensor:
-    """``int32 [2 * _SYNC_SLOTS]`` barrier words of the fused merge for the current stream of ``device``
-    (kernels on two streams must not share them)."""
-    device = torch.device(device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(),
-           torch.cuda.current_stream(device).stream_id)
-    buf = _SYNC_BUFFERS.get(key)
-    if buf is None:
-        buf = _SYNC_BUFFERS[key] = torch.zeros(2 * _SYNC_SLOTS, dtype=torch.int32, device=device)
-    return buf
-
-
-def fused_merge_config(num_splits: int, D: int) -> tuple[int, int, int]:
-    """``(UNIT, SPLIT_CHUNK, THREADS_S)`` of the fused merge: a row block's rows are cut into units of
-    ``UNIT`` columns (one row each), dealt round-robin to its ``num_splits`` programs; each unit merges
-    ``SPLIT_CHUNK`` partials at a time (``SPLIT_CHUNK * UNIT`` <= 8,192: 32 registers a thread), the
-    partials spread over ``THREADS_S`` lanes of a warp (reduced by shuffles: no shared memory, which
-    the kernels have none left of). The unit size minimises the busiest program's dependent load
-    rounds plus its bytes (64 KB counted as one round)."""
-    def chunk_of(unit):
-        return max(1, min(triton.next_power_of_2(num_splits), 8192 // unit))
-
-    def cost(unit):
-        rounds = math.ceil(64 * D // unit / num_splits)
-        return rounds * math.ceil(num_splits / chunk_of(unit)) + rounds * unit * num_splits * 4 / 65536
-
-    # Ties go to the larger unit (tried first); 128 columns = 4-value vectors over 32 lanes.
-    unit = min((u for u in (512, 256, 128) if D % u == 0), key=cost)
-    threads_s = max(1, 32 // (unit // 32))  # 8 warps side by side along the columns, 4 values a lane
-    return unit, max(chunk_of(unit), threads_s), threads_s
-
-
 @triton.jit
 def _combine_kernel(
     PartO, PartLse, Out, Lse,

@@ -174,81 +174,6 @@ if GLUON_AVAILABLE:
                                   dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _row_block_barrier(Sync, slot, n_slots, num_splits):
-        """Waits until the ``num_splits`` programs of one row block have all arrived (a sense-reversing
-        barrier on ``Sync[slot]`` = arrivals, ``Sync[n_slots + slot]`` = generation; scalar atomics are
-        one thread's). The last arrival resets the count, so every finished launch leaves it at 0.
-        Release / acquire at GPU scope after a CTA barrier: every thread's earlier stores are visible
-        to the programs that leave the barrier."""
-        _cta_barrier()
-        gen_ptr = Sync + n_slots + slot
-        gen0 = gl.atomic_add(gen_ptr, 0, sem="acquire", scope="gpu")
-        arrived = gl.atomic_add(Sync + slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
-            gl.atomic_xchg(Sync + slot, 0, sem="relaxed", scope="gpu")
-            gl.atomic_add(gen_ptr, 1, sem="release", scope="gpu")
-        else:
-            gen = gl.atomic_add(gen_ptr, 0, sem="acquire", scope="gpu")
-            while gen == gen0:
-                gen = gl.atomic_add(gen_ptr, 0, sem="acquire", scope="gpu")
-        _cta_barrier()
-
-    @gluon.jit
-    def _merge_row_block(PartO, PartLse, Out, Lse, Sync, n_slots, b, pid_m, pid_s, num_splits, T, H,
-                         stride_pb, stride_ps, stride_pm, stride_plb, stride_pls, stride_plm,
-                         stride_ob, stride_ot, stride_oh, stride_lb, stride_lt, stride_lh,
-                         BLOCK_M: gl.constexpr, D: gl.constexpr, UNIT: gl.constexpr, SPLIT_CHUNK: gl.constexpr,
-                         THREADS_S: gl.constexpr, NUM_WARPS: gl.constexpr):
-        """``FUSED_MERGE``: after this program's partial is stored, waits for the row block's other
-        splits, then merges units ``pid_s, pid_s + num_splits, ...`` (``UNIT`` columns of one row each)
-        of the row block into ``Out`` / ``Lse`` (natural log): the math of ``_splitkv._combine_kernel``
-        (a running maximum over chunks of ``SPLIT_CHUNK`` partials), spread over the split programs
-        instead of run as a second kernel. Reductions stay inside warps (shuffles): the kernels' shared
-        memory is spent. ``n_slots``: barrier slots per kind in ``Sync`` (slot ``b * row_blocks + pid_m``)."""
-        _row_block_barrier(Sync, b * gl.num_programs(0) + pid_m, n_slots, num_splits)
-        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[THREADS_S, 32 // THREADS_S],
-                                                warps_per_cta=[1, NUM_WARPS], order=[1, 0])
-        s_layout: gl.constexpr = gl.SliceLayout(1, layout)
-        c_layout: gl.constexpr = gl.SliceLayout(0, layout)
-        part_o = PartO + b.to(gl.int64) * stride_pb
-        part_lse = PartLse + b.to(gl.int64) * stride_plb
-        for u in range(pid_s, BLOCK_M * (D // UNIT), num_splits):
-            row = pid_m * BLOCK_M + u // (D // UNIT)
-            col = (u % (D // UNIT)) * UNIT + gl.arange(0, UNIT, layout=c_layout)
-            if row < T * H:
-                # Scalars as reductions of vectors (loop-carried tensors of one type).
-                m = gl.max(gl.full([SPLIT_CHUNK], float("-inf"), gl.float32, layout=s_layout), 0)
-                denom = gl.sum(gl.zeros([SPLIT_CHUNK], gl.float32, layout=s_layout), 0)
-                acc = gl.zeros([UNIT], gl.float32, layout=c_layout)
-                for s0 in range(0, num_splits, SPLIT_CHUNK):
-                    ss = s0 + gl.arange(0, SPLIT_CHUNK, layout=s_layout)
-                    s_ok = ss < num_splits
-                    # Written by other SMs in this launch: read through L2 (.cg), never a stale L1 line.
-                    lse = gl.load(part_lse + ss * stride_pls + row * stride_plm, mask=s_ok, other=float("-inf"),
-                                  cache_modifier=".cg")
-                    o = gl.load(part_o + gl.expand_dims(ss.to(gl.int64) * stride_ps, 1)
-                                + gl.expand_dims(row.to(gl.int64) * stride_pm + col, 0),
-                                mask=gl.expand_dims(s_ok, 1), other=0.0, cache_modifier=".cg")
-                    m_new = gl.maximum(m, gl.max(lse, 0))
-                    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = gl.exp2(m - m_safe)
-                    w = gl.exp2(lse - m_safe)
-                    denom = denom * alpha + gl.sum(w, 0)
-                    acc = acc * alpha + gl.sum(o.to(gl.float32) * gl.expand_dims(w, 1), 0)
-                    m = m_new
-                has = denom > 0.0
-                out = acc / gl.where(has, denom, 1.0)
-                t = row // H
-                h = row % H
-                gl.store(Out + b.to(gl.int64) * stride_ob + (t * stride_ot + h * stride_oh).to(gl.int64) + col,
-                         out.to(Out.dtype.element_ty))
-                if u % (D // UNIT) == 0:
-                    m_fin = gl.where(m == float("-inf"), 0.0, m)
-                    lse_nat = gl.where(has, (m_fin + gl.log2(gl.where(has, denom, 1.0))) * 0.6931471805599453,
-                                       float("-inf"))
-                    gl.store(Lse + b.to(gl.int64) * stride_lb + t * stride_lt + h * stride_lh, lse_nat)
-
-    @gluon.jit
     def _new_bar():
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(bar, count=1)
@@ -538,9 +463,6 @@ if GLUON_AVAILABLE:
         stride_lb, stride_lt, stride_lh,
         stride_ls,
         T, H, num_splits,
-        Final, FinalLse, Sync, n_slots,
-        stride_fb, stride_ft, stride_fh,
-        stride_flb, stride_flt, stride_flh,
         PAGE_SIZE: gl.constexpr,
         SINGLE_SPLIT: gl.constexpr,
         OVERLAP: gl.constexpr,
@@ -552,10 +474,6 @@ if GLUON_AVAILABLE:
         D_LAT: gl.constexpr = 512,
         D_PE: gl.constexpr = 64,
         PDL: gl.constexpr = False,
-        FUSED_MERGE: gl.constexpr = False,
-        MERGE_UNIT: gl.constexpr = 512,
-        MERGE_CHUNK: gl.constexpr = 1,
-        MERGE_THREADS_S: gl.constexpr = 1,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -850,11 +768,6 @@ if GLUON_AVAILABLE:
 
         _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os,
                  stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
-        if FUSED_MERGE:
-            _merge_row_block(Out, Lse, Final, FinalLse, Sync, n_slots, b, pid_m, pid_s, num_splits, T, H,
-                             stride_ob, stride_os, stride_oh, stride_lb, stride_ls, stride_lh,
-                             stride_fb, stride_ft, stride_fh, stride_flb, stride_flt, stride_flh,
-                             BLOCK_M, D_LAT, MERGE_UNIT, MERGE_CHUNK, MERGE_THREADS_S, 8)
 
 
 def _check(q, kv, num_splits):
@@ -914,39 +827,12 @@ USE_TMA3D = True
 L2_PREFETCH = True
 
 
-# The fused merge's grid is launched cooperatively (all programs resident at once, or the launch fails
-# instead of a barrier waiting for a program that cannot start).
-COOPERATIVE = True
-
-
-def merge_launch_args(final, dst_o, dst_l, kv_lens, num_splits: int, grid) -> tuple[tuple, dict]:
-    """The kernels' fused-merge arguments: ``(Final, FinalLse, Sync, n_slots, 6 strides)`` and the
-    constexprs / launch options. ``final``: ``(out, lse)`` to merge into (``_splitkv.fused_merge``
-    said yes), or ``None`` (placeholders; the caller merges)."""
-    from ._splitkv import _SYNC_SLOTS, fused_merge_config, merge_sync_buffer
-
-    if final is None:
-        return (dst_o, dst_l, kv_lens, 0, 0, 0, 0, 0, 0, 0), {}
-    out, lse = final
-    if num_splits < 2 or grid[0] * grid[2] > _SYNC_SLOTS:
-        raise ValueError(f"the fused merge needs several splits and at most {_SYNC_SLOTS} row blocks")
-    unit, chunk, threads_s = fused_merge_config(num_splits, D_LAT)
-    args = (out, lse, merge_sync_buffer(out.device), _SYNC_SLOTS, out.stride(0), out.stride(1), out.stride(2),
-            lse.stride(0), lse.stride(1), lse.stride(2))
-    consts = dict(FUSED_MERGE=True, MERGE_UNIT=unit, MERGE_CHUNK=chunk, MERGE_THREADS_S=threads_s)
-    if COOPERATIVE:
-        consts["launch_cooperative_grid"] = True
-    return args, consts
-
-
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                        sm_scale, num_splits, overlap=True, seesaw=False, final=None):
+                        sm_scale, num_splits, overlap=True, seesaw=False):
     """Launches the main kernel with ``_launch_verify``'s conventions (``dst_o, dst_l, o_strides,
     l_strides`` from ``_splitkv.split_destinations``; ``dst_o`` may be fp32 or a narrower float type:
     partials are cast on store, ``dst_l`` is fp32). With ``num_splits > 1`` the caller merges the
-    partials with ``_splitkv.combine_splits``, unless ``final = (out, lse)`` is given: the split programs
-    then merge into it themselves (``_splitkv.fused_merge``). ``seesaw``: the tile-pair schedule
-    (``overlap`` ignored).
+    partials with ``_splitkv.combine_splits``. ``seesaw``: the tile-pair schedule (``overlap`` ignored).
     Page sizes below 64 (``kv.shape[1]`` in ``GATHER_PAGE_SIZES``) take the cp.async gather path, which
     has no overlapped schedule: ``overlap`` is ignored there (plain schedule) and no 3-D descriptor is used.
     Returns the compiled kernel (``n_regs``, ``n_spills``, ``metadata.shared``)."""
@@ -962,7 +848,6 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
         overlap = False
     # The gather path reads no descriptor; one is still passed (the signature is the same for all paths).
     desc = kv_descriptor(kv)
-    m_args, m_consts = merge_launch_args(final, dst_o, dst_l, kv_lens, int(num_splits), grid)
 
     def go(tma3d):
         return _verify_gluon_kernel[grid](
@@ -976,12 +861,10 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             *o_strides,
             *l_strides,
             T, H, int(num_splits),
-            *m_args,
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
-            num_warps=NUM_WARPS, **m_consts,
-            **({"PDL": True} if final is None and merge_pdl(int(num_splits), q.device) else {}),
+            num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
     if USE_TMA3D and not seesaw and not gather:
@@ -999,17 +882,16 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
                  seesaw=False, out=None, lse=None):
     """Convenience wrapper: ``(out, lse)`` like ``verify_mla(..., return_lse=True)`` (no validation
     beyond the kernel's own requirements)."""
-    from ._splitkv import combine_splits, fused_merge, split_destinations
+    from ._splitkv import combine_splits, split_destinations
 
     B, T, H, _ = q.shape
     if out is None:
         out = torch.empty(B, T, H, D_LAT, dtype=q.dtype, device=q.device)
         lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
-    fused = fused_merge(triton.cdiv(T * H, BLOCK_M) * num_splits * B, num_splits, q.device)
     launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                        sm_scale, num_splits, overlap=overlap, seesaw=seesaw, final=(out, lse) if fused else None)
-    if num_splits > 1 and not fused:
+                        sm_scale, num_splits, overlap=overlap, seesaw=seesaw)
+    if num_splits > 1:
         combine_splits(dst_o, dst_l, out, lse)
     return out, lse
 
@@ -1018,20 +900,8 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # AOT compile check (CPU machine, sm_90 target)
 # --------------------------------------------------------------------------------------------------
 
-def merge_signature(num_splits: int, fused: bool) -> tuple[dict, dict]:
-    """The fused-merge part of an AOT signature: ``(runtime arguments, constexprs)``."""
-    from ._splitkv import fused_merge_config
-
-    sig = {"Final": "*bf16" if fused else "*fp32", "FinalLse": "*fp32", "Sync": "*i32"}
-    sig.update({n: "i32" for n in ("n_slots", "stride_fb", "stride_ft", "stride_fh", "stride_flb", "stride_flt",
-                                   "stride_flh")})
-    # Every constexpr named (triton 3.9's AOT source fills in no defaults).
-    unit, chunk, threads_s = fused_merge_config(num_splits, D_LAT) if fused else (512, 1, 1)
-    return sig, {"FUSED_MERGE": fused, "MERGE_UNIT": unit, "MERGE_CHUNK": chunk, "MERGE_THREADS_S": threads_s}
-
-
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", pdl: bool = False, fused: bool = False):
+                     partial_dtype: str = "fp32", pdl: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1051,11 +921,9 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
             "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
-    m_sig, m_consts = merge_signature(num_splits, fused)
-    sig.update(m_sig)
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
-                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, **m_consts}
+                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -1103,15 +971,6 @@ def _main():
         ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
         print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 PDL: launch_dependents "
               f"{'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)}", flush=True)
-    for name, P, splits in (("plain", 64, 132), ("seesaw", 64, 16), ("seesaw", 1, 16)):  # the fused merge
-        k = compile_for_sm90(splits, False, P, seesaw=name == "seesaw", fused=True)
-        use = resource_usage(k.asm["cubin"])
-        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
-        has = "atom.global.gpu.acq_rel.add" in k.asm["ptx"]
-        ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
-        print(f"_verify_gluon_kernel sm_90 {name:8s} splits={splits} P={P:3d} fused merge: row-block barrier "
-              f"{'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} regs {use.get('REG', 0)} "
-              f"spill {spill}", flush=True)
     if not ok:
         raise SystemExit(1)
 

@@ -90,7 +90,7 @@ import triton
 
 from ._splitkv import merge_pdl
 from ._verify_gluon import (BLOCK_M, BLOCK_N, D_LAT, D_PE, GLUON_AVAILABLE, LOG2E, NUM_WARPS, SMEM_LIMIT_SM90, _check,
-                            _IMPORT_ERROR, _kv_smem_layout, kv_descriptor, merge_launch_args, merge_signature)
+                            _IMPORT_ERROR, _kv_smem_layout, kv_descriptor)
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -100,8 +100,8 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
-                                _merge_row_block, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax,
-                                _store_o, _tail_rows, _tail_tile_p, _tma_load, _cp_async, _gather_pages)
+                                _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
+                                _tail_tile_p, _tma_load, _cp_async, _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
 PRODUCER_WARPS = 4
@@ -272,12 +272,9 @@ if GLUON_AVAILABLE:
                      stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
                      T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
                      q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
-                     Final, FinalLse, Sync, n_slots, stride_fb, stride_ft, stride_fh, stride_flb, stride_flt,
-                     stride_flh,
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
-                     COLSPLIT: gl.constexpr, FUSED_MERGE: gl.constexpr, MERGE_UNIT: gl.constexpr,
-                     MERGE_CHUNK: gl.constexpr, MERGE_THREADS_S: gl.constexpr):
+                     COLSPLIT: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -408,11 +405,6 @@ if GLUON_AVAILABLE:
         else:
             _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
                      stride_os, stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
-        if FUSED_MERGE:
-            _merge_row_block(Out, Lse, Final, FinalLse, Sync, n_slots, b, pid_m, pid_s, num_splits, T, H,
-                             stride_ob, stride_os, stride_oh, stride_lb, stride_ls, stride_lh,
-                             stride_fb, stride_ft, stride_fh, stride_flb, stride_flt, stride_flh,
-                             BLOCK_M, D_LAT, MERGE_UNIT, MERGE_CHUNK, MERGE_THREADS_S, 8)
 
     @gluon.jit
     def _verify_gluon_ws_kernel(
@@ -428,9 +420,6 @@ if GLUON_AVAILABLE:
         stride_lb, stride_lt, stride_lh,
         stride_ls,
         T, H, num_splits,
-        Final, FinalLse, Sync, n_slots,
-        stride_fb, stride_ft, stride_fh,
-        stride_flb, stride_flt, stride_flh,
         PAGE_SIZE: gl.constexpr,
         SINGLE_SPLIT: gl.constexpr,
         L2_PREFETCH: gl.constexpr = True,
@@ -443,10 +432,6 @@ if GLUON_AVAILABLE:
         PROBE: gl.constexpr = 0,
         COLSPLIT: gl.constexpr = False,
         PDL: gl.constexpr = False,
-        FUSED_MERGE: gl.constexpr = False,
-        MERGE_UNIT: gl.constexpr = 512,
-        MERGE_CHUNK: gl.constexpr = 1,
-        MERGE_THREADS_S: gl.constexpr = 1,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -490,10 +475,7 @@ if GLUON_AVAILABLE:
                                 stride_lt, stride_lh, stride_ls,
                                 T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
-                                Final, FinalLse, Sync, n_slots, stride_fb, stride_ft, stride_fh, stride_flb,
-                                stride_flt, stride_flh,
-                                PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT,
-                                FUSED_MERGE, MERGE_UNIT, MERGE_CHUNK, MERGE_THREADS_S)),
+                                PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
@@ -508,13 +490,12 @@ L2_PREFETCH = True
 
 def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
                            sm_scale, num_splits, colsplit: bool = True, probe: int = 0,
-                           l2_prefetch: bool | None = None, final=None):
+                           l2_prefetch: bool | None = None):
     """``launch_verify_gluon(..., seesaw=True)``'s conventions, the warp-specialised kernel (TMA tiles for
     page sizes that are a multiple of 64, row gathers by the producer below 64). ``colsplit``: ``O +=
     P V`` by column halves (what ``verify_mla`` runs; required for row gathers); off: by tiles, as the
     seesaw. ``probe`` (bench only, wrong results, by tiles): see ``_ws_consumer``. ``l2_prefetch``:
     the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``).
-    ``final = (out, lse)``: the split programs merge into it themselves (``_splitkv.fused_merge``).
     Returns the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
@@ -529,7 +510,6 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     desc = kv_descriptor(kv)
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
-    m_args, m_consts = merge_launch_args(final, dst_o, dst_l, kv_lens, int(num_splits), grid)
     return _verify_gluon_ws_kernel[grid](
         q, kv, desc, desc, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
@@ -541,30 +521,27 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         *o_strides,
         *l_strides,
         T, H, int(num_splits),
-        *m_args,
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1,
         L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
-        num_warps=NUM_WARPS, **m_consts,
-        **({"PDL": True} if final is None and merge_pdl(int(num_splits), q.device) else {}),
+        num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
 
 def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, num_splits=1, out=None,
                     lse=None, colsplit=True):
     """``verify_gluon(..., seesaw=True)`` with the warp-specialised kernel: ``(out, lse)``."""
-    from ._splitkv import combine_splits, fused_merge, split_destinations
+    from ._splitkv import combine_splits, split_destinations
 
     B, T, H, _ = q.shape
     if out is None:
         out = torch.empty(B, T, H, D_LAT, dtype=q.dtype, device=q.device)
         lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
-    fused = fused_merge(triton.cdiv(T * H, BLOCK_M) * num_splits * B, num_splits, q.device)
     launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                           sm_scale, num_splits, colsplit, final=(out, lse) if fused else None)
-    if num_splits > 1 and not fused:
+                           sm_scale, num_splits, colsplit)
+    if num_splits > 1:
         combine_splits(dst_o, dst_l, out, lse)
     return out, lse
 
@@ -575,7 +552,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
-                        pdl: bool = False, fused: bool = False):
+                        pdl: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -594,9 +571,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
             "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
-    m_sig, m_consts = merge_signature(num_splits, fused)
-    sig.update(m_sig)
-    constexprs = {**m_consts, "PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1,
+    constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1,
                   "L2_PREFETCH": L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
@@ -724,14 +699,6 @@ def _main():
         ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
         print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits=N P={P:3d} PDL: "
               f"launch_dependents {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
-              f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
-    for P, l2_prefetch, splits in ((64, True, 14), (64, False, 16), (1, True, 16)):  # the fused merge
-        k = compile_for_sm90_ws(splits, P, l2_prefetch=l2_prefetch, fused=True)
-        use = resource_usage(k.asm["cubin"])
-        has = "atom.global.gpu.acq_rel.add" in k.asm["ptx"]
-        ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
-        print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits={splits} P={P:3d} fused "
-              f"merge: row-block barrier {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
               f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
     if not ok:
         raise SystemExit(1)

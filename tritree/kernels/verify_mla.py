@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, fused_merge, page_group, page_of,
+from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
                        split_destinations, store_rows)
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
@@ -374,16 +374,14 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
         dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
         args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale,
                 num_splits)
-        fused = fused_merge(triton.cdiv(T * H, 64) * num_splits * B, num_splits, q.device)  # 64-row blocks
-        final = (out, lse) if fused else None
         if cfg.kernel.startswith("gluon-ws"):  # TMA tiles, or row gathers by its producer on pages below a tile
             from ._verify_gluon_ws import launch_verify_gluon_ws
-            launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch", final=final)
+            launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch")
         else:
             from ._verify_gluon import launch_verify_gluon
-            launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap", final=final,
+            launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap",
                                 **({"seesaw": True} if cfg.kernel == "gluon-seesaw" else {}))
-        if num_splits > 1 and not fused:
+        if num_splits > 1:
             combine_splits(dst_o, dst_l, out, lse)
         return
     tma = _tma_usable(kv, cfg)
