@@ -94,3 +94,53 @@ def test_merge_pdl_only_on_hopper_gpus_with_several_splits(monkeypatch):
                                               and os.environ.get("TRITON_INTERPRET", "0") != "1")
     monkeypatch.setattr(_splitkv, "MERGE_PDL", False)
     assert not _splitkv.merge_pdl(8, torch.device("cuda"))
+
+
+class _ArgumentRecorder:
+    """Stands in for ``torch.library.wrap_triton``: records, per kernel launched through it, the
+    parameters that were not passed (wrap_triton, unlike a plain launch, fills in no defaults)."""
+
+    def __init__(self):
+        self.missing = {}
+
+    def __call__(self, kernel):
+        def launch(grid):
+            def call(*args, **kwargs):
+                names = kernel.arg_names
+                passed = set(names[:len(args)]) | set(kwargs)
+                self.missing[kernel.fn.__name__] = [n for n in names if n not in passed]
+            return call
+
+        class Launcher:
+            __getitem__ = staticmethod(launch)
+        return Launcher()
+
+
+def test_kernels_under_torch_compile_get_every_parameter():
+    """The Triton paths that torch.compile traces (verify_mla's and draft_attention's kernels and the
+    split merge, through wrap_triton) pass every parameter, defaulted constexprs included: a default
+    added to a kernel but not to its launch breaks torch.compile only (as the merge's PDL switch did
+    in session 8; the H200's whole GPU suite found it in session 9)."""
+    import importlib
+
+    from tritree.kernels.configs import AttnConfig
+    from tritree.testing import random_verify_inputs
+
+    # The modules, not the functions of the same names that tritree.kernels re-exports.
+    vm = importlib.import_module("tritree.kernels.verify_mla")
+    da = importlib.import_module("tritree.kernels.draft_attention")
+    rec = _ArgumentRecorder()
+    case = random_verify_inputs(1, 5, 2, 16, [40], kinds=("random",))
+    B, T, H, _ = case["q"].shape
+    out, lse = torch.empty(B, T, H, 512), torch.empty(B, T, H)
+    vm._launch_verify(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
+                      torch.full((B,), T, dtype=torch.int32), out, lse, 0.1, AttnConfig.concrete(16, 16, 4, 1), 2,
+                      launch=rec)
+    q = torch.randn(1, 4, 4, 64)
+    k_cache = torch.randn(4, 16, 2, 64)
+    page_table = torch.arange(4, dtype=torch.int32).view(1, 4)
+    blk = torch.randn(1, 4, 2, 64)
+    da._launch(q, k_cache, k_cache, page_table, torch.tensor([30], dtype=torch.int32), blk, blk,
+               torch.empty_like(q), torch.empty(1, 4, 4), 0.1, None, AttnConfig.concrete(16, 16, 4, 1), 2, launch=rec)
+    assert set(rec.missing) == {"_verify_mla_kernel", "_draft_attention_kernel", "_combine_kernel"}
+    assert all(not m for m in rec.missing.values()), rec.missing

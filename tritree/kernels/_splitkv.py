@@ -251,9 +251,10 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
         H, S,
-        SPLIT_CHUNK=chunk, BLOCK_D=block_d,
+        # Every constexpr passed, defaulted ones too: torch.compile's wrap_triton fills in no defaults.
+        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl,
         num_warps=num_warps,
-        **({"PDL": True, "launch_pdl": True} if pdl else {}),
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 
