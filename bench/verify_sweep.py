@@ -116,23 +116,25 @@ def to_fp8_sets(sets):
     return sets
 
 
-# Variants that run the table's kernels with a switch of ``tritree.kernels._splitkv`` on: the split
-# merge by programmatic dependent launch (TRITREE_MERGE_PDL). (Session 9's "tritree-fused", the merge
-# inside the split kernel, measured no faster: commit 995064a, bench/RESULTS.md.)
-SPLITKV_SWITCHES = {"tritree-pdl": "MERGE_PDL"}
+# Variants that run the table's kernels with one module switch on: the split merge by programmatic
+# dependent launch (TRITREE_MERGE_PDL), the masked tail's L2 prefetch (TRITREE_TAIL_PREFETCH). (Session
+# 9's "tritree-fused", the merge inside the split kernel, measured no faster: commit 995064a.)
+SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL"),
+            "tritree-tailpf": ("tritree.kernels._verify_gluon", "TAIL_PREFETCH")}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
-    if variant in SPLITKV_SWITCHES:  # the table's kernels with one _splitkv switch on
-        from tritree.kernels import _splitkv
+    if variant in SWITCHES:  # the table's kernels with one module switch on
+        import importlib
 
-        name = SPLITKV_SWITCHES[variant]
-        before = getattr(_splitkv, name)
-        setattr(_splitkv, name, True)
+        module, name = SWITCHES[variant]
+        module = importlib.import_module(module)
+        before = getattr(module, name)
+        setattr(module, name, True)
         try:
             return run_case(B, T, H, L, P, "tritree", ceil, config, check, trees) | {"variant": variant}
         finally:
-            setattr(_splitkv, name, before)
+            setattr(module, name, before)
     fp8 = variant == "tritree-fp8"
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
@@ -208,9 +210,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-sm120", "torch", "flashinfer"],
+                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-tailpf", "tritree-sm120", "torch",
+                             "flashinfer"],
                     help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
-                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); flashinfer: "
+                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); tritree-tailpf: the masked "
+                         "tail's tiles prefetched to L2 at each program's start (TRITREE_TAIL_PREFETCH); flashinfer: "
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")

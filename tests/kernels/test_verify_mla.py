@@ -374,6 +374,37 @@ def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-ws", 64), ("gluon-seesaw", 128),
+                                      ("gluon-ws-noprefetch", 64), ("gluon-ws", 1)])
+def test_gpu_tail_prefetch_gives_the_same_bits(kernel, P, monkeypatch):
+    """``TRITREE_TAIL_PREFETCH``: the masked tail's tiles asked of the L2 at each program's start
+    change no result bit, eagerly and replayed from a CUDA graph into poisoned outputs (odd leftover
+    tiles, prefix remainders and the tree keys at a page boundary; row gathers and the kernel without
+    the pair prefetch ignore the switch)."""
+    import tritree.kernels._verify_gluon as vg
+
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
+    case = poison_unused_slots(make_case(2, 19, 8, P, [30_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=P + 3 * len(kernel)))
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    ref, ref_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, return_lse=True)
+    monkeypatch.setattr(vg, "TAIL_PREFETCH", True)
+    check_against_reference(case, torch.bfloat16, config=cfg)
+    out, lse = torch.empty_like(ref), torch.empty_like(ref_lse)
+    verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_gpu_small_pages_table_in_a_graph(P):
     """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the

@@ -88,6 +88,7 @@ import tempfile
 import torch
 import triton
 
+from . import _verify_gluon
 from ._splitkv import merge_pdl
 from ._verify_gluon import (BLOCK_M, BLOCK_N, D_LAT, D_PE, GLUON_AVAILABLE, LOG2E, NUM_WARPS, SMEM_LIMIT_SM90, _check,
                             _IMPORT_ERROR, _kv_smem_layout, kv_descriptor)
@@ -100,7 +101,7 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
-                                _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
+                                _page_row_p, _prefetch_tail_l2, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
                                 _tail_tile_p, _tma_load, _cp_async, _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
@@ -432,6 +433,7 @@ if GLUON_AVAILABLE:
         PROBE: gl.constexpr = 0,
         COLSPLIT: gl.constexpr = False,
         PDL: gl.constexpr = False,
+        TAIL_PREFETCH: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -466,6 +468,9 @@ if GLUON_AVAILABLE:
         empty1 = _new_bar()
         fence_async_shared()
         _cta_barrier()
+        if TAIL_PREFETCH:  # (thread 0, before the fork: the producer's first copies follow at once)
+            _prefetch_tail_l2(KV, pt, start + n_pairs * PAIR_N, end, stride_kvs, max_pages, num_pages, PAGE_SIZE,
+                              BLOCK_N)
 
         gl.warp_specialize(
             [
@@ -525,6 +530,10 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
+        # One switch for both modules; not without the pair prefetch: on triton 3.6 the prefetch's asm
+        # gives that kernel (spill-free without it) a 416-byte stack frame.
+        TAIL_PREFETCH=_verify_gluon.TAIL_PREFETCH and not gather and (L2_PREFETCH if l2_prefetch is None
+                                                                         else bool(l2_prefetch)),
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -552,7 +561,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
-                        pdl: bool = False):
+                        pdl: bool = False, tail_prefetch: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -575,7 +584,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "L2_PREFETCH": L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
-                  "PDL": pdl}
+                  "PDL": pdl, "TAIL_PREFETCH": tail_prefetch and not gather}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -700,6 +709,15 @@ def _main():
         print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits=N P={P:3d} PDL: "
               f"launch_dependents {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
               f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
+    for l2_prefetch in (True,):  # the masked tail's L2 prefetch (TRITREE_TAIL_PREFETCH; with the pair prefetch only)
+        base = compile_for_sm90_ws(2, 64, l2_prefetch=l2_prefetch)
+        k = compile_for_sm90_ws(2, 64, l2_prefetch=l2_prefetch, tail_prefetch=True)
+        use = resource_usage(k.asm["cubin"])
+        more = k.asm["ptx"].count("cp.async.bulk.prefetch.L2") - base.asm["ptx"].count("cp.async.bulk.prefetch.L2")
+        ok &= more == 3 and int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits=N P= 64 tail prefetch: "
+              f"{more} more L2 prefetches in the PTX, shared {int(k.metadata.shared)} regs {use.get('REG', 0)} "
+              f"spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
     if not ok:
         raise SystemExit(1)
 
