@@ -342,22 +342,12 @@ def test_gpu_tma_tiles(cfg):
     assert torch.equal(out, ref)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-ws", 64), ("gluon-ws-noprefetch", 64),
-                                      ("gluon-ws", 1), ("triton", 64)])
-def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, monkeypatch):
-    """``TRITREE_MERGE_PDL``: the split merge launched while the split kernel runs (which signals it
-    early) gives the same bits as the plain launch, eagerly and replayed from a CUDA graph into
-    poisoned outputs."""
-    import tritree.kernels._splitkv as splitkv
-
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
-    case = poison_unused_slots(make_case(2, 19, 8, P, [30_000, 1_000 + 5], [19, 11], ("random", "chain"),
-                                         torch.bfloat16, seed=P + len(kernel)))
+def check_switch_changes_no_bit(case, cfg, monkeypatch, module, name):
+    """Turns ``module.name`` on after a plain run: against the reference, then eagerly and replayed
+    from a CUDA graph into poisoned outputs, bit-equal to the plain run."""
     args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
     ref, ref_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, return_lse=True)
-    monkeypatch.setattr(splitkv, "MERGE_PDL", True)
-    assert splitkv.merge_pdl(8, ref.device)
+    monkeypatch.setattr(module, name, True)
     check_against_reference(case, torch.bfloat16, config=cfg)
     out, lse = torch.empty_like(ref), torch.empty_like(ref_lse)
     verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
@@ -371,6 +361,22 @@ def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-ws", 64), ("gluon-ws-noprefetch", 64),
+                                      ("gluon-ws", 1), ("triton", 64)])
+def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, monkeypatch):
+    """``TRITREE_MERGE_PDL``: the split merge launched while the split kernel runs (which signals it
+    early) gives the same bits as the plain launch, eagerly and replayed from a CUDA graph into
+    poisoned outputs."""
+    import tritree.kernels._splitkv as splitkv
+
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
+    case = poison_unused_slots(make_case(2, 19, 8, P, [30_000, 1_000 + 5], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=P + len(kernel)))
+    check_switch_changes_no_bit(case, cfg, monkeypatch, splitkv, "MERGE_PDL")
+    assert splitkv.merge_pdl(8, case["q"].device)
 
 
 @pytest.mark.gpu
@@ -386,22 +392,7 @@ def test_gpu_tail_prefetch_gives_the_same_bits(kernel, P, monkeypatch):
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
     case = poison_unused_slots(make_case(2, 19, 8, P, [30_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=P + 3 * len(kernel)))
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    ref, ref_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, return_lse=True)
-    monkeypatch.setattr(vg, "TAIL_PREFETCH", True)
-    check_against_reference(case, torch.bfloat16, config=cfg)
-    out, lse = torch.empty_like(ref), torch.empty_like(ref_lse)
-    verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
-    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
-    for _ in range(3):
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, "TAIL_PREFETCH")
 
 
 @pytest.mark.gpu
