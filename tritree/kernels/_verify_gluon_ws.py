@@ -500,8 +500,8 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     page sizes that are a multiple of 64, row gathers by the producer below 64). ``colsplit``: ``O +=
     P V`` by column halves (what ``verify_mla`` runs; required for row gathers); off: by tiles, as the
     seesaw. ``probe`` (bench only, wrong results, by tiles): see ``_ws_consumer``. ``l2_prefetch``:
-    the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``).
-    Returns the compiled kernel."""
+    the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``); with
+    it, ``_verify_gluon.TAIL_PREFETCH`` also prefetches the masked tail. Returns the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
     if gather and not colsplit:
@@ -515,6 +515,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     desc = kv_descriptor(kv)
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
+    pair_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
     return _verify_gluon_ws_kernel[grid](
         q, kv, desc, desc, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
@@ -527,13 +528,12 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         *l_strides,
         T, H, int(num_splits),
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1,
-        L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
+        L2_PREFETCH=pair_prefetch,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         # One switch for both modules; not without the pair prefetch: on triton 3.6 the prefetch's asm
         # gives that kernel (spill-free without it) a 416-byte stack frame.
-        TAIL_PREFETCH=_verify_gluon.TAIL_PREFETCH and not gather and (L2_PREFETCH if l2_prefetch is None
-                                                                         else bool(l2_prefetch)),
+        TAIL_PREFETCH=_verify_gluon.TAIL_PREFETCH and not gather and pair_prefetch,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
