@@ -117,10 +117,10 @@ def to_fp8_sets(sets):
 
 
 # Variants that run the table's kernels with one module switch on: the split merge by programmatic
-# dependent launch (TRITREE_MERGE_PDL), the masked tail's L2 prefetch (TRITREE_TAIL_PREFETCH). (Session
-# 9's "tritree-fused", the merge inside the split kernel, measured no faster: commit 995064a.)
-SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL"),
-            "tritree-tailpf": ("tritree.kernels._verify_gluon", "TAIL_PREFETCH")}
+# dependent launch (TRITREE_MERGE_PDL). (Not kept, measured no faster: session 9's "tritree-fused",
+# the merge inside the split kernel, commit 995064a; session 10's "tritree-tailpf", the masked tail's
+# L2 prefetch, commit 5e2d6ff.)
+SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL")}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
@@ -210,11 +210,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-tailpf", "tritree-sm120", "torch",
-                             "flashinfer"],
+                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-sm120", "torch", "flashinfer"],
                     help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
-                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); tritree-tailpf: the masked "
-                         "tail's tiles prefetched to L2 at each program's start (TRITREE_TAIL_PREFETCH); flashinfer: "
+                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); flashinfer: "
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")

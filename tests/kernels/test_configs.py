@@ -29,7 +29,24 @@ def test_fp8_pools_take_the_fp8_table_where_there_is_one(rows):
     assert lookup(VERIFY_MLA_CONFIGS, "sm_90", rows, page_size=1, kv_fp8=True) == \
         lookup(VERIFY_MLA_CONFIGS, "sm_90", rows, page_size=1)
     # Architectures without an fp8 table keep their own.
-    assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, kv_fp8=True) == lookup(VERIFY_MLA_CONFIGS, "sm_120", rows)
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_80", rows, kv_fp8=True) == lookup(VERIFY_MLA_CONFIGS, "sm_80", rows)
+    # sm_120's bf16 config spills with fp8 tiles (their conversion needs registers): its own fp8 table;
+    # pages below its tiles take the small-pages table, which compiles for both pool dtypes.
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=64, kv_fp8=True) == \
+        VERIFY_MLA_CONFIGS["sm_120:fp8"][1 << 30]
+    for P in (1, 16, 32):
+        assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P, kv_fp8=True) == \
+            lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P) == VERIFY_MLA_CONFIGS["sm_120:small_pages"][1 << 30]
+
+
+@pytest.mark.parametrize("P", [1, 16, 32, 64, 128])
+def test_pages_smaller_than_the_tiles_take_the_small_pages_table(P):
+    for arch in ("sm_90", "sm_120"):
+        for rows in (8, 64, 520):
+            cfg = lookup(VERIFY_MLA_CONFIGS, arch, rows, page_size=P)
+            assert (P < lookup(VERIFY_MLA_CONFIGS, arch, rows).block_n) == (
+                cfg == lookup(VERIFY_MLA_CONFIGS, f"{arch}:small_pages", rows)) or \
+                lookup(VERIFY_MLA_CONFIGS, arch, rows) == lookup(VERIFY_MLA_CONFIGS, f"{arch}:small_pages", rows)
 
 
 def test_unknown_architecture_is_a_value_error():

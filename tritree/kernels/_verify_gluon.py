@@ -68,8 +68,6 @@ CTA barrier) are resolved at import so the file compiles with both.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
@@ -287,19 +285,6 @@ if GLUON_AVAILABLE:
         return page * PAGE_SIZE + n % PAGE_SIZE
 
     @gluon.jit
-    def _prefetch_tail_l2(KV, pt, tail_start, end, stride_kvs, max_pages, num_pages, PAGE_SIZE: gl.constexpr,
-                          BLOCK_N: gl.constexpr):
-        """``TAIL_PREFETCH``: at the program's start, asks the L2 for the (at most 3) tiles of its masked
-        tail (the odd leftover full tile, the prefix remainder, the tree keys), which the tail path
-        later copies one tile at a time, unpipelined, each waiting for its copy. ``tail_start`` is
-        tile-aligned and P >= 64, so each tile is 64 contiguous rows of one page."""
-        for k in gl.static_range(3):
-            n = tail_start + k * BLOCK_N
-            if n < end:
-                _prefetch_tile_l2(KV, _page_row_p(pt, n, max_pages, num_pages, PAGE_SIZE), stride_kvs,
-                                  num_pages * PAGE_SIZE)
-
-    @gluon.jit
     def _gather_pages(pt, n, max_pages, num_pages, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr,
                       BLOCK_N: gl.constexpr):
         """GATHER: page ids of keys ``n .. n+63`` (one int32 per row of the copy layout: 2 registers),
@@ -489,7 +474,6 @@ if GLUON_AVAILABLE:
         D_LAT: gl.constexpr = 512,
         D_PE: gl.constexpr = 64,
         PDL: gl.constexpr = False,
-        TAIL_PREFETCH: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -615,9 +599,6 @@ if GLUON_AVAILABLE:
                 if n_pairs > 1:
                     _prefetch_tile_l2(KV, next_row, stride_kvs, num_pages * PAGE_SIZE)
                     _prefetch_tile_l2(KV, next_row1, stride_kvs, num_pages * PAGE_SIZE)
-            if TAIL_PREFETCH:
-                _prefetch_tail_l2(KV, pt, start + n_pairs * PAIR_N, end, stride_kvs, max_pages, num_pages, PAGE_SIZE,
-                                  BLOCK_N)
         else:
             row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
             row1 = _page_row_p(pt, start + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
@@ -632,8 +613,6 @@ if GLUON_AVAILABLE:
                 if n_full > 1:
                     _issue_tile(kv_desc, k_lat, k_pe, bars, 1, row1, D_LAT, BLOCK_N)
             next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
-            if TAIL_PREFETCH:
-                _prefetch_tail_l2(KV, pt, full_end, end, stride_kvs, max_pages, num_pages, PAGE_SIZE, BLOCK_N)
 
         # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
         _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT)
@@ -846,11 +825,6 @@ USE_TMA3D = True
 # the plain schedule (T=8,H=8 28.4 -> 29.9) and for row gathers (T=16,H=64, P=1: 233.4 -> 245.9), so
 # only there.
 L2_PREFETCH = True
-# TMA paths (P % 64 == 0): an L2 prefetch of each program's masked tail tiles at its start (an
-# experiment until measured, so off by default; ``TRITREE_TAIL_PREFETCH=1`` turns it on). The tail's
-# 1-3 tiles are copied one at a time, unpipelined, at the end of the program, and the last split of
-# each row block (the tree keys and the prefix remainder) has the most of them.
-TAIL_PREFETCH = os.environ.get("TRITREE_TAIL_PREFETCH", "0") == "1"
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
@@ -889,7 +863,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             T, H, int(num_splits),
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TAIL_PREFETCH=TAIL_PREFETCH and not gather,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
             num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
@@ -927,7 +901,7 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", pdl: bool = False, tail_prefetch: bool = False):
+                     partial_dtype: str = "fp32", pdl: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -949,8 +923,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
-                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl,
-                  "TAIL_PREFETCH": tail_prefetch and not gather}
+                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -998,15 +971,6 @@ def _main():
         ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
         print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 PDL: launch_dependents "
               f"{'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)}", flush=True)
-    for name in ("plain", "seesaw"):  # the masked tail's L2 prefetch (TRITREE_TAIL_PREFETCH)
-        base = compile_for_sm90(2, False, 64, seesaw=name == "seesaw")
-        k = compile_for_sm90(2, False, 64, seesaw=name == "seesaw", tail_prefetch=True)
-        use = resource_usage(k.asm["cubin"])
-        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
-        more = k.asm["ptx"].count("cp.async.bulk.prefetch.L2") - base.asm["ptx"].count("cp.async.bulk.prefetch.L2")
-        ok &= more == 3 and int(k.metadata.shared) <= SMEM_LIMIT_SM90
-        print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 tail prefetch: {more} more L2 prefetches in the "
-              f"PTX, shared {int(k.metadata.shared)} regs {use.get('REG', 0)} spill {spill}", flush=True)
     if not ok:
         raise SystemExit(1)
 

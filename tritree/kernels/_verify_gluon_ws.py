@@ -88,7 +88,6 @@ import tempfile
 import torch
 import triton
 
-from . import _verify_gluon
 from ._splitkv import merge_pdl
 from ._verify_gluon import (BLOCK_M, BLOCK_N, D_LAT, D_PE, GLUON_AVAILABLE, LOG2E, NUM_WARPS, SMEM_LIMIT_SM90, _check,
                             _IMPORT_ERROR, _kv_smem_layout, kv_descriptor)
@@ -101,7 +100,7 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
-                                _page_row_p, _prefetch_tail_l2, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
+                                _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
                                 _tail_tile_p, _tma_load, _cp_async, _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
@@ -433,7 +432,6 @@ if GLUON_AVAILABLE:
         PROBE: gl.constexpr = 0,
         COLSPLIT: gl.constexpr = False,
         PDL: gl.constexpr = False,
-        TAIL_PREFETCH: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -468,9 +466,6 @@ if GLUON_AVAILABLE:
         empty1 = _new_bar()
         fence_async_shared()
         _cta_barrier()
-        if TAIL_PREFETCH:  # (thread 0, before the fork: the producer's first copies follow at once)
-            _prefetch_tail_l2(KV, pt, start + n_pairs * PAIR_N, end, stride_kvs, max_pages, num_pages, PAGE_SIZE,
-                              BLOCK_N)
 
         gl.warp_specialize(
             [
@@ -500,8 +495,8 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     page sizes that are a multiple of 64, row gathers by the producer below 64). ``colsplit``: ``O +=
     P V`` by column halves (what ``verify_mla`` runs; required for row gathers); off: by tiles, as the
     seesaw. ``probe`` (bench only, wrong results, by tiles): see ``_ws_consumer``. ``l2_prefetch``:
-    the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``); with
-    it, ``_verify_gluon.TAIL_PREFETCH`` also prefetches the masked tail. Returns the compiled kernel."""
+    the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``).
+    Returns the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
     if gather and not colsplit:
@@ -515,7 +510,6 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     desc = kv_descriptor(kv)
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
-    pair_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
     return _verify_gluon_ws_kernel[grid](
         q, kv, desc, desc, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
@@ -528,12 +522,9 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         *l_strides,
         T, H, int(num_splits),
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1,
-        L2_PREFETCH=pair_prefetch,
+        L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
-        # One switch for both modules; not without the pair prefetch: on triton 3.6 the prefetch's asm
-        # gives that kernel (spill-free without it) a 416-byte stack frame.
-        TAIL_PREFETCH=_verify_gluon.TAIL_PREFETCH and not gather and pair_prefetch,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -561,7 +552,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
-                        pdl: bool = False, tail_prefetch: bool = False):
+                        pdl: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -584,7 +575,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "L2_PREFETCH": L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
-                  "PDL": pdl, "TAIL_PREFETCH": tail_prefetch and not gather}
+                  "PDL": pdl}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -709,15 +700,6 @@ def _main():
         print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits=N P={P:3d} PDL: "
               f"launch_dependents {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
               f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
-    for l2_prefetch in (True,):  # the masked tail's L2 prefetch (TRITREE_TAIL_PREFETCH; with the pair prefetch only)
-        base = compile_for_sm90_ws(2, 64, l2_prefetch=l2_prefetch)
-        k = compile_for_sm90_ws(2, 64, l2_prefetch=l2_prefetch, tail_prefetch=True)
-        use = resource_usage(k.asm["cubin"])
-        more = k.asm["ptx"].count("cp.async.bulk.prefetch.L2") - base.asm["ptx"].count("cp.async.bulk.prefetch.L2")
-        ok &= more == 3 and int(k.metadata.shared) <= SMEM_LIMIT_SM90
-        print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits=N P= 64 tail prefetch: "
-              f"{more} more L2 prefetches in the PTX, shared {int(k.metadata.shared)} regs {use.get('REG', 0)} "
-              f"spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
     if not ok:
         raise SystemExit(1)
 

@@ -8,6 +8,7 @@ Triton compiles for any target on a CPU-only machine; registers and spills come 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -93,12 +94,16 @@ def audit(fn, signature, constexprs, arch, num_warps, num_stages, divisible=(), 
 
 # Architectures whose verify configs are also compiled for fp8 (e4m3) pools (e4m3 needs sm_89+).
 FP8_KV_ARCHS = ("sm_90", "sm_120")
+# Page sizes at which the small-pages tables' configs are compiled.
+SMALL_PAGE_SIZES = (1, 16)
 
 
 def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -> list[CompileReport]:
     """Compiles the verify kernel for every config of every table (and the one- and many-split
-    store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool (``"<arch>:fp8"``
-    tables: with that pool only)."""
+    store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool wherever
+    ``configs.lookup`` can serve one from that table: ``"<arch>:fp8"`` tables with that pool only; an
+    architecture's main table not with it when it has an fp8 table (``"<arch>:small_pages"`` still:
+    fp8 pools with pages below a TMA tile reach it)."""
     from .verify_mla import _verify_mla_kernel
 
     reports = []
@@ -107,13 +112,17 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
         fp8_only = key.endswith(":fp8")  # "sm_90:fp8" serves fp8 pools only
+        no_fp8 = key == arch and f"{arch}:fp8" in VERIFY_MLA_CONFIGS
         kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.scalar_page, c.tma, c.hoist_pages): c for c in table.values()}
+        # Small-pages tables serve pages below a tile: one page id per row (the P = 1 and P = 16 compiles).
+        page_sizes = SMALL_PAGE_SIZES if key.endswith(":small_pages") else (64,)
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
-            for splits in split_variants:
+            for splits, P in itertools.product(split_variants, page_sizes):
                 if not fp8_only:
-                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits))
-                if arch in FP8_KV_ARCHS:
-                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits, kv_dtype="fp8e4nv"))
+                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits, page_size=P))
+                if arch in FP8_KV_ARCHS and not no_fp8:
+                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits, kv_dtype="fp8e4nv",
+                                                  page_size=P))
     return reports
 
 
@@ -238,7 +247,7 @@ def kv_reports(archs=None) -> list[CompileReport]:
 
 
 def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
-                   kv_dtype: str | None = None) -> CompileReport:
+                   kv_dtype: str | None = None, page_size: int = 64) -> CompileReport:
     ptr = "*" + dtype
     sig = {
         "Q": ptr, "KV": "*" + (kv_dtype or dtype), "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32",
@@ -249,7 +258,7 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
             "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
-    constexprs = {"PAGE_SIZE": 64, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+    constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "UPCAST": False, "IEEE": dtype == "fp32",
                   "SCALAR_PAGE": cfg.scalar_page, "TMA": cfg.tma, "HOIST_PAGES": cfg.tma or (cfg.hoist_pages and cfg.scalar_page), "PAGE_GROUP": 16,
                   "SPLIT_SCORES": cfg.split_scores,
@@ -260,7 +269,8 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
                  "stride_oh", "stride_os")
     label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{' tma' if cfg.tma else ''}"
              f"{' hoist' if cfg.hoist_pages else ''}{' split' if cfg.split_scores else ''} "
-             f"splits{'1' if num_splits == 1 else 'N'}{' kv ' + kv_dtype if kv_dtype else ''}")
+             f"splits{'1' if num_splits == 1 else 'N'}{' kv ' + kv_dtype if kv_dtype else ''}"
+             f"{f' P{page_size}' if page_size != 64 else ''}")
     return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, divisible, label)
 
 

@@ -120,9 +120,24 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         1 << 30: AttnConfig(64, 64, 8, 3, tma=True, split_scores=True),
     },
     "sm_120": {
-        # mma.sync path; under DISABLE_MMA_V3=1 on the H200 16x32x8x2 was fastest or near it at
-        # every target shape among the configs that fit sm_120's 101,376 B without spills.
-        1 << 30: AttnConfig(16, 32, 8, 2),
+        # mma.sync path, one config for every page size (no TMA: pointer loads serve P = 1 as well).
+        # 16x64x4x2: 98,304 B and 193 registers compiled for sm_120, no spill. Under DISABLE_MMA_V3=1
+        # on the H200 (session 10, calls B-C, L=46000, us, against session 1's 16x32x8x2): P=64 T=8,H=8
+        # 74.1 vs 125.1, T=16,H=8 136.4 vs 254.9, T=64,H=8 507.7 vs 998.5, T=16,H=64 991.6 vs 1951.5,
+        # T=17,H=8 151.5 vs 274.9, T=65,H=8 492.4 vs 926.1; P=1 T=8,H=8 91.3 vs 142.0, T=64,H=8 548.8 vs
+        # 1111.4. Next best: the same tiles with 8 warps and TMA tiles (8-13% slower; without TMA
+        # 8 warps spill), 32x32x8x2 (20-25% slower).
+        1 << 30: AttnConfig(16, 64, 4, 2),
+    },
+    # fp8 pools on sm_120: with fp8 tiles 16x64x4x2 spills (converting them to bf16 takes registers);
+    # 8 warps do not (92,416 B, 255 registers, no spill).
+    "sm_120:fp8": {
+        1 << 30: AttnConfig(16, 64, 8, 2),
+    },
+    # Pages below 64 tokens on sm_120 (both pool dtypes): one page id per row spills 16x64x4x2 (and
+    # 16x64x8x2 with fp8 tiles); 32x32x8x2 compiles without a spill for P = 1 and 16, bf16 and fp8.
+    "sm_120:small_pages": {
+        1 << 30: AttnConfig(32, 32, 8, 2),
     },
     "sm_80": {
         16: AttnConfig(16, 32, 4, 2),
@@ -159,14 +174,14 @@ def _cuda_arch(index: int) -> str:
 def lookup(table: dict[str, dict[int, AttnConfig]], arch: str, rows: int, page_size: int | None = None,
            kv_fp8: bool = False) -> AttnConfig:
     """The config of ``arch`` for ``rows`` packed query rows. ``kv_fp8``: the ``"<arch>:fp8"`` table
-    where there is one (fp8 pools). With ``page_size``: a config whose tiles need whole pages
-    (``tma``/``hoist_pages`` with ``page_size < block_n``) gives way to the ``"<arch>:small_pages"``
-    table where there is one."""
+    where there is one (fp8 pools). With ``page_size``: pages smaller than a config's tiles (TMA
+    tiles and hoisted page ids need whole pages; pointer loads then take one page id per row, a
+    different compile) send the lookup to the ``"<arch>:small_pages"`` table where there is one."""
     if arch not in table:
         raise ValueError(f"no config table for architecture {arch!r}; known: {sorted(table)}")
     cfg = _bucket(table[f"{arch}:fp8" if kv_fp8 and f"{arch}:fp8" in table else arch], rows)
     small = f"{arch}:small_pages"
-    if page_size is not None and (cfg.tma or cfg.hoist_pages) and page_size < cfg.block_n and small in table:
+    if page_size is not None and page_size < cfg.block_n and small in table:
         cfg = _bucket(table[small], rows)
     return cfg
 

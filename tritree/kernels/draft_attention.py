@@ -23,9 +23,9 @@ from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, pa
 from .configs import AttnConfig, arch_of, lookup, num_sms
 
 # Rows bucket (block slots x heads per KV head) -> config. Kimi-K2.6-DFlash: 64 query / 8 KV heads of
-# 128, block 8 -> 64 rows per KV head. On sm_120 (and sm_80) 64-row tiles spill (255 registers: the
-# paged gather keeps a 64-bit address per K and V element in flight); 32x32 on 8 warps does not, and
-# stays far inside 101,376 B of shared memory (tests/kernels/test_aot_audit.py).
+# 128, block 8 -> 64 rows per KV head. On sm_120 (and sm_80) 64-row tiles with more than one stage
+# spill (the paged gather keeps a 64-bit address per K and V element in flight); 32-row tiles on 8
+# warps do not, within 101,376 B of shared memory (tests/kernels/test_aot_audit.py).
 DRAFT_ATTN_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),
@@ -35,7 +35,11 @@ DRAFT_ATTN_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     },
     "sm_120": {
         16: AttnConfig(16, 64, 4, 2),
-        1 << 30: AttnConfig(32, 32, 8, 2),
+        # Page ids hoisted, 32x64 tiles, 3 stages: 77,824 B, 202 registers for sm_120, no spill. Under
+        # DISABLE_MMA_V3=1 on the H200 (session 10, call C, K2.6-DFlash heads, B=1, L=46000, us, against
+        # 32x32x8x2): S=16 440.3 vs 1039.8, S=16 window 4096 56.9 vs 89.6, S=8 245.1 vs 574.9. (64x64x8x1
+        # was ahead with the window only: 46.7 at S=16.)
+        1 << 30: AttnConfig(32, 64, 8, 3, hoist_pages=True),
     },
     "sm_80": {
         16: AttnConfig(16, 64, 4, 2),
