@@ -129,13 +129,18 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         # 8 warps spill), 32x32x8x2 (20-25% slower).
         1 << 30: AttnConfig(16, 64, 4, 2),
     },
-    # fp8 pools on sm_120: with fp8 tiles 16x64x4x2 spills (converting them to bf16 takes registers);
-    # 8 warps do not (92,416 B, 255 registers, no spill).
+    # fp8 pools on sm_120: with fp8 tiles 16x64x4x2 spills (converting them to bf16 takes registers).
+    # 32x32x8x2 (75,904 B, 248-254 registers, no spill at P = 1, 16, 64), in emulation (session 10,
+    # call D, P=64, us) against 16x64x8x2 and 16x32x8x2: T=8,H=8 107.9 / 132.0 / 190.9, T=16,H=8 205.5 /
+    # 240.5 / 355.5, T=64,H=8 817.0 / 933.8 / 1391.0, T=16,H=64 1656.7 / 1974.9 / 2732.9.
     "sm_120:fp8": {
-        1 << 30: AttnConfig(16, 64, 8, 2),
+        1 << 30: AttnConfig(32, 32, 8, 2),
     },
     # Pages below 64 tokens on sm_120 (both pool dtypes): one page id per row spills 16x64x4x2 (and
     # 16x64x8x2 with fp8 tiles); 32x32x8x2 compiles without a spill for P = 1 and 16, bf16 and fp8.
+    # Emulated, P=1 (session 10, calls C-D, us, against 16x64x8x2): T=8,H=8 101.1 vs 86.5, T=16,H=8
+    # 185.5 vs 182.7, T=64,H=8 722.4 vs 687.8, T=16,H=64 1322.1 vs 1466.0; session 1's 16x32x8x2:
+    # 142.0, 286.1, 1111.4, 2329.4.
     "sm_120:small_pages": {
         1 << 30: AttnConfig(32, 32, 8, 2),
     },
