@@ -174,6 +174,25 @@ if GLUON_AVAILABLE:
                                   dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
+    def _now(any_int):
+        """``%globaltimer_lo`` (ns, wraps every 4.3 s): one stamp of ``TIMELINE``. ``any_int``: a
+        scalar for the asm's operand list."""
+        return gl.inline_asm_elementwise("mov.u32 $0, %globaltimer_lo;", "=r,r", [any_int], dtype=gl.int32,
+                                         is_pure=False, pack=1)
+
+    @gluon.jit
+    def _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, t1, t2, t3, t4,
+                        BLOCK_M: gl.constexpr):
+        """``TIMELINE`` (bench only, wrong lse): the program's five stamps over its first five lse slots."""
+        _cta_barrier()  # after every thread's own lse store
+        base = Lse + b.to(gl.int64) * stride_lb + pid_s * stride_ls + (pid_m * BLOCK_M) * stride_lh
+        gl.store(base, t0.to(gl.float32, bitcast=True))
+        gl.store(base + stride_lh, t1.to(gl.float32, bitcast=True))
+        gl.store(base + 2 * stride_lh, t2.to(gl.float32, bitcast=True))
+        gl.store(base + 3 * stride_lh, t3.to(gl.float32, bitcast=True))
+        gl.store(base + 4 * stride_lh, t4.to(gl.float32, bitcast=True))
+
+    @gluon.jit
     def _new_bar():
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(bar, count=1)
@@ -474,6 +493,7 @@ if GLUON_AVAILABLE:
         D_LAT: gl.constexpr = 512,
         D_PE: gl.constexpr = 64,
         PDL: gl.constexpr = False,
+        TIMELINE: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -502,6 +522,8 @@ if GLUON_AVAILABLE:
         pid_m = gl.program_id(0)
         pid_s = gl.program_id(1)
         b = gl.program_id(2)
+        if TIMELINE:  # bench only: stamps at start, Q landed, prefix done, tail done, stored (see bench/timeline.py)
+            t0 = _now(pid_s)
         if PDL:  # the merge may be placed now (one wave of programs: all of them have started)
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
@@ -625,6 +647,8 @@ if GLUON_AVAILABLE:
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s_layout)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s_layout)
         o = gl.zeros([BLOCK_M, D_LAT], gl.float32, layout=o_layout)
+        if TIMELINE:
+            t1 = _now(pid_s)
 
         if SEESAW:
             s2_zero = gl.zeros([BLOCK_M, PAIR_N], gl.float32, layout=s2_layout)
@@ -758,6 +782,8 @@ if GLUON_AVAILABLE:
             tail_blocks = k_lat._reinterpret(gl.bfloat16, [2 * (D_LAT // 64), BLOCK_N, 64], smem_layout)
 
         # ---- masked tail: prefix remainder and tree keys (pointer loads into slot 0) -------------
+        if TIMELINE:
+            t2 = _now(pid_s)
         o, m_i, l_i = _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
                                    TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H, stride_ptb, max_pages,
                                    num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt, sm_scale_log2e, s_layout,
@@ -765,9 +791,13 @@ if GLUON_AVAILABLE:
 
         mbarrier.invalidate(bars.index(0))
         mbarrier.invalidate(bars.index(1))
+        if TIMELINE:
+            t3 = _now(pid_s)
 
         _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os,
                  stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
+        if TIMELINE:
+            _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, t1, t2, t3, _now(pid_s), BLOCK_M)
 
 
 def _check(q, kv, num_splits):
@@ -828,11 +858,13 @@ L2_PREFETCH = True
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                        sm_scale, num_splits, overlap=True, seesaw=False):
+                        sm_scale, num_splits, overlap=True, seesaw=False, timeline=False):
     """Launches the main kernel with ``_launch_verify``'s conventions (``dst_o, dst_l, o_strides,
     l_strides`` from ``_splitkv.split_destinations``; ``dst_o`` may be fp32 or a narrower float type:
     partials are cast on store, ``dst_l`` is fp32). With ``num_splits > 1`` the caller merges the
     partials with ``_splitkv.combine_splits``. ``seesaw``: the tile-pair schedule (``overlap`` ignored).
+    ``timeline`` (bench only, several splits; wrong lse): each program's five ``%globaltimer`` stamps
+    over its first five lse partial slots (``bench/timeline.py``).
     Page sizes below 64 (``kv.shape[1]`` in ``GATHER_PAGE_SIZES``) take the cp.async gather path, which
     has no overlapped schedule: ``overlap`` is ignored there (plain schedule) and no 3-D descriptor is used.
     Returns the compiled kernel (``n_regs``, ``n_spills``, ``metadata.shared``)."""
@@ -863,7 +895,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             T, H, int(num_splits),
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
             num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
@@ -901,7 +933,7 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", pdl: bool = False):
+                     partial_dtype: str = "fp32", pdl: bool = False, timeline: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -923,7 +955,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
-                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl}
+                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, "TIMELINE": timeline}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names

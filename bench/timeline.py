@@ -1,0 +1,82 @@
+"""Where a Gluon verify program's time goes: ``%globaltimer`` stamps inside the kernel (H200, bench only).
+
+    python -m bench.timeline [--shapes "8,8;64,8"] [--ctx 4096,46000]
+
+Runs ``_verify_gluon_kernel`` (the table's plain or seesaw schedule for the shape; B = 1, P = 64) with
+``TIMELINE``: every program stamps its start, Q landed, prefix loop done, masked tail done and its
+partial stored, over its first five lse partial slots (so the lse of that launch is wrong; nothing
+else reads it). Prints, per case, the kernel's span (first start to last stamp) and, over programs,
+the median and maximum of: start skew (start - first start), Q, prefix loop, tail, store; then the
+parts of the program that finished last. ``%globaltimer`` ticks in ns but may update only every
+~1 us on some GPUs: read small parts as coarse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import triton
+
+from tritree.kernels import _verify_gluon as VG
+from tritree.kernels._splitkv import choose_num_splits, split_destinations
+from tritree.kernels.configs import VERIFY_MLA_CONFIGS, lookup, num_sms
+
+from .verify_sweep import SM_SCALE, build_sets
+
+PARTS = ("skew", "Q", "prefix", "tail", "store")
+
+
+def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
+    P = 64
+    s = build_sets(1, T, H, L, P, 1, torch.bfloat16, "cuda")[0]
+    cfg = lookup(VERIFY_MLA_CONFIGS, "sm_90", T * H, page_size=P)
+    if cfg.kernel not in ("gluon", "gluon-seesaw", "gluon-overlap"):
+        raise SystemExit(f"T={T},H={H}: the table runs {cfg.kernel!r}, which has no timeline")
+    M = T * H
+    splits = choose_num_splits(batch=1, row_blocks=triton.cdiv(M, VG.BLOCK_M), max_keys=s["page_table"].shape[1] * P,
+                               block_n=VG.BLOCK_N, sms=num_sms(s["q"].device), whole_waves=True)
+    out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, splits, M)
+    for _ in range(reps):  # the last launch is read (the first compiles)
+        VG.launch_verify_gluon(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"],
+                               dst_o, dst_l, o_strides, l_strides, SM_SCALE, splits,
+                               overlap=cfg.kernel == "gluon-overlap", seesaw=cfg.kernel == "gluon-seesaw",
+                               timeline=True)
+    torch.cuda.synchronize()
+    row_blocks = triton.cdiv(M, VG.BLOCK_M)
+    stamps = []
+    for m in range(row_blocks):
+        raw = dst_l[0, :, m * VG.BLOCK_M: m * VG.BLOCK_M + 5].contiguous().view(torch.int32).cpu().long()
+        stamps.append(raw % (1 << 32))
+    st = torch.cat(stamps)  # [programs, 5]
+    first = int(st[:, 0].min())
+    st = (st - first) % (1 << 32)  # ns from the first start (the low word may wrap once)
+    parts = torch.stack([st[:, 0], st[:, 1] - st[:, 0], st[:, 2] - st[:, 1], st[:, 3] - st[:, 2],
+                         st[:, 4] - st[:, 3]], 1).float() / 1e3
+    last = int(st[:, 4].argmax())
+    return dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0], span_us=float(st[:, 4].max()) / 1e3,
+                median={p: statistics.median(parts[:, i].tolist()) for i, p in enumerate(PARTS)},
+                max={p: float(parts[:, i].max()) for i, p in enumerate(PARTS)},
+                last_program={p: float(parts[last, i]) for i, p in enumerate(PARTS)})
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="8,8;64,8", help="T,H;...")
+    ap.add_argument("--ctx", default="4096,16384,46000,131072")
+    args = ap.parse_args(argv)
+    for shape in args.shapes.split(";"):
+        T, H = map(int, shape.split(","))
+        for L in map(int, args.ctx.split(",")):
+            r = timeline_case(T, H, L)
+            fmt = lambda d: " ".join(f"{p} {d[p]:5.1f}" for p in PARTS)  # noqa: E731
+            print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} {r['programs']} programs ({r['splits']} splits): "
+                  f"span {r['span_us']:.1f} us | median {fmt(r['median'])} | max {fmt(r['max'])} | "
+                  f"last to finish {fmt(r['last_program'])}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
