@@ -31,6 +31,7 @@ PARTS = ("skew", "Q", "prefix", "tail", "store")
 def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     P = 64
     s = build_sets(1, T, H, L, P, 1, torch.bfloat16, "cuda")[0]
+    tree_lens = torch.full((1,), T, dtype=torch.int32, device="cuda")
     cfg = lookup(VERIFY_MLA_CONFIGS, "sm_90", T * H, page_size=P)
     if cfg.kernel not in ("gluon", "gluon-seesaw", "gluon-overlap"):
         raise SystemExit(f"T={T},H={H}: the table runs {cfg.kernel!r}, which has no timeline")
@@ -41,7 +42,7 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
     dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, splits, M)
     for _ in range(reps):  # the last launch is read (the first compiles)
-        VG.launch_verify_gluon(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"],
+        VG.launch_verify_gluon(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], tree_lens,
                                dst_o, dst_l, o_strides, l_strides, SM_SCALE, splits,
                                overlap=cfg.kernel == "gluon-overlap", seesaw=cfg.kernel == "gluon-seesaw",
                                timeline=True)
