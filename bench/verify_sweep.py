@@ -116,21 +116,22 @@ def to_fp8_sets(sets):
     return sets
 
 
-# Variants that run the table's kernels with one module switch on: the split merge by programmatic
-# dependent launch (TRITREE_MERGE_PDL). (Not kept, measured no faster: session 9's "tritree-fused",
+# Variants that run the table's kernels with one module switch set: the split merge by programmatic
+# dependent launch (TRITREE_MERGE_PDL), the seesaw's chunks in whole pages (TRITREE_PAIR_CHUNKS=0). (Not kept, measured no faster: session 9's "tritree-fused",
 # the merge inside the split kernel, commit 995064a; session 10's "tritree-tailpf", the masked tail's
 # L2 prefetch, commit 5e2d6ff.)
-SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL")}
+SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL", True),
+            "tritree-pagechunks": ("tritree.kernels._verify_gluon", "PAIR_CHUNKS", False)}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
     if variant in SWITCHES:  # the table's kernels with one module switch on
         import importlib
 
-        module, name = SWITCHES[variant]
+        module, name, value = SWITCHES[variant]
         module = importlib.import_module(module)
         before = getattr(module, name)
-        setattr(module, name, True)
+        setattr(module, name, value)
         try:
             return run_case(B, T, H, L, P, "tritree", ceil, config, check, trees) | {"variant": variant}
         finally:
@@ -210,9 +211,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-sm120", "torch", "flashinfer"],
+                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-pagechunks", "tritree-sm120", "torch",
+                             "flashinfer"],
                     help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
-                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); flashinfer: "
+                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); tritree-pagechunks: the seesaw's "
+                         "split chunks in whole pages, not whole tile pairs (TRITREE_PAIR_CHUNKS=0); flashinfer: "
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")

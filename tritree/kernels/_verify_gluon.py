@@ -68,6 +68,8 @@ CTA barrier) are resolved at import so the file compiles with both.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -494,6 +496,7 @@ if GLUON_AVAILABLE:
         D_PE: gl.constexpr = 64,
         PDL: gl.constexpr = False,
         TIMELINE: gl.constexpr = False,
+        PAIR_CHUNKS: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -534,6 +537,10 @@ if GLUON_AVAILABLE:
             chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
         else:
             chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
+        if PAIR_CHUNKS:
+            # SEESAW: whole pairs per chunk, so no chunk but the last has an odd tile for the unpipelined
+            # tail path, and the last chunk, which holds the masked tree keys, is the shortest.
+            chunk = gl.cdiv(chunk, 2 * BLOCK_N) * (2 * BLOCK_N)
         start = pid_s * chunk
         end = gl.minimum(start + chunk, n_keys)
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
@@ -855,6 +862,12 @@ USE_TMA3D = True
 # the plain schedule (T=8,H=8 28.4 -> 29.9) and for row gathers (T=16,H=64, P=1: 233.4 -> 245.9), so
 # only there.
 L2_PREFETCH = True
+# SEESAW: split chunks in whole tile pairs (``PAIR_CHUNKS``), instead of whole pages only. At T=64,H=8,
+# L=46000 (16 splits) page chunks are 45 tiles: every program ran 22 pairs and one odd tile on the
+# unpipelined tail path (4.2 us, twice a tile in the loop), and the last one 21 pairs and 3 tail tiles
+# (13 us), the longest (bench/timeline.py, session 10 call H). Pair chunks: 23 pairs, no tail but the
+# last chunk's, which is short. ``TRITREE_PAIR_CHUNKS=0`` restores page chunks (bench comparisons).
+PAIR_CHUNKS = os.environ.get("TRITREE_PAIR_CHUNKS", "1") == "1"
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
@@ -896,6 +909,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
+            PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw),
             num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
@@ -955,7 +969,8 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
-                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, "TIMELINE": timeline}
+                  "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, "TIMELINE": timeline,
+                  "PAIR_CHUNKS": PAIR_CHUNKS and seesaw}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
