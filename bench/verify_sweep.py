@@ -117,11 +117,13 @@ def to_fp8_sets(sets):
 
 
 # Variants that run the table's kernels with one module switch set: the split merge by programmatic
-# dependent launch (TRITREE_MERGE_PDL), the seesaw's chunks in whole pages (TRITREE_PAIR_CHUNKS=0). (Not kept, measured no faster: session 9's "tritree-fused",
+# dependent launch (TRITREE_MERGE_PDL), the seesaw's chunks in whole pages (TRITREE_PAIR_CHUNKS=0), Q's
+# copies first (TRITREE_Q_FIRST=1). (Not kept, measured no faster: session 9's "tritree-fused",
 # the merge inside the split kernel, commit 995064a; session 10's "tritree-tailpf", the masked tail's
 # L2 prefetch, commit 5e2d6ff.)
 SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL", True),
-            "tritree-pagechunks": ("tritree.kernels._verify_gluon", "PAIR_CHUNKS", False)}
+            "tritree-pagechunks": ("tritree.kernels._verify_gluon", "PAIR_CHUNKS", False),
+            "tritree-qfirst": ("tritree.kernels._verify_gluon", "Q_FIRST", True)}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
@@ -211,11 +213,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-pagechunks", "tritree-sm120", "torch",
-                             "flashinfer"],
+                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-pagechunks", "tritree-qfirst",
+                             "tritree-sm120", "torch", "flashinfer"],
                     help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
                          "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); tritree-pagechunks: the seesaw's "
-                         "split chunks in whole pages, not whole tile pairs (TRITREE_PAIR_CHUNKS=0); flashinfer: "
+                         "split chunks in whole pages, not whole tile pairs (TRITREE_PAIR_CHUNKS=0); tritree-qfirst: Q's copies "
+                         "ahead of the first tiles' (TRITREE_Q_FIRST=1); flashinfer: "
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")

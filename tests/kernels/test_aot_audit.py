@@ -38,8 +38,9 @@ def test_gluon_verify_kernel_compiles_for_sm90():
     sm_90 shared-memory limit (``python -m tritree.kernels._verify_gluon`` exits non-zero otherwise);
     with programmatic dependent launch of the merge they signal it."""
     out = _compile_gluon_module("tritree.kernels._verify_gluon")
-    assert out.count("_verify_gluon_kernel sm_90") == 22, out
+    assert out.count("_verify_gluon_kernel sm_90") == 24, out
     assert out.count("PDL: launch_dependents in the PTX") == 2, out  # the merge's early launch signal
+    assert out.count("Q first: shared") == 2, out  # TRITREE_Q_FIRST, plain and seesaw
 
 
 def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():

@@ -380,6 +380,20 @@ def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-seesaw", 128), ("gluon", 1),
+                                      ("gluon-seesaw", 16)])
+def test_gpu_q_first_gives_the_same_bits(kernel, P, monkeypatch):
+    """``TRITREE_Q_FIRST``: Q's copies issued ahead of the first tiles' (TMA boxes or row gathers)
+    change no result bit, eagerly and replayed from a CUDA graph into poisoned outputs."""
+    import tritree.kernels._verify_gluon as vg
+
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
+    case = poison_unused_slots(make_case(2, 19, 8, P, [30_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=P + 5 * len(kernel)))
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, "Q_FIRST")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_gpu_small_pages_table_in_a_graph(P):
     """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the

@@ -497,6 +497,7 @@ if GLUON_AVAILABLE:
         PDL: gl.constexpr = False,
         TIMELINE: gl.constexpr = False,
         PAIR_CHUNKS: gl.constexpr = False,
+        Q_FIRST: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -580,6 +581,10 @@ if GLUON_AVAILABLE:
         fence_async_shared()
         _cta_barrier()
 
+        if Q_FIRST:  # (experiment) Q's copies ahead of the first tiles' instead of queued behind them
+            _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
+                    D_LAT)
+            async_copy.commit_group()
         # The first tiles in flight before Q is loaded; page rows are fetched one tile (pair) ahead.
         if GATHER:
             # Full tiles as cp.async groups (no mbarriers): plain = one group per tile, one committed
@@ -644,8 +649,10 @@ if GLUON_AVAILABLE:
             next_row = _page_row_p(pt, start + 2 * BLOCK_N, max_pages, num_pages, PAGE_SIZE)
 
         # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
-        _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT)
-        async_copy.commit_group()
+        if not Q_FIRST:
+            _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
+                    D_LAT)
+            async_copy.commit_group()
         # Also completes any KV row gathers committed before (GATHER); later groups count from here.
         async_copy.wait_group(0)
         fence_async_shared()
@@ -868,6 +875,10 @@ L2_PREFETCH = True
 # (13 us), the longest (bench/timeline.py, session 10 call H). Pair chunks: 23 pairs, no tail but the
 # last chunk's, which is short. ``TRITREE_PAIR_CHUNKS=0`` restores page chunks (bench comparisons).
 PAIR_CHUNKS = os.environ.get("TRITREE_PAIR_CHUNKS", "1") == "1"
+# Q's copies issued before the first tiles' (an experiment until measured, so off; ``TRITREE_Q_FIRST=1``
+# turns it on). Issued after them, Q lands 4-6 us into the program (bench/timeline.py, session 10 call
+# H: behind 27 MB of first tiles requested at once at T=8,H=8), and the first scores wait for it.
+Q_FIRST = os.environ.get("TRITREE_Q_FIRST", "0") == "1"
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
@@ -909,7 +920,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
-            PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw),
+            PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw), Q_FIRST=Q_FIRST,
             num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
@@ -947,7 +958,7 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", pdl: bool = False, timeline: bool = False):
+                     partial_dtype: str = "fp32", pdl: bool = False, timeline: bool = False, q_first: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -970,7 +981,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, "TIMELINE": timeline,
-                  "PAIR_CHUNKS": PAIR_CHUNKS and seesaw}
+                  "PAIR_CHUNKS": PAIR_CHUNKS and seesaw, "Q_FIRST": q_first}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -1018,6 +1029,15 @@ def _main():
         ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
         print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 PDL: launch_dependents "
               f"{'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)}", flush=True)
+    for name in ("plain", "seesaw"):  # Q's copies first (TRITREE_Q_FIRST)
+        base = compile_for_sm90(2, False, 64, seesaw=name == "seesaw")
+        k = compile_for_sm90(2, False, 64, seesaw=name == "seesaw", q_first=True)
+        use, base_use = resource_usage(k.asm["cubin"]), resource_usage(base.asm["cubin"])
+        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
+        base_spill = base_use.get("LOCAL", 0) + base_use.get("STACK", 0)
+        ok &= int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 Q first: shared {int(k.metadata.shared)} "
+              f"(was {int(base.metadata.shared)}), spill {spill} (was {base_spill})", flush=True)
     if not ok:
         raise SystemExit(1)
 
