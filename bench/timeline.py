@@ -1,9 +1,9 @@
 """Where a Gluon verify program's time goes: ``%globaltimer`` stamps inside the kernel (H200, bench only).
 
-    python -m bench.timeline [--shapes "8,8;64,8"] [--ctx 4096,46000]
+    python -m bench.timeline [--shapes "8,8;64,8;65,8"] [--ctx 4096,46000]
 
-Runs ``_verify_gluon_kernel`` (the table's plain or seesaw schedule for the shape; B = 1, P = 64) with
-``TIMELINE``: every program stamps its start, Q landed, prefix loop done, masked tail done and its
+Runs the table's Gluon kernel for the shape (plain, seesaw, or the warp-specialised seesaw, whose
+consumer partition stamps; B = 1, P = 64) with ``TIMELINE``: every program stamps its start, Q landed, prefix loop done, masked tail done and its
 partial stored, over its first five lse partial slots (so the lse of that launch is wrong; nothing
 else reads it). Prints, per case, the kernel's span (first start to last stamp) and, over programs,
 the median and maximum of: start skew (start - first start), Q, prefix loop, tail, store; then the
@@ -20,6 +20,7 @@ import torch
 import triton
 
 from tritree.kernels import _verify_gluon as VG
+from tritree.kernels import _verify_gluon_ws as VGWS
 from tritree.kernels._splitkv import choose_num_splits, split_destinations
 from tritree.kernels.configs import VERIFY_MLA_CONFIGS, lookup, num_sms
 
@@ -33,7 +34,7 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     s = build_sets(1, T, H, L, P, 1, torch.bfloat16, "cuda")[0]
     tree_lens = torch.full((1,), T, dtype=torch.int32, device="cuda")
     cfg = lookup(VERIFY_MLA_CONFIGS, "sm_90", T * H, page_size=P)
-    if cfg.kernel not in ("gluon", "gluon-seesaw", "gluon-overlap"):
+    if not cfg.kernel.startswith("gluon"):
         raise SystemExit(f"T={T},H={H}: the table runs {cfg.kernel!r}, which has no timeline")
     M = T * H
     splits = choose_num_splits(batch=1, row_blocks=triton.cdiv(M, VG.BLOCK_M), max_keys=s["page_table"].shape[1] * P,
@@ -41,11 +42,14 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
     dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, splits, M)
+    args = (s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
+            l_strides, SM_SCALE, splits)
     for _ in range(reps):  # the last launch is read (the first compiles)
-        VG.launch_verify_gluon(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], tree_lens,
-                               dst_o, dst_l, o_strides, l_strides, SM_SCALE, splits,
-                               overlap=cfg.kernel == "gluon-overlap", seesaw=cfg.kernel == "gluon-seesaw",
-                               timeline=True)
+        if cfg.kernel.startswith("gluon-ws"):  # stamped by the consumer partition
+            VGWS.launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch", timeline=True)
+        else:
+            VG.launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap", seesaw=cfg.kernel == "gluon-seesaw",
+                                   timeline=True)
     torch.cuda.synchronize()
     row_blocks = triton.cdiv(M, VG.BLOCK_M)
     stamps = []

@@ -100,8 +100,8 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
-                                _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o, _tail_rows,
-                                _tail_tile_p, _tma_load, _cp_async, _gather_pages)
+                                _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o,
+                                _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async, _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
 PRODUCER_WARPS = 4
@@ -274,7 +274,7 @@ if GLUON_AVAILABLE:
                      q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
-                     COLSPLIT: gl.constexpr):
+                     COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -285,7 +285,9 @@ if GLUON_AVAILABLE:
         tiles) instead of by tiles: the first releases the latent column blocks 0..3 of both slots
         (``empty0``), the second blocks 4..7 and the rope rows (P). The next pair's scores stream in the
         same column order, so they start on blocks 0..3 while 4..7 still load (by tiles, slot 1 was
-        released last and every column block of the next scores waited for it)."""
+        released last and every column block of the next scores waited for it).
+
+        ``TIMELINE`` (bench only): ``_verify_gluon_kernel``'s five stamps, taken by this partition."""
         if COLSPLIT:
             gl.static_assert(PROBE == 0, "probes: the by-tiles loop only")
         HALF: gl.constexpr = D_LAT // 2
@@ -306,6 +308,8 @@ if GLUON_AVAILABLE:
         # (spilled) across the loop, which has 240 registers here (SEESAW had 255).
         pid_m = gl.program_id(0)
         b = gl.program_id(2)
+        if TIMELINE:
+            t0 = _now(b)
         tree_len = gl.load(TreeLens + b)
 
         # ---- Q: row copies (as _verify_gluon_kernel), while the producer issues pair 0 --------------
@@ -314,6 +318,8 @@ if GLUON_AVAILABLE:
         async_copy.wait_group(0)
         fence_async_shared()
         _cta_barrier()
+        if TIMELINE:
+            t1 = _now(b)
 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s_layout)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s_layout)
@@ -370,6 +376,8 @@ if GLUON_AVAILABLE:
                 mbarrier.arrive(empty1, pred=more)
 
         # ---- masked tail (one tile at a time, rows 0..63 of the pair buffers) ----------------------
+        if TIMELINE:
+            t2 = _now(b)
         m_i = gl.convert_layout(m_i, gl.SliceLayout(1, s_layout))
         l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
         pid_m = gl.program_id(0)
@@ -396,6 +404,8 @@ if GLUON_AVAILABLE:
                                        BLOCK_N)
 
         # ---- store (as _verify_gluon_kernel) --------------------------------------------------------
+        if TIMELINE:
+            t3 = _now(b)
         if COLSPLIT:
             _store_o(oa, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
                      stride_os, stride_lb, stride_lt, stride_lh, stride_ls, oh_layout, SINGLE_SPLIT, BLOCK_M, HALF)
@@ -405,6 +415,8 @@ if GLUON_AVAILABLE:
         else:
             _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
                      stride_os, stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
+        if TIMELINE:
+            _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, t1, t2, t3, _now(b), BLOCK_M)
 
     @gluon.jit
     def _verify_gluon_ws_kernel(
@@ -432,6 +444,7 @@ if GLUON_AVAILABLE:
         PROBE: gl.constexpr = 0,
         COLSPLIT: gl.constexpr = False,
         PDL: gl.constexpr = False,
+        TIMELINE: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -475,7 +488,7 @@ if GLUON_AVAILABLE:
                                 stride_lt, stride_lh, stride_ls,
                                 T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
-                                PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT)),
+                                PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
@@ -490,13 +503,13 @@ L2_PREFETCH = True
 
 def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
                            sm_scale, num_splits, colsplit: bool = True, probe: int = 0,
-                           l2_prefetch: bool | None = None):
+                           l2_prefetch: bool | None = None, timeline: bool = False):
     """``launch_verify_gluon(..., seesaw=True)``'s conventions, the warp-specialised kernel (TMA tiles for
     page sizes that are a multiple of 64, row gathers by the producer below 64). ``colsplit``: ``O +=
     P V`` by column halves (what ``verify_mla`` runs; required for row gathers); off: by tiles, as the
     seesaw. ``probe`` (bench only, wrong results, by tiles): see ``_ws_consumer``. ``l2_prefetch``:
     the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``).
-    Returns the compiled kernel."""
+    ``timeline``: as ``launch_verify_gluon``'s (bench only). Returns the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
     if gather and not colsplit:
@@ -525,6 +538,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
+        TIMELINE=bool(timeline),
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -552,7 +566,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
-                        pdl: bool = False):
+                        pdl: bool = False, timeline: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -575,7 +589,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "L2_PREFETCH": L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
-                  "PDL": pdl}
+                  "PDL": pdl, "TIMELINE": timeline}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
