@@ -120,13 +120,13 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         1 << 30: AttnConfig(64, 64, 8, 3, tma=True, split_scores=True),
     },
     "sm_120": {
-        # mma.sync path, one config for every page size (no TMA: pointer loads serve P = 1 as well).
-        # 16x64x4x2: 98,304 B and 193 registers compiled for sm_120, no spill. Under DISABLE_MMA_V3=1
-        # on the H200 (session 10, calls B-C, L=46000, us, against session 1's 16x32x8x2): P=64 T=8,H=8
-        # 74.1 vs 125.1, T=16,H=8 136.4 vs 254.9, T=64,H=8 507.7 vs 998.5, T=16,H=64 991.6 vs 1951.5,
-        # T=17,H=8 151.5 vs 274.9, T=65,H=8 492.4 vs 926.1; P=1 T=8,H=8 91.3 vs 142.0, T=64,H=8 548.8 vs
-        # 1111.4. Next best: the same tiles with 8 warps and TMA tiles (8-13% slower; without TMA
-        # 8 warps spill), 32x32x8x2 (20-25% slower).
+        # mma.sync path, pointer loads (any pool layout; pages below its 64-key tiles take
+        # "sm_120:small_pages"). 16x64x4x2: 98,304 B and 193-204 registers compiled for sm_120 at P = 64
+        # and 128, no spill. Under DISABLE_MMA_V3=1 on the H200 (session 10, calls B-C, L=46000, P=64, us,
+        # against session 1's 16x32x8x2): T=8,H=8 74.1 vs 125.1, T=16,H=8 136.4 vs 254.9, T=64,H=8 507.7
+        # vs 998.5, T=16,H=64 991.6 vs 1951.5, T=17,H=8 151.5 vs 274.9, T=65,H=8 492.4 vs 926.1. Next
+        # best: the same tiles with 8 warps and TMA tiles (8-13% slower; without TMA 8 warps spill),
+        # 32x32x8x2 (20-25% slower).
         1 << 30: AttnConfig(16, 64, 4, 2),
     },
     # fp8 pools on sm_120: with fp8 tiles 16x64x4x2 spills (converting them to bf16 takes registers).
