@@ -43,10 +43,9 @@ def test_fp8_pools_take_the_fp8_table_where_there_is_one(rows):
 def test_pages_smaller_than_the_tiles_take_the_small_pages_table(P):
     for arch in ("sm_90", "sm_120"):
         for rows in (8, 64, 520):
-            cfg = lookup(VERIFY_MLA_CONFIGS, arch, rows, page_size=P)
-            assert (P < lookup(VERIFY_MLA_CONFIGS, arch, rows).block_n) == (
-                cfg == lookup(VERIFY_MLA_CONFIGS, f"{arch}:small_pages", rows)) or \
-                lookup(VERIFY_MLA_CONFIGS, arch, rows) == lookup(VERIFY_MLA_CONFIGS, f"{arch}:small_pages", rows)
+            main = lookup(VERIFY_MLA_CONFIGS, arch, rows)
+            small = lookup(VERIFY_MLA_CONFIGS, f"{arch}:small_pages", rows)
+            assert lookup(VERIFY_MLA_CONFIGS, arch, rows, page_size=P) == (small if P < main.block_n else main)
 
 
 def test_unknown_architecture_is_a_value_error():

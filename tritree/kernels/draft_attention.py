@@ -23,9 +23,9 @@ from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, pa
 from .configs import AttnConfig, arch_of, lookup, num_sms
 
 # Rows bucket (block slots x heads per KV head) -> config. Kimi-K2.6-DFlash: 64 query / 8 KV heads of
-# 128, block 8 -> 64 rows per KV head. On sm_120 (and sm_80) 64-row tiles with more than one stage
-# spill (the paged gather keeps a 64-bit address per K and V element in flight); 32-row tiles on 8
-# warps do not, within 101,376 B of shared memory (tests/kernels/test_aot_audit.py).
+# 128, block 8 -> 64 rows per KV head. On sm_120 (and sm_80) 64-row tiles need 244-255 registers on 8
+# warps and spill on 4 (the paged gather keeps a 64-bit address per K and V element in flight); 32-row
+# tiles on 8 warps stay near 200, within 101,376 B of shared memory (tests/kernels/test_aot_audit.py).
 DRAFT_ATTN_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),
