@@ -118,12 +118,15 @@ def to_fp8_sets(sets):
 
 # Variants that run the table's kernels with one module switch set: the split merge by programmatic
 # dependent launch (TRITREE_MERGE_PDL), the seesaw's chunks in whole pages (TRITREE_PAIR_CHUNKS=0), Q's
-# copies first (TRITREE_Q_FIRST=1). (Not kept, measured no faster: session 9's "tritree-fused",
-# the merge inside the split kernel, commit 995064a; session 10's "tritree-tailpf", the masked tail's
-# L2 prefetch, commit 5e2d6ff.)
+# copies after the first tiles' in the plain schedule (TRITREE_Q_FIRST=0) or first in the seesaw
+# (TRITREE_Q_FIRST_SEESAW=1), split partials in the output's 16-bit dtype (TRITREE_PARTIALS_16BIT=1).
+# (Not kept, measured no faster: session 9's "tritree-fused", the merge inside the split kernel, commit
+# 995064a; session 10's "tritree-tailpf", the masked tail's L2 prefetch, commit 5e2d6ff.)
 SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL", True),
             "tritree-pagechunks": ("tritree.kernels._verify_gluon", "PAIR_CHUNKS", False),
-            "tritree-qfirst": ("tritree.kernels._verify_gluon", "Q_FIRST", True)}
+            "tritree-qlast": ("tritree.kernels._verify_gluon", "Q_FIRST", False),
+            "tritree-qfirst-seesaw": ("tritree.kernels._verify_gluon", "Q_FIRST_SEESAW", True),
+            "tritree-p16": ("tritree.kernels._splitkv", "PARTIALS_16BIT", True)}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
@@ -213,12 +216,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-pdl", "tritree-pagechunks", "tritree-qfirst",
-                             "tritree-sm120", "torch", "flashinfer"],
-                    help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-pdl: "
-                         "the split merge by programmatic dependent launch (TRITREE_MERGE_PDL); tritree-pagechunks: the seesaw's "
-                         "split chunks in whole pages, not whole tile pairs (TRITREE_PAIR_CHUNKS=0); tritree-qfirst: Q's copies "
-                         "ahead of the first tiles' (TRITREE_Q_FIRST=1); flashinfer: "
+                    choices=["tritree", "tritree-fp8", *SWITCHES, "tritree-sm120", "torch", "flashinfer"],
+                    help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; "
+                         "tritree-<switch>: the table's kernels with one module switch set (SWITCHES); flashinfer: "
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")

@@ -215,6 +215,20 @@ def test_bf16_loads_in_interpreter():
     check_against_reference(case, torch.bfloat16, config=SMALL, num_splits=2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_16bit_partials(dtype, monkeypatch):
+    """``PARTIALS_16BIT``: several splits write their partial rows in a 16-bit output's dtype (fp32
+    outputs keep fp32 partials) and the merge still meets the dtype's tolerance, poisoned outputs."""
+    import tritree.kernels._splitkv as splitkv
+
+    monkeypatch.setattr(splitkv, "PARTIALS_16BIT", True)
+    out = torch.empty(1, 2, 3, 512, dtype=dtype)
+    dst_o = splitkv.split_destinations(out, torch.empty(1, 2, 3), 4, 6)[0]
+    assert dst_o.dtype == (torch.float32 if dtype == torch.float32 else dtype) and dst_o.shape == (1, 4, 6, 512)
+    case = make_case(2, 6, 3, 16, [90, 33], [6, 4], ("random", "star"), dtype, seed=21)
+    check_against_reference(case, dtype, config=SMALL, num_splits=3)
+
+
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
@@ -383,14 +397,42 @@ def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, monkeypatch):
 @pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-seesaw", 128), ("gluon", 1),
                                       ("gluon-seesaw", 16)])
 def test_gpu_q_first_gives_the_same_bits(kernel, P, monkeypatch):
-    """``TRITREE_Q_FIRST``: Q's copies issued ahead of the first tiles' (TMA boxes or row gathers)
-    change no result bit, eagerly and replayed from a CUDA graph into poisoned outputs."""
+    """Q's copies issued ahead of the first tiles' (TMA boxes or row gathers; ``Q_FIRST``, the plain
+    schedule's default, and ``Q_FIRST_SEESAW``) give the bits of Q issued after them, eagerly and
+    replayed from a CUDA graph into poisoned outputs."""
     import tritree.kernels._verify_gluon as vg
 
+    switch = "Q_FIRST_SEESAW" if "seesaw" in kernel else "Q_FIRST"
+    monkeypatch.setattr(vg, switch, False)
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
     case = poison_unused_slots(make_case(2, 19, 8, P, [30_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=P + 5 * len(kernel)))
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, "Q_FIRST")
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, switch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-ws", 64), ("gluon-ws", 1),
+                                      ("triton", 64)])
+def test_gpu_16bit_partials(kernel, P, monkeypatch):
+    """``PARTIALS_16BIT`` (bf16 partial rows) against the reference, then replayed from a CUDA graph
+    into poisoned outputs: the same bits as the eager call."""
+    import tritree.kernels._splitkv as splitkv
+
+    monkeypatch.setattr(splitkv, "PARTIALS_16BIT", True)
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
+    case = poison_unused_slots(make_case(2, 19, 8, P, [30_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=P + 7 * len(kernel)))
+    ref = check_against_reference(case, torch.bfloat16, config=cfg, num_splits=8)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, num_splits=8, out=out, lse=lse)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
 
 
 @pytest.mark.gpu

@@ -581,7 +581,7 @@ if GLUON_AVAILABLE:
         fence_async_shared()
         _cta_barrier()
 
-        if Q_FIRST:  # (experiment) Q's copies ahead of the first tiles' instead of queued behind them
+        if Q_FIRST:  # Q's copies ahead of the first tiles' instead of queued behind them
             _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
                     D_LAT)
             async_copy.commit_group()
@@ -875,10 +875,14 @@ L2_PREFETCH = True
 # (13 us), the longest (bench/timeline.py, session 10 call H). Pair chunks: 23 pairs, no tail but the
 # last chunk's, which is short. ``TRITREE_PAIR_CHUNKS=0`` restores page chunks (bench comparisons).
 PAIR_CHUNKS = os.environ.get("TRITREE_PAIR_CHUNKS", "1") == "1"
-# Q's copies issued before the first tiles' (an experiment until measured, so off; ``TRITREE_Q_FIRST=1``
-# turns it on). Issued after them, Q lands 4-6 us into the program (bench/timeline.py, session 10 call
-# H: behind 27 MB of first tiles requested at once at T=8,H=8), and the first scores wait for it.
-Q_FIRST = os.environ.get("TRITREE_Q_FIRST", "0") == "1"
+# Q's copies issued before the first tiles' in the plain schedule (``Q_FIRST``, on; ``TRITREE_Q_FIRST=0``
+# turns it off) and in the seesaw (``Q_FIRST_SEESAW``, off; ``TRITREE_Q_FIRST_SEESAW=1``). Issued after
+# them, Q lands 4-6 us into the program (bench/timeline.py, session 10 call H: behind 27 MB of first
+# tiles requested at once at T=8,H=8), and the first scores wait for it. Session 11 call A: plain
+# T=8,H=8 36.2 -> 35.0 us (Q lands at 2.2 us, not 5.2); seesaw T=64,H=8 111.9 -> 111.5 but
+# T=64,H=64 744.0 -> 780.6, so the seesaw keeps Q after the first tiles.
+Q_FIRST = os.environ.get("TRITREE_Q_FIRST", "1") == "1"
+Q_FIRST_SEESAW = os.environ.get("TRITREE_Q_FIRST_SEESAW", "0") == "1"
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
@@ -920,7 +924,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1, OVERLAP=bool(overlap) and not seesaw,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
-            PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw), Q_FIRST=Q_FIRST,
+            PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw), Q_FIRST=Q_FIRST_SEESAW if seesaw else Q_FIRST,
             num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
@@ -958,7 +962,7 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", pdl: bool = False, timeline: bool = False, q_first: bool = False):
+                     partial_dtype: str = "fp32", pdl: bool = False, timeline: bool = False, q_first: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -967,6 +971,8 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     gather = page_size % BLOCK_N != 0
     tma3d = tma3d and not seesaw and not gather
     overlap = overlap and not gather
+    if q_first is None:  # as launched
+        q_first = Q_FIRST_SEESAW if seesaw else Q_FIRST
     desc3 = (f"tensordesc<bf16[{D_LAT // 64},{BLOCK_N},64],{_kv_smem3_layout()!r}>" if tma3d
              else f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>")
     sig = {
@@ -1029,15 +1035,15 @@ def _main():
         ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
         print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 PDL: launch_dependents "
               f"{'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)}", flush=True)
-    for name in ("plain", "seesaw"):  # Q's copies first (TRITREE_Q_FIRST)
-        base = compile_for_sm90(2, False, 64, seesaw=name == "seesaw")
+    for name in ("plain", "seesaw"):  # Q's copies first (TRITREE_Q_FIRST / _SEESAW) against after
+        base = compile_for_sm90(2, False, 64, seesaw=name == "seesaw", q_first=False)
         k = compile_for_sm90(2, False, 64, seesaw=name == "seesaw", q_first=True)
         use, base_use = resource_usage(k.asm["cubin"]), resource_usage(base.asm["cubin"])
         spill = use.get("LOCAL", 0) + use.get("STACK", 0)
         base_spill = base_use.get("LOCAL", 0) + base_use.get("STACK", 0)
         ok &= int(k.metadata.shared) <= SMEM_LIMIT_SM90
         print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 Q first: shared {int(k.metadata.shared)} "
-              f"(was {int(base.metadata.shared)}), spill {spill} (was {base_spill})", flush=True)
+              f"(Q after: {int(base.metadata.shared)}), spill {spill} (Q after: {base_spill})", flush=True)
     if not ok:
         raise SystemExit(1)
 
