@@ -119,14 +119,15 @@ def to_fp8_sets(sets):
 # Variants that run the table's kernels with one module switch set: the split merge by programmatic
 # dependent launch (TRITREE_MERGE_PDL), the seesaw's chunks in whole pages (TRITREE_PAIR_CHUNKS=0), Q's
 # copies after the first tiles' in the plain schedule (TRITREE_Q_FIRST=0) or first in the seesaw
-# (TRITREE_Q_FIRST_SEESAW=1), split partials in the output's 16-bit dtype (TRITREE_PARTIALS_16BIT=1).
-# (Not kept, measured no faster: session 9's "tritree-fused", the merge inside the split kernel, commit
-# 995064a; session 10's "tritree-tailpf", the masked tail's L2 prefetch, commit 5e2d6ff.)
+# (TRITREE_Q_FIRST_SEESAW=1), the output rows re-laid out before their store (TRITREE_COALESCED_STORE=1).
+# (Not kept, measured no faster: session 9's "tritree-fused", the merge
+# inside the split kernel, commit 995064a; session 10's "tritree-tailpf", the masked tail's L2 prefetch,
+# commit 5e2d6ff; session 11's "tritree-p16", bf16 split partials, commit 2c17548.)
 SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL", True),
             "tritree-pagechunks": ("tritree.kernels._verify_gluon", "PAIR_CHUNKS", False),
             "tritree-qlast": ("tritree.kernels._verify_gluon", "Q_FIRST", False),
             "tritree-qfirst-seesaw": ("tritree.kernels._verify_gluon", "Q_FIRST_SEESAW", True),
-            "tritree-p16": ("tritree.kernels._splitkv", "PARTIALS_16BIT", True)}
+            "tritree-coalesced": ("tritree.kernels._verify_gluon", "COALESCED_STORE", True)}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):

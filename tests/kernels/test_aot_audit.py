@@ -38,16 +38,17 @@ def test_gluon_verify_kernel_compiles_for_sm90():
     sm_90 shared-memory limit (``python -m tritree.kernels._verify_gluon`` exits non-zero otherwise);
     with programmatic dependent launch of the merge they signal it."""
     out = _compile_gluon_module("tritree.kernels._verify_gluon")
-    assert out.count("_verify_gluon_kernel sm_90") == 24, out
+    assert out.count("_verify_gluon_kernel sm_90") == 26, out
     assert out.count("PDL: launch_dependents in the PTX") == 2, out  # the merge's early launch signal
-    assert out.count("Q first: shared") == 2, out  # TRITREE_Q_FIRST, plain and seesaw
+    assert out.count("Q first: shared") == 2, out  # Q_FIRST / Q_FIRST_SEESAW, plain and seesaw
+    assert out.count("coalesced store: shared") == 2, out  # TRITREE_COALESCED_STORE, plain and seesaw
 
 
 def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():
     """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 from 65 to 256
-    rows without its L2 prefetch, above 512 rows with it, and above 16 rows for pages below 64), by
-    column halves and by tiles, one split and several, P = 64 and 128, and its row gathers (P = 1, 16)
-    fit sm_90's shared memory."""
+    rows without its L2 prefetch, above 512 rows with it (and its coalesced store), and above 16 rows
+    for pages below 64), by column halves and by tiles, one split and several, P = 64 and 128, and its
+    row gathers (P = 1, 16) fit sm_90's shared memory."""
     out = _compile_gluon_module("tritree.kernels._verify_gluon_ws")
     assert out.count("_verify_gluon_ws_kernel sm_90") == 19, out
     assert out.count("PDL: launch_dependents in the PTX") == 3, out  # the merge's early launch signal

@@ -215,20 +215,6 @@ def test_bf16_loads_in_interpreter():
     check_against_reference(case, torch.bfloat16, config=SMALL, num_splits=2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_16bit_partials(dtype, monkeypatch):
-    """``PARTIALS_16BIT``: several splits write their partial rows in a 16-bit output's dtype (fp32
-    outputs keep fp32 partials) and the merge still meets the dtype's tolerance, poisoned outputs."""
-    import tritree.kernels._splitkv as splitkv
-
-    monkeypatch.setattr(splitkv, "PARTIALS_16BIT", True)
-    out = torch.empty(1, 2, 3, 512, dtype=dtype)
-    dst_o = splitkv.split_destinations(out, torch.empty(1, 2, 3), 4, 6)[0]
-    assert dst_o.dtype == (torch.float32 if dtype == torch.float32 else dtype) and dst_o.shape == (1, 4, 6, 512)
-    case = make_case(2, 6, 3, 16, [90, 33], [6, 4], ("random", "star"), dtype, seed=21)
-    check_against_reference(case, dtype, config=SMALL, num_splits=3)
-
-
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
@@ -356,19 +342,19 @@ def test_gpu_tma_tiles(cfg):
     assert torch.equal(out, ref)
 
 
-def check_switch_changes_no_bit(case, cfg, monkeypatch, module, name):
+def check_switch_changes_no_bit(case, cfg, monkeypatch, module, name, **kw):
     """Turns ``module.name`` on after a plain run: against the reference, then eagerly and replayed
-    from a CUDA graph into poisoned outputs, bit-equal to the plain run."""
+    from a CUDA graph into poisoned outputs, bit-equal to the plain run. ``kw``: more ``verify_mla`` arguments."""
     args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    ref, ref_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, return_lse=True)
+    ref, ref_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, return_lse=True, **kw)
     monkeypatch.setattr(module, name, True)
-    check_against_reference(case, torch.bfloat16, config=cfg)
+    check_against_reference(case, torch.bfloat16, config=cfg, **kw)
     out, lse = torch.empty_like(ref), torch.empty_like(ref_lse)
-    verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
+    verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse, **kw)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse)
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse, **kw)
     for _ in range(3):
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
@@ -411,28 +397,23 @@ def test_gpu_q_first_gives_the_same_bits(kernel, P, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-ws", 64), ("gluon-ws", 1),
-                                      ("triton", 64)])
-def test_gpu_16bit_partials(kernel, P, monkeypatch):
-    """``PARTIALS_16BIT`` (bf16 partial rows) against the reference, then replayed from a CUDA graph
-    into poisoned outputs: the same bits as the eager call."""
-    import tritree.kernels._splitkv as splitkv
+@pytest.mark.parametrize("kernel,P,splits", [("gluon", 64, 8), ("gluon", 64, 1), ("gluon", 1, 8), ("gluon-seesaw", 64, 8),
+                                             ("gluon-seesaw", 16, 1), ("gluon-ws", 64, 8), ("gluon-ws", 64, 1),
+                                             ("gluon-ws", 1, 8), ("gluon-ws-noprefetch", 64, 8)])
+def test_gpu_coalesced_store_gives_the_same_bits(kernel, P, splits, monkeypatch):
+    """``TRITREE_COALESCED_STORE``: the output / partial rows re-laid out through shared memory before
+    their store (the warp-specialised kernel's default over TMA with its L2 prefetch, turned off here
+    first) give the same bits (one split: the output; several: the partials, then the merge),
+    eagerly and replayed from a CUDA graph into poisoned outputs."""
+    import tritree.kernels._verify_gluon as vg
+    import tritree.kernels._verify_gluon_ws as vgws
 
-    monkeypatch.setattr(splitkv, "PARTIALS_16BIT", True)
+    monkeypatch.setattr(vgws, "COALESCED_STORE_PREFETCH", False)
+
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
-    case = poison_unused_slots(make_case(2, 19, 8, P, [30_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
-                                         torch.bfloat16, seed=P + 7 * len(kernel)))
-    ref = check_against_reference(case, torch.bfloat16, config=cfg, num_splits=8)
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    out = torch.empty_like(ref)
-    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, num_splits=8, out=out, lse=lse)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref)
+    case = poison_unused_slots(make_case(2, 19, 8, P, [20_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=P + splits + 3 * len(kernel)))
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, "COALESCED_STORE", num_splits=splits)
 
 
 @pytest.mark.gpu

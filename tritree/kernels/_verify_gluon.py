@@ -439,11 +439,20 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os,
                  stride_lb, stride_lt, stride_lh, stride_ls, o_layout: gl.constexpr, SINGLE_SPLIT: gl.constexpr,
-                 BLOCK_M: gl.constexpr, D_OUT: gl.constexpr, COL0: gl.constexpr = 0, STORE_LSE: gl.constexpr = True):
+                 BLOCK_M: gl.constexpr, D_OUT: gl.constexpr, COL0: gl.constexpr = 0, STORE_LSE: gl.constexpr = True,
+                 COALESCED: gl.constexpr = False, WARPS: gl.constexpr = 8):
         """``_splitkv.store_rows`` semantics: ``out``/``lse`` (natural log) with one split, else the
         split's partial rows (in the destination's dtype) and log2 lse; padding rows are zeros / -inf.
-        ``o`` (``[BLOCK_M, D_OUT]``) is output columns ``COL0 .. COL0 + D_OUT``; ``STORE_LSE``: also the lse."""
-        row_o_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+        ``o`` (``[BLOCK_M, D_OUT]``) is output columns ``COL0 .. COL0 + D_OUT``; ``STORE_LSE``: also the lse.
+        ``COALESCED``: ``o`` re-laid out through shared memory first (``WARPS`` warps), so that a warp's
+        store covers 512 contiguous bytes of one row instead of 32-byte pieces of eight rows."""
+        if COALESCED:
+            st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
+                                                       warps_per_cta=[WARPS, 1], order=[1, 0])
+            o = gl.convert_layout(o, st_layout)
+        else:
+            st_layout: gl.constexpr = o_layout
+        row_o_layout: gl.constexpr = gl.SliceLayout(1, st_layout)
         l_i = gl.convert_layout(l_i, row_o_layout)
         m_o = gl.convert_layout(m_i, row_o_layout)
         rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o_layout)
@@ -456,7 +465,7 @@ if GLUON_AVAILABLE:
         inv = gl.where(has, 1.0 / l_safe, 0.0)
         o = o * gl.expand_dims(inv, 1)
         lse2 = gl.where(has, m_o + gl.log2(l_safe), float("-inf"))
-        d = gl.expand_dims(COL0 + gl.arange(0, D_OUT, layout=gl.SliceLayout(0, o_layout)), 0)
+        d = gl.expand_dims(COL0 + gl.arange(0, D_OUT, layout=gl.SliceLayout(0, st_layout)), 0)
         if SINGLE_SPLIT:
             o_row = b.to(gl.int64) * stride_ob + (t_o * stride_ot + h_o * stride_oh).to(gl.int64)
             gl.store(Out + gl.expand_dims(o_row, 1) + d, o.to(Out.dtype.element_ty), mask=gl.expand_dims(row_in, 1))
@@ -498,6 +507,7 @@ if GLUON_AVAILABLE:
         TIMELINE: gl.constexpr = False,
         PAIR_CHUNKS: gl.constexpr = False,
         Q_FIRST: gl.constexpr = False,
+        COALESCED_STORE: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -809,7 +819,8 @@ if GLUON_AVAILABLE:
             t3 = _now(pid_s)
 
         _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os,
-                 stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
+                 stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT,
+                 COALESCED=COALESCED_STORE, WARPS=8)
         if TIMELINE:
             _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, t1, t2, t3, _now(pid_s), BLOCK_M)
 
@@ -882,6 +893,15 @@ PAIR_CHUNKS = os.environ.get("TRITREE_PAIR_CHUNKS", "1") == "1"
 # T=8,H=8 36.2 -> 35.0 us (Q lands at 2.2 us, not 5.2); seesaw T=64,H=8 111.9 -> 111.5 but
 # T=64,H=64 744.0 -> 780.6, so the seesaw keeps Q after the first tiles.
 Q_FIRST = os.environ.get("TRITREE_Q_FIRST", "1") == "1"
+# The output / partial rows re-laid out through shared memory before their store (``COALESCED_STORE``,
+# off here; ``TRITREE_COALESCED_STORE=1`` turns it on for every Gluon kernel): from the MMA layout a
+# warp's store writes 32-byte pieces of eight rows; re-laid out, 512 contiguous bytes of one row. The
+# store takes 3-4 us of every program (bench/timeline.py) and halving its bytes (bf16 partials, in
+# 16-byte pieces) doubled it (session 11 call C: T=8,H=8 3.6 -> 7.0 us). Re-laid out (call D), the
+# store itself took longer here (T=8,H=8 3.7 -> 4.7 us, the conversion through shared memory) and
+# the plain and seesaw schedules tied or lost (T=8,H=8 35.0 -> 35.3 us, T=64,H=8 112.5 -> 112.9); the
+# warp-specialised kernel keeps it where it won (``_verify_gluon_ws.COALESCED_STORE_PREFETCH``).
+COALESCED_STORE = os.environ.get("TRITREE_COALESCED_STORE", "0") == "1"
 Q_FIRST_SEESAW = os.environ.get("TRITREE_Q_FIRST_SEESAW", "0") == "1"
 
 
@@ -925,6 +945,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
             PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw), Q_FIRST=Q_FIRST_SEESAW if seesaw else Q_FIRST,
+            COALESCED_STORE=COALESCED_STORE,
             num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
@@ -962,7 +983,8 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", pdl: bool = False, timeline: bool = False, q_first: bool | None = None):
+                     partial_dtype: str = "fp32", pdl: bool = False, timeline: bool = False, q_first: bool | None = None,
+                     coalesced_store: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -973,6 +995,8 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     overlap = overlap and not gather
     if q_first is None:  # as launched
         q_first = Q_FIRST_SEESAW if seesaw else Q_FIRST
+    if coalesced_store is None:
+        coalesced_store = COALESCED_STORE
     desc3 = (f"tensordesc<bf16[{D_LAT // 64},{BLOCK_N},64],{_kv_smem3_layout()!r}>" if tma3d
              else f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>")
     sig = {
@@ -987,7 +1011,8 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "OVERLAP": overlap and not seesaw,
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, "TIMELINE": timeline,
-                  "PAIR_CHUNKS": PAIR_CHUNKS and seesaw, "Q_FIRST": q_first}
+                  "PAIR_CHUNKS": PAIR_CHUNKS and seesaw, "Q_FIRST": q_first,
+                  "COALESCED_STORE": coalesced_store}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -1044,6 +1069,12 @@ def _main():
         ok &= int(k.metadata.shared) <= SMEM_LIMIT_SM90
         print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 Q first: shared {int(k.metadata.shared)} "
               f"(Q after: {int(base.metadata.shared)}), spill {spill} (Q after: {base_spill})", flush=True)
+    for name in ("plain", "seesaw"):  # the output rows re-laid out before their store (TRITREE_COALESCED_STORE)
+        k = compile_for_sm90(2, False, 64, seesaw=name == "seesaw", coalesced_store=True)
+        use = resource_usage(k.asm["cubin"])
+        ok &= int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        print(f"_verify_gluon_kernel sm_90 {name:8s} splits=N P= 64 coalesced store: shared {int(k.metadata.shared)}, "
+              f"spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
     if not ok:
         raise SystemExit(1)
 

@@ -88,6 +88,7 @@ import tempfile
 import torch
 import triton
 
+from . import _verify_gluon
 from ._splitkv import merge_pdl
 from ._verify_gluon import (BLOCK_M, BLOCK_N, D_LAT, D_PE, GLUON_AVAILABLE, LOG2E, NUM_WARPS, SMEM_LIMIT_SM90, _check,
                             _IMPORT_ERROR, _kv_smem_layout, kv_descriptor)
@@ -274,7 +275,7 @@ if GLUON_AVAILABLE:
                      q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
-                     COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr):
+                     COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -287,7 +288,8 @@ if GLUON_AVAILABLE:
         same column order, so they start on blocks 0..3 while 4..7 still load (by tiles, slot 1 was
         released last and every column block of the next scores waited for it).
 
-        ``TIMELINE`` (bench only): ``_verify_gluon_kernel``'s five stamps, taken by this partition."""
+        ``TIMELINE`` (bench only): ``_verify_gluon_kernel``'s five stamps, taken by this partition.
+        ``COALESCED_STORE``: as ``_verify_gluon_kernel``'s."""
         if COLSPLIT:
             gl.static_assert(PROBE == 0, "probes: the by-tiles loop only")
         HALF: gl.constexpr = D_LAT // 2
@@ -406,15 +408,40 @@ if GLUON_AVAILABLE:
         # ---- store (as _verify_gluon_kernel) --------------------------------------------------------
         if TIMELINE:
             t3 = _now(b)
+        # COALESCED_STORE: re-laid out through the pair buffers (free now: the producer has no copy left
+        # and the tail's are consumed), as convert_layout's own scratch would not fit beside them.
+        st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
+                                                   warps_per_cta=[8, 1], order=[1, 0])
+        stage_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         if COLSPLIT:
-            _store_o(oa, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
-                     stride_os, stride_lb, stride_lt, stride_lh, stride_ls, oh_layout, SINGLE_SPLIT, BLOCK_M, HALF)
-            _store_o(ob, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
-                     stride_os, stride_lb, stride_lt, stride_lh, stride_ls, oh_layout, SINGLE_SPLIT, BLOCK_M, HALF,
-                     HALF, False)
+            if COALESCED_STORE:
+                stage = k_lat._reinterpret(gl.float32, [2 * BLOCK_M, HALF], stage_layout)
+                stage.slice(0, BLOCK_M, dim=0).store(oa)
+                stage.slice(BLOCK_M, BLOCK_M, dim=0).store(ob)
+                _cta_barrier()
+                _store_o(stage.slice(0, BLOCK_M, dim=0).load(st_layout), m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H,
+                         tree_len, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
+                         stride_ls, st_layout, SINGLE_SPLIT, BLOCK_M, HALF)
+                _store_o(stage.slice(BLOCK_M, BLOCK_M, dim=0).load(st_layout), m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H,
+                         tree_len, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
+                         stride_ls, st_layout, SINGLE_SPLIT, BLOCK_M, HALF, HALF, False)
+            else:
+                _store_o(oa, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
+                         stride_os, stride_lb, stride_lt, stride_lh, stride_ls, oh_layout, SINGLE_SPLIT, BLOCK_M, HALF)
+                _store_o(ob, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
+                         stride_os, stride_lb, stride_lt, stride_lh, stride_ls, oh_layout, SINGLE_SPLIT, BLOCK_M, HALF,
+                         HALF, False)
         else:
-            _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
-                     stride_os, stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
+            if COALESCED_STORE:
+                stage = k_lat._reinterpret(gl.float32, [BLOCK_M, D_LAT], stage_layout)
+                stage.store(o)
+                _cta_barrier()
+                _store_o(stage.load(st_layout), m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len,
+                         stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+                         st_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
+            else:
+                _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
+                         stride_os, stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
         if TIMELINE:
             _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, t1, t2, t3, _now(b), BLOCK_M)
 
@@ -445,6 +472,7 @@ if GLUON_AVAILABLE:
         COLSPLIT: gl.constexpr = False,
         PDL: gl.constexpr = False,
         TIMELINE: gl.constexpr = False,
+        COALESCED_STORE: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -488,7 +516,8 @@ if GLUON_AVAILABLE:
                                 stride_lt, stride_lh, stride_ls,
                                 T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
-                                PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE)),
+                                PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
+                                COALESCED_STORE)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
@@ -499,6 +528,21 @@ if GLUON_AVAILABLE:
 
 # Default of ``launch_verify_gluon_ws(..., l2_prefetch=None)`` and of the AOT check.
 L2_PREFETCH = True
+# The output / partial rows re-laid out through the pair buffers before their store
+# (``_verify_gluon.COALESCED_STORE``) where it measured faster: over TMA with the L2 prefetch (what
+# verify_mla runs above 512 rows), where it also shrinks triton 3.6's stack frame of this kernel from
+# 440 to 24 bytes. Session 11 call D, L=46000, P=64, us: T=65,H=8 117.0 -> 112.9, T=16,H=64 198.3 ->
+# 188.4, T=64,H=64 785.9 -> 712.0 (the timeline: the pair loop 5 us shorter, the store 1.5 us longer).
+# Elsewhere it lost or tied (without the prefetch T=16,H=8 47.5 -> 48.0, T=17,H=8 53.7 -> 54.6; row
+# gathers at P=1 T=8,H=8 37.8 -> 39.1, T=16,H=64 210.1 -> 206.8). ``_verify_gluon.COALESCED_STORE``
+# (``TRITREE_COALESCED_STORE=1``) turns it on for every Gluon kernel.
+COALESCED_STORE_PREFETCH = os.environ.get("TRITREE_COALESCED_STORE_PREFETCH", "1") == "1"
+
+
+def coalesced_store(l2_prefetch: bool, gather: bool) -> bool:
+    """Whether the kernel with this producer (``l2_prefetch`` over TMA, or row ``gather``) re-lays out
+    its output rows before their store."""
+    return _verify_gluon.COALESCED_STORE or (COALESCED_STORE_PREFETCH and l2_prefetch and not gather)
 
 
 def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
@@ -523,6 +567,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     desc = kv_descriptor(kv)
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
+    l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
     return _verify_gluon_ws_kernel[grid](
         q, kv, desc, desc, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
@@ -535,10 +580,10 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         *l_strides,
         T, H, int(num_splits),
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1,
-        L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
+        L2_PREFETCH=l2_prefetch,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
-        TIMELINE=bool(timeline),
+        TIMELINE=bool(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -566,13 +611,16 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
-                        pdl: bool = False, timeline: bool = False):
+                        pdl: bool = False, timeline: bool = False, coalesced: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     gather = page_size % BLOCK_N != 0
     if producer_regs is None:
         producer_regs = GATHER_PRODUCER_REGS if gather else PRODUCER_REGS
+    l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
+    if coalesced is None:  # as launched
+        coalesced = coalesced_store(l2_prefetch, gather)
     fn = _verify_gluon_ws_kernel
     layout = _kv_smem_layout()
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
@@ -586,10 +634,11 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
             "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1,
-                  "L2_PREFETCH": L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
+                  "L2_PREFETCH": l2_prefetch,
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
-                  "PDL": pdl, "TIMELINE": timeline}
+                  "PDL": pdl, "TIMELINE": timeline,
+                  "COALESCED_STORE": coalesced}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
