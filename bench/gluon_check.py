@@ -141,7 +141,7 @@ def main():
                     help="pool page size (default 64; 1 = token-granular, randomly permuted pages)")
     ap.add_argument("--ws", action="store_true",
                     help="also the warp-specialised seesaw (_verify_gluon_ws): gluon+wscs, O += P V by column halves "
-                         "(what verify_mla runs above 512 rows with P >= 64, and above 16 rows with P < 64, where its "
+                         "(what verify_mla runs above 64 rows with P >= 64, and above 16 rows with P < 64, where its "
                          "producer gathers rows), gluon+ws, by tiles (TMA pools only)")
     ap.add_argument("--variants", default="", help="comma-separated Gluon variants to run (default: all)")
     ap.add_argument("--probes", action="store_true",

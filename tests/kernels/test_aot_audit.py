@@ -45,10 +45,10 @@ def test_gluon_verify_kernel_compiles_for_sm90():
 
 
 def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():
-    """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 from 65 to 256
-    rows without its L2 prefetch, above 512 rows with it (and its coalesced store), and above 16 rows
-    for pages below 64), by column halves and by tiles, one split and several, P = 64 and 128, and its
-    row gathers (P = 1, 16) fit sm_90's shared memory."""
+    """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 above 64 rows
+    with its L2 prefetch and coalesced store, and above 16 rows for pages below 64; also without the
+    prefetch), by column halves and by tiles, one split and several, P = 64 and 128, and its row
+    gathers (P = 1, 16) fit sm_90's shared memory."""
     out = _compile_gluon_module("tritree.kernels._verify_gluon_ws")
     assert out.count("_verify_gluon_ws_kernel sm_90") == 19, out
     assert out.count("PDL: launch_dependents in the PTX") == 3, out  # the merge's early launch signal

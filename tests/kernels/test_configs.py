@@ -9,8 +9,8 @@ from tritree.kernels.verify_mla import VERIFY_MLA_CONFIGS
 def test_sm90_buckets_and_small_pages():
     assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 16).kernel == "triton"
     assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 64, page_size=64).kernel == "gluon"
-    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 65, page_size=64).kernel == "gluon-ws-noprefetch"
-    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 512, page_size=64).kernel == "gluon-seesaw"
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 65, page_size=64).kernel == "gluon-ws"
+    assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 512, page_size=64).kernel == "gluon-ws"
     assert lookup(VERIFY_MLA_CONFIGS, "sm_90", 1024, page_size=128).kernel == "gluon-ws"
     # TMA tiles need whole pages: smaller pages take the small-pages table (row gathers).
     small = lookup(VERIFY_MLA_CONFIGS, "sm_90", 520, page_size=1)

@@ -87,8 +87,8 @@ CASES = [
 ]
 
 # The warp-specialised seesaw (``_verify_gluon_ws``, TMA pools): "wscs" = O += P V by column halves (what
-# verify_mla runs above 512 rows), "wscs-nopf" = the same without the L2 prefetch (65..256 rows), "ws" = by
-# tiles.
+# verify_mla runs above 64 rows), "wscs-nopf" = the same without the L2 prefetch (65..256 rows until
+# session 11), "ws" = by tiles.
 VARIANT_IDS = list(VARIANTS) + ["ws", "wscs", "wscs-nopf"]
 
 

@@ -58,8 +58,8 @@ kernel does (FA3-style, one CTA of 8 warps = 2 warpgroups per 64 rows):
 Shared memory: Q 73,728 + 2 slots 147,456 + P 8,192 = 229,376 bytes (+ barriers and reduction
 scratch) of the 232,448 an H200 CTA may use: one CTA per SM.
 
-From 65 to 256 rows and above 512 (P % 64 == 0), and above 16 rows for smaller pages, ``verify_mla``
-runs the SEESAW's warp-specialised form instead (``_verify_gluon_ws.py``: a producer partition issues
+Above 64 rows (P % 64 == 0) and above 16 rows for smaller pages, ``verify_mla`` runs the SEESAW's
+warp-specialised form instead (``_verify_gluon_ws.py``: a producer partition issues
 the copies or gathers the rows, ``O += P V`` by column halves), which shares this file's helpers.
 
 Targets triton 3.6 Gluon (the H200 machine); the names that changed by 3.9 (TMA load, cp.async,

@@ -1,6 +1,5 @@
 """Warp-specialised Hopper Gluon seesaw verify kernel: what ``verify_mla`` runs on sm_90 for bf16 pools
-with P % 64 == 0 from 65 to 256 packed rows (without its L2 prefetch) and above 512, and for pages
-below 64 above 16 rows (row gathers).
+with P % 64 == 0 above 64 packed rows, and for pages below 64 above 16 rows (row gathers).
 
 Same math, masking, tail, store and output / partial format as ``_verify_gluon_kernel`` with
 ``SEESAW=True`` (see ``_verify_gluon.py`` for the schedule of a pair); the copies are issued by a
@@ -29,10 +28,11 @@ Partitions (``gl.warp_specialize``; 12 warps per CTA):
   each warpgroup 128 columns of each, 64 registers each).
 * worker partition ``_ws_producer`` (``PRODUCER_WARPS`` = 4 warps, ``PRODUCER_REGS`` = 24 registers):
   page-table lookups, the TMA boxes of every pair and (``L2_PREFETCH``) the bulk L2 prefetch one pair
-  ahead. It exits after issuing the last pair. On triton 3.6 the prefetch gives the kernel a 440-byte
-  stack frame whose loads sit in the consumers' pair loop; without it the kernel is faster from 65 to
-  256 rows and slower above 512 (session 7, call D), so ``verify_mla`` has both
-  (``"gluon-ws-noprefetch"``, ``"gluon-ws"``).
+  ahead. It exits after issuing the last pair. On triton 3.6 the prefetch gave the kernel a 440-byte
+  stack frame whose loads sat in the consumers' pair loop (without it the kernel was faster from 65 to
+  256 rows, session 7 call D: ``"gluon-ws-noprefetch"``, kept for comparisons); with the coalesced
+  store (``COALESCED_STORE_PREFETCH``) the frame is 24 bytes and the prefetch wins at every row count
+  measured (session 11 call F).
 
 Barriers (all ``count=1``, each its own allocation, initialised before the fork):
 
@@ -530,7 +530,7 @@ if GLUON_AVAILABLE:
 L2_PREFETCH = True
 # The output / partial rows re-laid out through the pair buffers before their store
 # (``_verify_gluon.COALESCED_STORE``) where it measured faster: over TMA with the L2 prefetch (what
-# verify_mla runs above 512 rows), where it also shrinks triton 3.6's stack frame of this kernel from
+# verify_mla runs above 64 rows since), where it also shrinks triton 3.6's stack frame of this kernel from
 # 440 to 24 bytes. Session 11 call D, L=46000, P=64, us: T=65,H=8 117.0 -> 112.9, T=16,H=64 198.3 ->
 # 188.4, T=64,H=64 785.9 -> 712.0 (the timeline: the pair loop 5 us shorter, the store 1.5 us longer).
 # Elsewhere it lost or tied (without the prefetch T=16,H=8 47.5 -> 48.0, T=17,H=8 53.7 -> 54.6; row

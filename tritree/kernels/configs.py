@@ -91,13 +91,12 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         # two per SM, T=16,H=64 228.7 vs 262.3 at four, T=65,H=8 132.3 vs 149.2). The plain schedule
         # is ahead up to 128 rows (T=16,H=8 54.7 vs 57.1), the seesaw above (T=17,H=8 62.0 vs 64.2).
         64: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
-        # 65..256 rows: the warp-specialised kernel without its producer's L2 prefetch of the next pair
-        # (session 7, call D, us: T=16,H=8 49.5 vs plain 50.7, T=17,H=8 58.1 vs seesaw 60.6, T=32,H=8
-        # 66.4 vs 66.5; with the prefetch, triton 3.6 gives the kernel a 440-byte stack frame whose
-        # loads sit in the pair loop, yet at 512 rows and above the prefetch wins: T=64,H=8 114.1
-        # without vs 118.4 with and 113.2 for the seesaw, T=16,H=64 209.3 vs 200.8).
-        256: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws-noprefetch"),
-        512: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw"),
+        # Above 64 rows: the warp-specialised kernel with its producer's L2 prefetch of the next pair.
+        # (Sessions 7-10 ran it only above 512 rows: triton 3.6 gave it a 440-byte stack frame whose
+        # loads sat in the pair loop, so 65..256 rows ran it without the prefetch and 257..512 ran the
+        # seesaw. Its output rows re-laid out before their store (session 11) shrank the frame to 24
+        # bytes; session 11 call F, us, seesaw / without the prefetch / this: T=64,H=8 113.2 / 115.1 /
+        # 106.7, T=8,H=64 113.0 / 114.5 / 105.9, T=16,H=8 47.5 / 48.4 / 46.4.)
         1 << 30: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees). On Hopper with bf16 the
