@@ -42,13 +42,16 @@ def _median_event_time(fn, reps: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure_ceilings(device="cuda") -> Ceilings:
-    n = 1 << 30  # 1 GiB each way
+def _copy_ms(n: int, device) -> float:
+    """Median time of a device copy of ``n`` bytes (its buffers freed on return)."""
     src = torch.randn(n // 4, device=device)
     dst = torch.empty_like(src)
-    ms = _median_event_time(lambda: dst.copy_(src), reps=20)
-    copy_gbps = 2 * n / (ms * 1e-3) / 1e9
-    del src, dst
+    return _median_event_time(lambda: dst.copy_(src), reps=20)
+
+
+def measure_ceilings(device="cuda") -> Ceilings:
+    n = 1 << 30  # 1 GiB each way
+    copy_gbps = 2 * n / (_copy_ms(n, device) * 1e-3) / 1e9
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     ms = _median_event_time(lambda: a @ b, reps=20)

@@ -893,6 +893,7 @@ PAIR_CHUNKS = os.environ.get("TRITREE_PAIR_CHUNKS", "1") == "1"
 # T=8,H=8 36.2 -> 35.0 us (Q lands at 2.2 us, not 5.2); seesaw T=64,H=8 111.9 -> 111.5 but
 # T=64,H=64 744.0 -> 780.6, so the seesaw keeps Q after the first tiles.
 Q_FIRST = os.environ.get("TRITREE_Q_FIRST", "1") == "1"
+Q_FIRST_SEESAW = os.environ.get("TRITREE_Q_FIRST_SEESAW", "0") == "1"
 # The output / partial rows re-laid out through shared memory before their store (``COALESCED_STORE``,
 # off here; ``TRITREE_COALESCED_STORE=1`` turns it on for every Gluon kernel): from the MMA layout a
 # warp's store writes 32-byte pieces of eight rows; re-laid out, 512 contiguous bytes of one row. The
@@ -902,7 +903,6 @@ Q_FIRST = os.environ.get("TRITREE_Q_FIRST", "1") == "1"
 # the plain and seesaw schedules tied or lost (T=8,H=8 35.0 -> 35.3 us, T=64,H=8 112.5 -> 112.9); the
 # warp-specialised kernel keeps it where it won (``_verify_gluon_ws.COALESCED_STORE_PREFETCH``).
 COALESCED_STORE = os.environ.get("TRITREE_COALESCED_STORE", "0") == "1"
-Q_FIRST_SEESAW = os.environ.get("TRITREE_Q_FIRST_SEESAW", "0") == "1"
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
