@@ -135,7 +135,7 @@ def split_destinations(out, lse, num_splits: int, rows: int):
     """Where a split-KV kernel writes: ``(dst_o, dst_l, o_strides, l_strides)`` for
     :func:`store_rows`. One split writes ``out``/``lse`` directly; several write float32 partials
     ``[B, S, rows, D]`` / ``[B, S, rows]`` for :func:`combine_splits` (16-bit partials halve their
-    traffic but measured slower: session 4, and session 11 call C, 3-12% at every target and engine
+    traffic but measured slower: session 4, and session 11 call C, 2-11% at every target and engine
     shape, their store from the MMA layout twice as long; commit 2c17548 has the switch)."""
     if num_splits == 1:
         return (out, lse, (out.stride(0), out.stride(1), out.stride(2), 0),
