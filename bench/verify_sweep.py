@@ -123,25 +123,29 @@ def to_fp8_sets(sets):
 # (Not kept, measured no faster: session 9's "tritree-fused", the merge
 # inside the split kernel, commit 995064a; session 10's "tritree-tailpf", the masked tail's L2 prefetch,
 # commit 5e2d6ff; session 11's "tritree-p16", bf16 split partials, commit 2c17548.)
-SWITCHES = {"tritree-pdl": ("tritree.kernels._splitkv", "MERGE_PDL", True),
-            "tritree-pagechunks": ("tritree.kernels._verify_gluon", "PAIR_CHUNKS", False),
-            "tritree-qlast": ("tritree.kernels._verify_gluon", "Q_FIRST", False),
-            "tritree-qfirst-seesaw": ("tritree.kernels._verify_gluon", "Q_FIRST_SEESAW", True),
-            "tritree-coalesced": ("tritree.kernels._verify_gluon", "COALESCED_STORE", True)}
+SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
+            "tritree-pagechunks": [("tritree.kernels._verify_gluon", "PAIR_CHUNKS", False)],
+            "tritree-qlast": [("tritree.kernels._verify_gluon", "Q_FIRST", False)],
+            "tritree-qfirst-seesaw": [("tritree.kernels._verify_gluon", "Q_FIRST_SEESAW", True)],
+            "tritree-coalesced": [("tritree.kernels._verify_gluon", "COALESCED_STORE", True)],
+            "tritree-partials16": [("tritree.kernels._splitkv", "PARTIALS_16BIT", True)],
+            "tritree-partials16-coalesced": [("tritree.kernels._splitkv", "PARTIALS_16BIT", True),
+                                             ("tritree.kernels._verify_gluon", "COALESCED_STORE", True)]}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
-    if variant in SWITCHES:  # the table's kernels with one module switch on
+    if variant in SWITCHES:  # the table's kernels with module switches set
         import importlib
 
-        module, name, value = SWITCHES[variant]
-        module = importlib.import_module(module)
-        before = getattr(module, name)
-        setattr(module, name, value)
+        settings = [(importlib.import_module(m), name, value) for m, name, value in SWITCHES[variant]]
+        before = [getattr(m, name) for m, name, _ in settings]
+        for m, name, value in settings:
+            setattr(m, name, value)
         try:
             return run_case(B, T, H, L, P, "tritree", ceil, config, check, trees) | {"variant": variant}
         finally:
-            setattr(module, name, before)
+            for (m, name, _), old in zip(settings, before):
+                setattr(m, name, old)
     fp8 = variant == "tritree-fp8"
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))

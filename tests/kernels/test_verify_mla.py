@@ -208,6 +208,22 @@ def test_functional_and_out_forms_agree():
     assert lse1.shape == (2, 5, 3) and lse1.dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_split_partials(dtype, monkeypatch):
+    """``PARTIALS_16BIT``: the split partials in the output's 16-bit dtype (one more rounding of each
+    normalised partial row) stay within the dtype's tolerance, padding rows zero, every element written;
+    fp32 outputs keep fp32 partials."""
+    import tritree.kernels._splitkv as splitkv
+
+    monkeypatch.setattr(splitkv, "PARTIALS_16BIT", True)
+    case = make_case(2, 9, 3, 16, [130, 47], [9, 4], ("random", "chain"), dtype, seed=17)
+    check_against_reference(case, dtype, config=SMALL, num_splits=3)
+    out = torch.empty(2, 9, 3, 512, dtype=dtype)
+    assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 3, 27)[0].dtype == dtype
+    assert splitkv.split_destinations(out.float(), torch.empty(2, 9, 3), 3, 27)[0].dtype == torch.float32
+    assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 3, 27, narrow=False)[0].dtype == torch.float32
+
+
 def test_bf16_loads_in_interpreter():
     # bf16 tl.dot is wrong in the interpreter; the launcher upcasts tiles there. On a GPU this is
     # the native bf16 path.
@@ -394,6 +410,33 @@ def test_gpu_q_first_gives_the_same_bits(kernel, P, monkeypatch):
     case = poison_unused_slots(make_case(2, 19, 8, P, [30_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=P + 5 * len(kernel)))
     check_switch_changes_no_bit(case, cfg, monkeypatch, vg, switch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-ws", 64), ("gluon-ws-noprefetch", 64),
+                                      ("gluon-ws", 1), ("gluon", 1), ("triton", 64)])
+def test_gpu_16bit_split_partials(kernel, P, monkeypatch):
+    """``PARTIALS_16BIT`` on every kernel (the ws kernel's staged store included): bf16 partials
+    against the float64 reference, then eagerly and replayed from a CUDA graph into poisoned outputs,
+    the same bits as the eager run."""
+    import tritree.kernels._splitkv as splitkv
+
+    monkeypatch.setattr(splitkv, "PARTIALS_16BIT", True)
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
+    case = poison_unused_slots(make_case(2, 19, 8, P, [20_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=P + 7 * len(kernel)))
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    ref = check_against_reference(case, torch.bfloat16, config=cfg, num_splits=8)
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse, num_splits=8)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)
 
 
 @pytest.mark.gpu

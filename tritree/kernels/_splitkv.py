@@ -131,17 +131,26 @@ def page_of(pages, g, n, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
     return tl.sum(tl.where(tl.arange(0, PAGE_GROUP) == (n - g) // PAGE_SIZE, pages, 0), 0)
 
 
-def split_destinations(out, lse, num_splits: int, rows: int):
+# Split partials in the output's dtype when it is 16-bit (an experiment until measured, so off;
+# ``TRITREE_PARTIALS_16BIT=1``): half the bytes the split programs write and the merge reads (T=65,H=8
+# at L=46k: 126 programs x 64 rows x 512 values, 16.5 MB in fp32), at one more rounding of each
+# normalised partial row (the merged row is rounded to 16 bits anyway). Measured slower from the MMA
+# layout (session 4; session 11 call C: 2-11%, the store's 32-byte pieces twice as long); session 12
+# measures it behind the warp-specialised kernel's staged, coalesced store.
+PARTIALS_16BIT = os.environ.get("TRITREE_PARTIALS_16BIT", "0") == "1"
+
+
+def split_destinations(out, lse, num_splits: int, rows: int, narrow: bool | None = None):
     """Where a split-KV kernel writes: ``(dst_o, dst_l, o_strides, l_strides)`` for
-    :func:`store_rows`. One split writes ``out``/``lse`` directly; several write float32 partials
-    ``[B, S, rows, D]`` / ``[B, S, rows]`` for :func:`combine_splits` (16-bit partials halve their
-    traffic but measured slower: session 4, and session 11 call C, 2-11% at every target and engine
-    shape, their store from the MMA layout twice as long; commit 2c17548 has the switch)."""
+    :func:`store_rows`. One split writes ``out``/``lse`` directly; several write partials
+    ``[B, S, rows, D]`` / ``[B, S, rows]`` (float32 lse) for :func:`combine_splits`, the rows in
+    float32, or in a 16-bit ``out``'s dtype with ``narrow`` (default: ``PARTIALS_16BIT``)."""
     if num_splits == 1:
         return (out, lse, (out.stride(0), out.stride(1), out.stride(2), 0),
                 (lse.stride(0), lse.stride(1), lse.stride(2), 0))
     B, D = out.shape[0], out.shape[-1]
-    dst_o = torch.empty(B, num_splits, rows, D, dtype=torch.float32, device=out.device)
+    narrow = (PARTIALS_16BIT if narrow is None else narrow) and out.dtype in (torch.bfloat16, torch.float16)
+    dst_o = torch.empty(B, num_splits, rows, D, dtype=out.dtype if narrow else torch.float32, device=out.device)
     dst_l = torch.empty(B, num_splits, rows, dtype=torch.float32, device=out.device)
     return (dst_o, dst_l, (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1)),
             (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1)))
