@@ -68,7 +68,8 @@ def torch_verify(q, kv, page_table, kv_lens, tree_mask, sm_scale, max_len):
 TREE_KINDS = {"random": ("random", "wide"), "chain": ("chain",)}
 
 
-def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0, trees="random"):
+def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0, trees="random", fragmented=None):
+    """``n_sets`` input sets; pages randomly permuted with ``fragmented`` (default: at P = 1 only)."""
     g = torch.Generator().manual_seed(seed)
     cap = L + T
     sets = []
@@ -76,7 +77,8 @@ def build_sets(B, T, H, L, P, n_sets, dtype, device, seed=0, trees="random"):
     tree_mask, _ = tree_mask_from_parents(parents.to(device))
     kv_lens = torch.full((B,), L, dtype=torch.int32, device=device)
     for _ in range(n_sets):
-        page_table, num_pages = paged_layout(cap, B, P, fragmented=(P == 1), generator=g, device=device)
+        page_table, num_pages = paged_layout(cap, B, P, fragmented=(P == 1) if fragmented is None else fragmented,
+                                             generator=g, device=device)
         kv = torch.randn(num_pages, P, 576, device=device, dtype=dtype)
         q = torch.randn(B, T, H, 576, device=device, dtype=dtype)
         sets.append(dict(q=q, kv=kv, page_table=page_table, kv_lens=kv_lens, tree_mask=tree_mask))
@@ -133,7 +135,7 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
                                              ("tritree.kernels._verify_gluon", "COALESCED_STORE", True)]}
 
 
-def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random"):
+def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):
     if variant in SWITCHES:  # the table's kernels with module switches set
         import importlib
 
@@ -142,17 +144,18 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, tr
         for m, name, value in settings:
             setattr(m, name, value)
         try:
-            return run_case(B, T, H, L, P, "tritree", ceil, config, check, trees) | {"variant": variant}
+            return run_case(B, T, H, L, P, "tritree", ceil, config, check, trees, fragmented) | {"variant": variant}
         finally:
             for (m, name, _), old in zip(settings, before):
                 setattr(m, name, old)
     fp8 = variant == "tritree-fp8"
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
-    row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, trees=trees, config=str(config) if config else "default")
+    row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, trees=trees, config=str(config) if config else "default",
+               fragmented=(P == 1) if fragmented is None else bool(fragmented))
     if variant == "flashinfer" and trees != "chain":
         return {**row, "skipped": "FlashInfer's MLA mask is causal: chain-shaped trees only (--trees chain)"}
-    sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda", trees=trees)
+    sets = build_sets(B, T, H, L, P, n_sets, torch.bfloat16, "cuda", trees=trees, fragmented=fragmented)
     if fp8:
         sets = to_fp8_sets(sets)
     if variant == "flashinfer":
@@ -208,7 +211,8 @@ def parse_config(text: str) -> AttnConfig:
 
 
 def fmt_row(r):
-    head = f"L={r['L']:>6} T={r['T']:>3} H={r['H']:>2} B={r['B']:>2} P={r['P']:>2} {r['variant']:14s}"
+    frag = "f" if r.get("fragmented") and r["P"] > 1 else " "  # P = 1 pools are always permuted
+    head = f"L={r['L']:>6} T={r['T']:>3} H={r['H']:>2} B={r['B']:>2} P={r['P']:>2}{frag} {r['variant']:14s}"
     if "skipped" in r:
         return head + f" skipped ({r['skipped']})"
     err = f" err {r['rel_err']:.1e}" if "rel_err" in r else ""
@@ -227,6 +231,8 @@ def main(argv=None):
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")
+    ap.add_argument("--fragmented", action="store_true",
+                    help="pages randomly permuted at every page size (default: at P = 1 only)")
     ap.add_argument("--configs", default="", help="semicolon-separated BM,BN,warps,stages to try instead of the table")
     ap.add_argument("--filter", default="", help="python expression over B,T,H,L,P selecting cases")
     ap.add_argument("--out", default="verify_sweep.jsonl")
@@ -249,7 +255,8 @@ def main(argv=None):
             for variant in variants:
                 for cfg in (configs if variant != "torch" else [None]):
                     try:
-                        r = run_case(B, T, H, L, P, variant, ceil, config=cfg, trees=args.trees)
+                        r = run_case(B, T, H, L, P, variant, ceil, config=cfg, trees=args.trees,
+                                     fragmented=True if args.fragmented else None)
                     except Exception as e:  # record and go on: one bad config must not lose the sweep
                         r = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(cfg), skipped=f"{type(e).__name__}: {str(e)[:200]}")
                         torch.cuda.empty_cache()

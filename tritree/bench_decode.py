@@ -171,17 +171,24 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
     # without them verify_mla fills a tensor of T's, one more graph node)
     from .kernels import verify_mla
     from .testing import random_verify_inputs
+    # Pages as the step's pool holds them (each request's pages in one contiguous run, as PagePool hands
+    # a fresh pool's pages out and ``build`` lays them out), and randomly permuted (a fragmented pool) beside it.
     T = budget + 1
-    case = random_verify_inputs(batch, T, tcfg.heads, 64, [ctx] * batch, [T] * batch, ("wide",), torch.bfloat16,
-                                device="cuda")
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    attn_us = graph_time_us([lambda: verify_mla(*args, sm_scale=tcfg.softmax_scale, tree_lens=case["tree_lens"])])
+    attn = {}
+    for fragmented in (False, True):
+        case = random_verify_inputs(batch, T, tcfg.heads, 64, [ctx] * batch, [T] * batch, ("wide",), torch.bfloat16,
+                                    fragmented=fragmented, device="cuda")
+        args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+        attn[fragmented] = graph_time_us(
+            [lambda a=args, c=case: verify_mla(*a, sm_scale=tcfg.softmax_scale, tree_lens=c["tree_lens"])])
+    attn_us = attn[False]
     ceil = measure_ceilings()
     nbytes, flops = verify_mla_counts(batch, T, tcfg.heads, ctx)
     floor_us, bound = ceil.floor_us(nbytes, flops)
     return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
                 graph_ms=graph_ms, graph_ms_without_collectives=graph_ms_local, phases_ms=med,
-                phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_floor_us=floor_us,
+                phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_fragmented_us=attn[True],
+                verify_attention_floor_us=floor_us,
                 floor_bound=bound)
 
 
@@ -216,7 +223,8 @@ def main(args, tp=None) -> int:
         say(f"budget {budget:>3}: one more MoE layer costs {moe_layer:.3f} ms; 61-layer step ~ {est61:.1f} ms "
             f"({where}); verify attention {b['verify_attention_us']:.1f} us/layer vs floor "
             f"{b['verify_attention_floor_us']:.1f} us ({b['verify_attention_us'] / b['verify_attention_floor_us']:.2f}x, "
-            f"{b['floor_bound']}), {verify_share:.1f} ms over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
+            f"{b['floor_bound']}; fragmented pool {b['verify_attention_fragmented_us']:.1f} us), {verify_share:.1f} ms "
+            f"over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
             f"= {100 * non_target / est61:.1f}% of the extrapolated step (eager phases)", flush=True)
         row = dict(budget=budget, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target)
         pg = b.get("phases_graph_ms") or {}
