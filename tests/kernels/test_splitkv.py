@@ -55,16 +55,40 @@ def test_combine_matches_float64_merge(B, T, H, S, D, chunk_values, empty, seed)
     assert (out.cpu().reshape(B, M, D)[:, 0] == 0).all()
 
 
+@pytest.mark.parametrize("M,S,D", [(136, 11, 512), (520, 14, 512), (130, 3, 256), (20, 5, 512)])
+@pytest.mark.parametrize("by_columns", [True, False])
+def test_combine_of_16bit_partials(M, S, D, by_columns, monkeypatch):
+    """bf16 partials (``PARTIALS_16BIT``) merged by column warps (``COMBINE_16BIT_BY_COLUMNS``: 256 or
+    512-column blocks, the splits summed in registers, several chunks) or as fp32 partials are, against
+    the float64 merge of the same bf16 values."""
+    monkeypatch.setattr(_splitkv, "COMBINE_16BIT_BY_COLUMNS", by_columns)
+    block_d, chunk, warps = combine_config(M, S, D, elem_bytes=2)
+    if by_columns and M * D // 256 >= _splitkv._COMBINE_16BIT_MIN_PROGRAMS:
+        assert block_d in (256, 512) and warps == block_d // 256 and chunk <= 8
+    g = torch.Generator().manual_seed(M + S)
+    part_o = torch.randn(1, S, M, D, generator=g).to(torch.bfloat16)
+    part_lse = torch.randn(1, S, M, generator=g) * 8.0
+    part_lse[:, 1, 3] = float("-inf")
+    part_o[torch.isinf(part_lse)] = 0.0
+    out = torch.full((1, M, 1, D), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.full((1, M, 1), float("nan"), device=DEVICE)
+    combine_splits(part_o.to(DEVICE), part_lse.to(DEVICE), out, lse)
+    ref_out, ref_lse = reference_merge(part_o, part_lse)
+    torch.testing.assert_close(out.cpu().double().reshape(1, M, D), ref_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse.cpu().double().reshape(1, M), ref_lse, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows,splits,D", [(64, 132, 512), (128, 66, 512), (512, 16, 512), (1024, 8, 512),
                                            (8, 3, 128), (4160, 2, 128), (1, 1, 512), (3, 300, 64)])
-def test_combine_config_bounds(rows, splits, D):
-    block_d, chunk, num_warps = combine_config(rows, splits, D)
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+def test_combine_config_bounds(rows, splits, D, elem_bytes):
+    block_d, chunk, num_warps = combine_config(rows, splits, D, elem_bytes)
     assert D % block_d == 0 and block_d >= 32
     assert chunk & (chunk - 1) == 0 and 1 <= chunk <= triton_next_pow2(splits)
     assert chunk * block_d <= max(_splitkv._COMBINE_CHUNK_VALUES, block_d)
     assert chunk * block_d // (32 * num_warps) <= 64  # values per thread
     # Narrowed only while there are too few programs.
-    if block_d < D:
+    if block_d < D and elem_bytes == 4:
         assert rows * (D // (2 * block_d)) < _splitkv._COMBINE_MIN_PROGRAMS
 
 
