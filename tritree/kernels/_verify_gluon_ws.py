@@ -539,6 +539,20 @@ L2_PREFETCH = True
 COALESCED_STORE_PREFETCH = os.environ.get("TRITREE_COALESCED_STORE_PREFETCH", "1") == "1"
 
 
+# Split partials in bf16 for the kernel over TMA with its L2 prefetch (what verify_mla runs above 64 rows
+# at P % 64 == 0; ``TRITREE_PARTIALS_16BIT_WS=0`` keeps fp32), whose staged store writes them coalesced
+# and whose merge then runs by column warps (``_splitkv.COMBINE_16BIT_BY_COLUMNS``). Session 12 call G,
+# L=46000, P=64, us, fp32 -> bf16: T=65,H=8 113.6 -> 112.4, T=64,H=8 106.6 -> 104.0, T=16,H=8 46.2 ->
+# 43.2, T=17,H=8 51.4 -> 50.3, T=8,H=64 103.8 -> 102.0, T=16,H=64 189.1 -> 186.9, T=64,H=64 746.4 -> 730.0
+# (the plain kernel's T=8,H=8 lost: 35.1 -> 39.2, so it keeps fp32).
+PARTIALS_16BIT_WS = os.environ.get("TRITREE_PARTIALS_16BIT_WS", "1") == "1"
+
+
+def narrow_partials(l2_prefetch: bool, gather: bool) -> bool:
+    """Whether the kernel with this producer writes its split partials in the output's 16-bit dtype."""
+    return PARTIALS_16BIT_WS and l2_prefetch and not gather
+
+
 def coalesced_store(l2_prefetch: bool, gather: bool) -> bool:
     """Whether the kernel with this producer (``l2_prefetch`` over TMA, or row ``gather``) re-lays out
     its output rows before their store."""
