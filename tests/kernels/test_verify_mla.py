@@ -2,6 +2,7 @@
 input validation, and GPU tests in bf16 at large shapes."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -222,6 +223,20 @@ def test_16bit_split_partials(dtype, monkeypatch):
     assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 3, 27)[0].dtype == dtype
     assert splitkv.split_destinations(out.float(), torch.empty(2, 9, 3), 3, 27)[0].dtype == torch.float32
     assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 3, 27, narrow=False)[0].dtype == torch.float32
+
+
+def test_16bit_partials_policy(monkeypatch):
+    """Shipped: bf16 partials for the warp-specialised kernel over TMA with its L2 prefetch only (its staged
+    store), fp32 for row gathers and without the prefetch; ``PARTIALS_16BIT_WS`` off restores fp32."""
+    import tritree.kernels._verify_gluon_ws as vgws
+
+    assert vgws.PARTIALS_16BIT_WS or os.environ.get("TRITREE_PARTIALS_16BIT_WS") == "0"
+    monkeypatch.setattr(vgws, "PARTIALS_16BIT_WS", True)
+    assert vgws.narrow_partials(l2_prefetch=True, gather=False)
+    assert not vgws.narrow_partials(l2_prefetch=True, gather=True)
+    assert not vgws.narrow_partials(l2_prefetch=False, gather=False)
+    monkeypatch.setattr(vgws, "PARTIALS_16BIT_WS", False)
+    assert not vgws.narrow_partials(l2_prefetch=True, gather=False)
 
 
 def test_bf16_loads_in_interpreter():

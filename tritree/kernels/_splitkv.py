@@ -131,12 +131,13 @@ def page_of(pages, g, n, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
     return tl.sum(tl.where(tl.arange(0, PAGE_GROUP) == (n - g) // PAGE_SIZE, pages, 0), 0)
 
 
-# Split partials in the output's dtype when it is 16-bit (an experiment until measured, so off;
-# ``TRITREE_PARTIALS_16BIT=1``): half the bytes the split programs write and the merge reads (T=65,H=8
-# at L=46k: 126 programs x 64 rows x 512 values, 16.5 MB in fp32), at one more rounding of each
-# normalised partial row (the merged row is rounded to 16 bits anyway). Measured slower from the MMA
-# layout (session 4; session 11 call C: 2-11%, the store's 32-byte pieces twice as long); session 12
-# measures it behind the warp-specialised kernel's staged, coalesced store.
+# Split partials in the output's dtype when it is 16-bit, for every kernel (``TRITREE_PARTIALS_16BIT=1``;
+# off): half the bytes the split programs write and the merge reads (T=65,H=8 at L=46k: 126 programs x
+# 64 rows x 512 values, 16.5 MB in fp32), at one more rounding of each normalised partial row (the merged
+# row is rounded to 16 bits anyway). Stored from the MMA layout they are slower (session 11 call C: 2-11%,
+# the store's 32-byte pieces twice as long; session 12: the plain kernel's T=8,H=8 35.1 -> 39.2 us);
+# behind the warp-specialised kernel's staged store, with the merge by column warps, faster at every
+# shape measured, so that kernel writes them by default (``_verify_gluon_ws.PARTIALS_16BIT_WS``).
 PARTIALS_16BIT = os.environ.get("TRITREE_PARTIALS_16BIT", "0") == "1"
 
 
@@ -236,8 +237,9 @@ _COMBINE_WARPS8_VALUES = 8192
 # 16-bit partials (``PARTIALS_16BIT``): a warp's 16-byte loads cover 256 columns of one split, so a
 # 256-column block put its 4 warps on 4 splits, and the sum over splits went through shared memory:
 # Nsight Compute (session 12 call F, T=65,H=8) had that merge at 81.6% of L1 throughput, 13.6 us against
-# 6.8 for fp32 partials. By columns (an experiment, on where it applies): 256 columns a warp, the warps
-# side by side, each thread summing its splits in registers.
+# 6.8 for fp32 partials. By columns (where there are enough rows): 256 columns a warp, the warps side by
+# side, each thread summing its splits in registers. Call G, merge us (profiler, eager; fp32 partials /
+# bf16 by columns): T=65,H=8 4.5 / 3.4 (bf16 the old way: 12.4), T=64,H=8 4.7 / 3.8, T=16,H=64 4.0 / 3.1.
 COMBINE_16BIT_BY_COLUMNS = os.environ.get("TRITREE_COMBINE_16BIT_BY_COLUMNS", "1") == "1"
 _COMBINE_16BIT_MIN_PROGRAMS = 256
 

@@ -623,7 +623,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 # AOT compile check (CPU machine, sm_90 target)
 # --------------------------------------------------------------------------------------------------
 
-def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str = "fp32",
+def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str | None = None,
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
                         pdl: bool = False, timeline: bool = False, coalesced: bool | None = None):
     from triton.backends.compiler import GPUTarget
@@ -635,6 +635,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
     if coalesced is None:  # as launched
         coalesced = coalesced_store(l2_prefetch, gather)
+    if partial_dtype is None:  # as verify_mla launches it
+        partial_dtype = "bf16" if narrow_partials(l2_prefetch, gather) else "fp32"
     fn = _verify_gluon_ws_kernel
     layout = _kv_smem_layout()
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
