@@ -235,8 +235,13 @@ def test_16bit_partials_policy(monkeypatch):
     assert vgws.narrow_partials(l2_prefetch=True, gather=False)
     assert not vgws.narrow_partials(l2_prefetch=True, gather=True)
     assert not vgws.narrow_partials(l2_prefetch=False, gather=False)
+    assert vgws.partials_narrow_for("gluon-ws", 64) is True and vgws.partials_narrow_for("gluon-ws", 128) is True
+    for kernel, P in (("gluon-ws", 1), ("gluon-ws", 16), ("gluon-ws-noprefetch", 64), ("gluon", 64),
+                      ("gluon-seesaw", 64), ("triton", 64)):
+        assert vgws.partials_narrow_for(kernel, P) is None
     monkeypatch.setattr(vgws, "PARTIALS_16BIT_WS", False)
     assert not vgws.narrow_partials(l2_prefetch=True, gather=False)
+    assert vgws.partials_narrow_for("gluon-ws", 64) is None
 
 
 def test_bf16_loads_in_interpreter():

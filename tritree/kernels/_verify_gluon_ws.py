@@ -553,6 +553,14 @@ def narrow_partials(l2_prefetch: bool, gather: bool) -> bool:
     return PARTIALS_16BIT_WS and l2_prefetch and not gather
 
 
+def partials_narrow_for(kernel: str, page_size: int) -> bool | None:
+    """``split_destinations``'s ``narrow`` for the Gluon kernel named ``kernel`` (a ``GLUON_KERNELS``
+    name) over pages of ``page_size``: True where that kernel writes 16-bit partials, else None (the
+    ``_splitkv.PARTIALS_16BIT`` default)."""
+    ws = kernel.startswith("gluon-ws")
+    return True if ws and narrow_partials(kernel != "gluon-ws-noprefetch", page_size % BLOCK_N != 0) else None
+
+
 def coalesced_store(l2_prefetch: bool, gather: bool) -> bool:
     """Whether the kernel with this producer (``l2_prefetch`` over TMA, or row ``gather``) re-lays out
     its output rows before their store."""

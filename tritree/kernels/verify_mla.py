@@ -371,16 +371,14 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
                    num_splits, launch=None, kv_scale: float = 1.0):
     B, T, H, _ = q.shape
     if launch is None and _gluon_usable(q, kv, cfg):  # eager only: the Gluon ops are opaque to torch.compile
-        ws = cfg.kernel.startswith("gluon-ws")
-        l2_prefetch = cfg.kernel != "gluon-ws-noprefetch"
-        if ws:
-            from ._verify_gluon_ws import launch_verify_gluon_ws, narrow_partials
-        narrow = True if ws and narrow_partials(l2_prefetch, kv.shape[1] % 64 != 0) else None
+        from ._verify_gluon_ws import launch_verify_gluon_ws, partials_narrow_for
+
+        narrow = partials_narrow_for(cfg.kernel, kv.shape[1])
         dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H, narrow)
         args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale,
                 num_splits)
-        if ws:  # TMA tiles, or row gathers by its producer on pages below a tile
-            launch_verify_gluon_ws(*args, l2_prefetch=l2_prefetch)
+        if cfg.kernel.startswith("gluon-ws"):  # TMA tiles, or row gathers by its producer on pages below a tile
+            launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch")
         else:
             from ._verify_gluon import launch_verify_gluon
             launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap",
