@@ -3,7 +3,9 @@ with P % 64 == 0 above 64 packed rows, and for pages below 64 above 16 rows (row
 
 Same math, masking, tail, store and output / partial format as ``_verify_gluon_kernel`` with
 ``SEESAW=True`` (see ``_verify_gluon.py`` for the schedule of a pair); the copies are issued by a
-producer partition, and with ``COLSPLIT`` (the default) ``O += P V`` runs by column halves.
+producer partition, and with ``COLSPLIT`` (the default) ``O += P V`` runs by column halves. Over TMA
+with the L2 prefetch (what ``verify_mla`` runs at P % 64 == 0), ``verify_mla`` gives it bf16 split
+partials (``PARTIALS_16BIT_WS``; the others' are fp32), which its staged store writes coalesced.
 
 Why: in the SEESAW main loop the 8 compute warps issue the TMA copies themselves (triton 3.6 puts a
 CTA barrier between any two TMA writes into one allocation: 18 ``BAR.SYNC`` per pair) and a slot can
