@@ -5,11 +5,8 @@
 # every kernel in call E), then the target, engine and batch grids at the new table, the ws kernel at
 # the 64-row shape the plain schedule serves (T=8,H=8) and at 128 / 256 rows (T=16,H=8 and T=8,H=16;
 # T=32,H=8 and T=16,H=16: not measured with it), and the decode step at budgets 16 and 64.
-set -u
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
-python3 -m pip install -q --no-deps .whl/dflash-0.1.0-py3-none-any.whl 2>&1 | tail -1
-( time timeout 300 python3 -m pytest -q -rfE -p no:logging -m gpu tests \
-  --ignore=tests/kernels/test_verify_gluon.py ) 2>&1 | grep -v Warn | tail -12 | tee $OUT/s12a_gpu_suite.txt
+source bench/device_prelude.sh
+gpu_suite $OUT/s12a_gpu_suite.txt
 python3 -c "from tritree.roofline import cached_ceilings; cached_ceilings('/tmp/ceil.json')"
 for grid in targets engine; do
   timeout 100 python3 -m bench.verify_sweep --grid $grid --ceilings /tmp/ceil.json --out /tmp/s12a.jsonl 2>&1 \

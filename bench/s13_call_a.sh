@@ -5,11 +5,8 @@
 # tests call the kernels with their own fp32 partials), then the target / engine grids with and without
 # the new default side by side, the decode step at budgets 16 and 64 (the bench times the verify
 # attention back to back since session 12), and the timeline.
-set -u
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
-python3 -m pip install -q --no-deps .whl/dflash-0.1.0-py3-none-any.whl 2>&1 | tail -1
-( time timeout 300 python3 -m pytest -q -rfE -p no:logging -m gpu tests \
-  --ignore=tests/kernels/test_verify_gluon.py ) 2>&1 | grep -v Warn | tail -12 | tee $OUT/s13a_gpu_suite.txt
+source bench/device_prelude.sh
+gpu_suite $OUT/s13a_gpu_suite.txt
 python3 -c "from tritree.roofline import cached_ceilings; cached_ceilings('/tmp/ceil.json')"
 for grid in targets engine; do
   timeout 120 python3 -m bench.verify_sweep --grid $grid --variant tritree --ceilings /tmp/ceil.json \
