@@ -132,7 +132,12 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
             "tritree-coalesced": [("tritree.kernels._verify_gluon", "COALESCED_STORE", True)],
             "tritree-partials16": [("tritree.kernels._splitkv", "PARTIALS_16BIT", True)],
             "tritree-partials16-coalesced": [("tritree.kernels._splitkv", "PARTIALS_16BIT", True),
-                                             ("tritree.kernels._verify_gluon", "COALESCED_STORE", True)]}
+                                             ("tritree.kernels._verify_gluon", "COALESCED_STORE", True)],
+            # row gathers (P < 64): bf16 partials behind the staged store, either alone
+            "tritree-gather16": [("tritree.kernels._verify_gluon_ws", "PARTIALS_16BIT_GATHER", True),
+                                 ("tritree.kernels._verify_gluon_ws", "COALESCED_STORE_GATHER", True)],
+            "tritree-gather16-plain": [("tritree.kernels._verify_gluon_ws", "PARTIALS_16BIT_GATHER", True)],
+            "tritree-gather-coalesced": [("tritree.kernels._verify_gluon_ws", "COALESCED_STORE_GATHER", True)]}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

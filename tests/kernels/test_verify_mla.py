@@ -226,22 +226,32 @@ def test_16bit_split_partials(dtype, monkeypatch):
 
 
 def test_16bit_partials_policy(monkeypatch):
-    """Shipped: bf16 partials for the warp-specialised kernel over TMA with its L2 prefetch only (its staged
-    store), fp32 for row gathers and without the prefetch; ``PARTIALS_16BIT_WS`` off restores fp32."""
+    """Shipped: bf16 partials for the warp-specialised kernel over TMA with its L2 prefetch and over row
+    gathers (both behind its staged store), fp32 without the prefetch and for the other kernels;
+    ``PARTIALS_16BIT_WS`` off restores fp32 everywhere, ``PARTIALS_16BIT_GATHER`` off for row gathers."""
     import tritree.kernels._verify_gluon_ws as vgws
 
     assert vgws.PARTIALS_16BIT_WS or os.environ.get("TRITREE_PARTIALS_16BIT_WS") == "0"
+    assert vgws.PARTIALS_16BIT_GATHER or os.environ.get("TRITREE_PARTIALS_16BIT_GATHER") == "0"
     monkeypatch.setattr(vgws, "PARTIALS_16BIT_WS", True)
+    monkeypatch.setattr(vgws, "PARTIALS_16BIT_GATHER", True)
+    monkeypatch.setattr(vgws, "COALESCED_STORE_GATHER", True)
     assert vgws.narrow_partials(l2_prefetch=True, gather=False)
-    assert not vgws.narrow_partials(l2_prefetch=True, gather=True)
+    assert vgws.narrow_partials(l2_prefetch=True, gather=True)
     assert not vgws.narrow_partials(l2_prefetch=False, gather=False)
-    assert vgws.partials_narrow_for("gluon-ws", 64) is True and vgws.partials_narrow_for("gluon-ws", 128) is True
-    for kernel, P in (("gluon-ws", 1), ("gluon-ws", 16), ("gluon-ws-noprefetch", 64), ("gluon", 64),
-                      ("gluon-seesaw", 64), ("triton", 64)):
+    assert vgws.coalesced_store(l2_prefetch=True, gather=True)
+    for P in (1, 16, 64, 128):
+        assert vgws.partials_narrow_for("gluon-ws", P) is True
+    for kernel, P in (("gluon-ws-noprefetch", 64), ("gluon", 64), ("gluon", 1), ("gluon-seesaw", 64), ("triton", 64)):
         assert vgws.partials_narrow_for(kernel, P) is None
+    monkeypatch.setattr(vgws, "PARTIALS_16BIT_GATHER", False)
+    assert not vgws.narrow_partials(l2_prefetch=True, gather=True)
+    assert vgws.partials_narrow_for("gluon-ws", 1) is None and vgws.partials_narrow_for("gluon-ws", 64) is True
+    monkeypatch.setattr(vgws, "PARTIALS_16BIT_GATHER", True)
     monkeypatch.setattr(vgws, "PARTIALS_16BIT_WS", False)
     assert not vgws.narrow_partials(l2_prefetch=True, gather=False)
-    assert vgws.partials_narrow_for("gluon-ws", 64) is None
+    assert not vgws.narrow_partials(l2_prefetch=True, gather=True)
+    assert vgws.partials_narrow_for("gluon-ws", 64) is None and vgws.partials_narrow_for("gluon-ws", 1) is None
 
 
 def test_bf16_loads_in_interpreter():
@@ -472,6 +482,7 @@ def test_gpu_coalesced_store_gives_the_same_bits(kernel, P, splits, monkeypatch)
     import tritree.kernels._verify_gluon_ws as vgws
 
     monkeypatch.setattr(vgws, "COALESCED_STORE_PREFETCH", False)
+    monkeypatch.setattr(vgws, "COALESCED_STORE_GATHER", False)
 
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
     case = poison_unused_slots(make_case(2, 19, 8, P, [20_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),

@@ -4,8 +4,9 @@ with P % 64 == 0 above 64 packed rows, and for pages below 64 above 16 rows (row
 Same math, masking, tail, store and output / partial format as ``_verify_gluon_kernel`` with
 ``SEESAW=True`` (see ``_verify_gluon.py`` for the schedule of a pair); the copies are issued by a
 producer partition, and with ``COLSPLIT`` (the default) ``O += P V`` runs by column halves. Over TMA
-with the L2 prefetch (what ``verify_mla`` runs at P % 64 == 0), ``verify_mla`` gives it bf16 split
-partials (``PARTIALS_16BIT_WS``; the others' are fp32), which its staged store writes coalesced.
+with the L2 prefetch (what ``verify_mla`` runs at P % 64 == 0) and over row gathers, ``verify_mla`` gives
+it bf16 split partials (``PARTIALS_16BIT_WS``, ``PARTIALS_16BIT_GATHER``; the other kernels' are fp32),
+which its staged store writes coalesced.
 
 Why: in the SEESAW main loop the 8 compute warps issue the TMA copies themselves (triton 3.6 puts a
 CTA barrier between any two TMA writes into one allocation: 18 ``BAR.SYNC`` per pair) and a slot can
@@ -548,11 +549,18 @@ COALESCED_STORE_PREFETCH = os.environ.get("TRITREE_COALESCED_STORE_PREFETCH", "1
 # 43.2, T=17,H=8 51.4 -> 50.3, T=8,H=64 103.8 -> 102.0, T=16,H=64 189.1 -> 186.9, T=64,H=64 746.4 -> 730.0
 # (the plain kernel's T=8,H=8 lost: 35.1 -> 39.2, so it keeps fp32).
 PARTIALS_16BIT_WS = os.environ.get("TRITREE_PARTIALS_16BIT_WS", "1") == "1"
+# The same two for row gathers (pages below 64), on together: session 13 call B, L=46000, P=1 (permuted),
+# us, fp32 / bf16 + staged store / bf16 alone / staged store alone: T=16,H=8 51.2 / 47.7 / 51.0 / 51.0,
+# T=8,H=64 117.4 / 113.1 / 119.7 / 116.4, T=64,H=8 118.8 / 116.0 / 119.9 / 118.3, T=16,H=64 212.4 / 211.5 /
+# 217.2 / 210.6, T=64,H=64 784.0 / 768.0 / 781.1 / 767.3, T=8,H=8 37.4 / 37.7 / 41.0 / 38.5 (bf16 partials
+# need the staged store; at P=64 bf16 had moved T=16,H=8 to 42.8 and its P=1 time to +19%).
+PARTIALS_16BIT_GATHER = os.environ.get("TRITREE_PARTIALS_16BIT_GATHER", "1") == "1"
+COALESCED_STORE_GATHER = os.environ.get("TRITREE_COALESCED_STORE_GATHER", "1") == "1"
 
 
 def narrow_partials(l2_prefetch: bool, gather: bool) -> bool:
     """Whether the kernel with this producer writes its split partials in the output's 16-bit dtype."""
-    return PARTIALS_16BIT_WS and l2_prefetch and not gather
+    return PARTIALS_16BIT_WS and (PARTIALS_16BIT_GATHER if gather else l2_prefetch)
 
 
 def partials_narrow_for(kernel: str, page_size: int) -> bool | None:
@@ -566,7 +574,7 @@ def partials_narrow_for(kernel: str, page_size: int) -> bool | None:
 def coalesced_store(l2_prefetch: bool, gather: bool) -> bool:
     """Whether the kernel with this producer (``l2_prefetch`` over TMA, or row ``gather``) re-lays out
     its output rows before their store."""
-    return _verify_gluon.COALESCED_STORE or (COALESCED_STORE_PREFETCH and l2_prefetch and not gather)
+    return _verify_gluon.COALESCED_STORE or (COALESCED_STORE_GATHER if gather else COALESCED_STORE_PREFETCH and l2_prefetch)
 
 
 def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
