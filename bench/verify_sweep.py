@@ -138,12 +138,8 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
                                  ("tritree.kernels._verify_gluon_ws", "COALESCED_STORE_GATHER", True)],
             "tritree-gather16-plain": [("tritree.kernels._verify_gluon_ws", "PARTIALS_16BIT_GATHER", True)],
             "tritree-gather-coalesced": [("tritree.kernels._verify_gluon_ws", "COALESCED_STORE_GATHER", True)],
-            # the merge's sum over splits once after its loop; with bf16 partials behind the staged store
-            # for every Gluon kernel (the plain one's T=8,H=8 included)
-            "tritree-onesum": [("tritree.kernels._splitkv", "COMBINE_ONE_SUM", True)],
-            "tritree-onesum-partials16-coalesced": [("tritree.kernels._splitkv", "COMBINE_ONE_SUM", True),
-                                                    ("tritree.kernels._splitkv", "PARTIALS_16BIT", True),
-                                                    ("tritree.kernels._verify_gluon", "COALESCED_STORE", True)]}
+            # the plain Gluon kernel's split partials in fp32 from its MMA layout (before session 13)
+            "tritree-plain32": [("tritree.kernels._verify_gluon", "PARTIALS_16BIT_PLAIN", False)]}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

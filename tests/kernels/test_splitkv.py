@@ -31,8 +31,8 @@ def reference_merge(part_o, part_lse):
 
 @given(B=st.integers(1, 2), T=st.integers(1, 5), H=st.integers(1, 3), S=st.integers(1, 40),
        D=st.sampled_from([32, 64, 128]), chunk_values=st.sampled_from([64, 256, 16384]),
-       empty=st.floats(0.0, 0.6), seed=st.integers(0, 2**16), one_sum=st.booleans())
-def test_combine_matches_float64_merge(B, T, H, S, D, chunk_values, empty, seed, one_sum):
+       empty=st.floats(0.0, 0.6), seed=st.integers(0, 2**16))
+def test_combine_matches_float64_merge(B, T, H, S, D, chunk_values, empty, seed):
     g = torch.Generator().manual_seed(seed)
     M = T * H
     part_o = torch.randn(B, S, M, D, generator=g)
@@ -43,13 +43,12 @@ def test_combine_matches_float64_merge(B, T, H, S, D, chunk_values, empty, seed,
     out = torch.full((B, T, H, D), float("nan"), device=DEVICE)
     lse = torch.full((B, T, H), float("nan"), device=DEVICE)
     # Small chunk bounds force several chunks per row (the running maximum across chunks).
-    # ``one_sum``: the merge with the maximum of all lse first and one sum over splits after the loop.
-    saved = _splitkv._COMBINE_CHUNK_VALUES, _splitkv.COMBINE_ONE_SUM
-    _splitkv._COMBINE_CHUNK_VALUES, _splitkv.COMBINE_ONE_SUM = chunk_values, one_sum
+    saved = _splitkv._COMBINE_CHUNK_VALUES
+    _splitkv._COMBINE_CHUNK_VALUES = chunk_values
     try:
         combine_splits(part_o.to(DEVICE), part_lse.to(DEVICE), out, lse)
     finally:
-        _splitkv._COMBINE_CHUNK_VALUES, _splitkv.COMBINE_ONE_SUM = saved
+        _splitkv._COMBINE_CHUNK_VALUES = saved
     ref_out, ref_lse = reference_merge(part_o, part_lse)
     torch.testing.assert_close(out.cpu().double().reshape(B, M, D), ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse.cpu().double().reshape(B, M), ref_lse, rtol=1e-5, atol=1e-5)
@@ -57,13 +56,12 @@ def test_combine_matches_float64_merge(B, T, H, S, D, chunk_values, empty, seed,
 
 
 @pytest.mark.parametrize("M,S,D", [(136, 11, 512), (520, 14, 512), (130, 3, 256), (20, 5, 512)])
-@pytest.mark.parametrize("by_columns,one_sum", [(True, False), (False, False), (True, True), (False, True)])
-def test_combine_of_16bit_partials(M, S, D, by_columns, one_sum, monkeypatch):
+@pytest.mark.parametrize("by_columns", [True, False])
+def test_combine_of_16bit_partials(M, S, D, by_columns, monkeypatch):
     """bf16 partials (``PARTIALS_16BIT``) merged by column warps (``COMBINE_16BIT_BY_COLUMNS``: 256 or
     512-column blocks, the splits summed in registers, several chunks) or as fp32 partials are, against
     the float64 merge of the same bf16 values."""
     monkeypatch.setattr(_splitkv, "COMBINE_16BIT_BY_COLUMNS", by_columns)
-    monkeypatch.setattr(_splitkv, "COMBINE_ONE_SUM", one_sum)
     block_d, chunk, warps = combine_config(M, S, D, elem_bytes=2)
     if by_columns and M * D // 256 >= _splitkv._COMBINE_16BIT_MIN_PROGRAMS:
         assert block_d in (256, 512) and warps == block_d // 256 and chunk <= 8

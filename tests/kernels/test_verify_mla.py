@@ -227,7 +227,8 @@ def test_16bit_split_partials(dtype, monkeypatch):
 
 def test_16bit_partials_policy(monkeypatch):
     """Shipped: bf16 partials for the warp-specialised kernel over TMA with its L2 prefetch and over row
-    gathers (both behind its staged store), fp32 without the prefetch and for the other kernels;
+    gathers (both behind its staged store) and for the plain schedule over TMA (re-laid out), fp32
+    without the prefetch, for the other schedules and the plain one's row gathers;
     ``PARTIALS_16BIT_WS`` off restores fp32 everywhere, ``PARTIALS_16BIT_GATHER`` off for row gathers."""
     import tritree.kernels._verify_gluon_ws as vgws
 
@@ -242,8 +243,15 @@ def test_16bit_partials_policy(monkeypatch):
     assert vgws.coalesced_store(l2_prefetch=True, gather=True)
     for P in (1, 16, 64, 128):
         assert vgws.partials_narrow_for("gluon-ws", P) is True
-    for kernel, P in (("gluon-ws-noprefetch", 64), ("gluon", 64), ("gluon", 1), ("gluon-seesaw", 64), ("triton", 64)):
+    for kernel, P in (("gluon-ws-noprefetch", 64), ("gluon", 1), ("gluon", 16), ("gluon-seesaw", 64),
+                      ("gluon-overlap", 64), ("triton", 64)):
         assert vgws.partials_narrow_for(kernel, P) is None
+    import tritree.kernels._verify_gluon as vg  # the plain schedule over TMA: bf16, re-laid out
+
+    monkeypatch.setattr(vg, "PARTIALS_16BIT_PLAIN", True)
+    assert vgws.partials_narrow_for("gluon", 64) is True and vgws.partials_narrow_for("gluon", 128) is True
+    monkeypatch.setattr(vg, "PARTIALS_16BIT_PLAIN", False)
+    assert vgws.partials_narrow_for("gluon", 64) is None
     monkeypatch.setattr(vgws, "PARTIALS_16BIT_GATHER", False)
     assert not vgws.narrow_partials(l2_prefetch=True, gather=True)
     assert vgws.partials_narrow_for("gluon-ws", 1) is None and vgws.partials_narrow_for("gluon-ws", 64) is True
@@ -483,6 +491,7 @@ def test_gpu_coalesced_store_gives_the_same_bits(kernel, P, splits, monkeypatch)
 
     monkeypatch.setattr(vgws, "COALESCED_STORE_PREFETCH", False)
     monkeypatch.setattr(vgws, "COALESCED_STORE_GATHER", False)
+    monkeypatch.setattr(vg, "PARTIALS_16BIT_PLAIN", False)
 
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
     case = poison_unused_slots(make_case(2, 19, 8, P, [20_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),

@@ -137,7 +137,9 @@ def page_of(pages, g, n, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
 # row is rounded to 16 bits anyway). Stored from the MMA layout they are slower (session 11 call C: 2-11%,
 # the store's 32-byte pieces twice as long; session 12: the plain kernel's T=8,H=8 35.1 -> 39.2 us);
 # behind the warp-specialised kernel's staged store, with the merge by column warps, faster at every
-# shape measured, so that kernel writes them by default (``_verify_gluon_ws.PARTIALS_16BIT_WS``).
+# shape measured, so that kernel writes them by default (``_verify_gluon_ws.PARTIALS_16BIT_WS``, and
+# ``PARTIALS_16BIT_GATHER`` over row gathers); the plain Gluon schedule over TMA writes them re-laid out
+# (``_verify_gluon.PARTIALS_16BIT_PLAIN``; T=8,H=8 -2%).
 PARTIALS_16BIT = os.environ.get("TRITREE_PARTIALS_16BIT", "0") == "1"
 
 
@@ -184,8 +186,6 @@ def _combine_kernel(
     SPLIT_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
-    ONE_SUM: tl.constexpr = False,
-    MAX_SPLITS: tl.constexpr = 1,
 ):
     # One pass with a running maximum (the partials' lse are log2): each chunk's partial rows and
     # lse are loaded together, so a chunk costs one memory round trip and chunks can be in flight
@@ -200,42 +200,21 @@ def _combine_kernel(
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     lse_base = PartLse + b.to(tl.int64) * stride_plb + row
     o_base = PartO + b.to(tl.int64) * stride_pob + row.to(tl.int64) * stride_pom
-    if ONE_SUM:
-        # ``COMBINE_ONE_SUM``: the maximum over every split's lse first (one small load), then one pass
-        # over the partials with fixed weights, each thread adding up its own (split, column) values;
-        # the sum across the chunk's splits, which crosses warps, happens once after the loop instead
-        # of once a chunk.
-        all_s = tl.arange(0, MAX_SPLITS)
-        all_lse = tl.load(lse_base + all_s * stride_pls, mask=all_s < num_splits, other=float("-inf"))
-        m = tl.max(all_lse, 0) + tl.zeros([1], tl.float32)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        acc2 = tl.zeros([SPLIT_CHUNK, BLOCK_D], dtype=tl.float32)
-        den2 = tl.zeros([SPLIT_CHUNK], dtype=tl.float32)
-        for s0 in range(0, num_splits, SPLIT_CHUNK):
-            ss = s0 + tl.arange(0, SPLIT_CHUNK)
-            s_ok = ss < num_splits
-            o = tl.load(o_base + ss[:, None].to(tl.int64) * stride_pos + d[None, :], mask=s_ok[:, None], other=0.0)
-            w = tl.exp2(tl.load(lse_base + ss * stride_pls, mask=s_ok, other=float("-inf")) - m_safe)
-            den2 += w
-            acc2 += o.to(tl.float32) * w[:, None]
-        acc = tl.sum(acc2, 0)
-        denom = tl.sum(den2, 0) + tl.zeros([1], tl.float32)
-    else:
-        m = tl.full([1], float("-inf"), tl.float32)
-        denom = tl.zeros([1], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for s0 in range(0, num_splits, SPLIT_CHUNK):
-            ss = s0 + tl.arange(0, SPLIT_CHUNK)
-            s_ok = ss < num_splits
-            o = tl.load(o_base + ss[:, None].to(tl.int64) * stride_pos + d[None, :], mask=s_ok[:, None], other=0.0)
-            part_lse = tl.load(lse_base + ss * stride_pls, mask=s_ok, other=float("-inf"))
-            m_new = tl.maximum(m, tl.max(part_lse, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_safe)
-            w = tl.exp2(part_lse - m_safe)
-            denom = denom * alpha + tl.sum(w, 0)
-            acc = acc * alpha + tl.sum(o.to(tl.float32) * w[:, None], 0)
-            m = m_new
+    m = tl.full([1], float("-inf"), tl.float32)
+    denom = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        ss = s0 + tl.arange(0, SPLIT_CHUNK)
+        s_ok = ss < num_splits
+        o = tl.load(o_base + ss[:, None].to(tl.int64) * stride_pos + d[None, :], mask=s_ok[:, None], other=0.0)
+        part_lse = tl.load(lse_base + ss * stride_pls, mask=s_ok, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(part_lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(part_lse - m_safe)
+        denom = denom * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(o.to(tl.float32) * w[:, None], 0)
+        m = m_new
     has = denom > 0.0
     out = acc / tl.where(has, denom, 1.0)
     out_ptr = Out + b.to(tl.int64) * stride_ob + t * stride_ot + h * stride_oh + d
@@ -264,11 +243,6 @@ _COMBINE_WARPS8_VALUES = 8192
 # side, each thread summing its splits in registers. Call G, merge us (profiler, eager; fp32 partials /
 # bf16 by columns): T=65,H=8 4.5 / 3.4 (bf16 the old way: 12.4), T=64,H=8 4.7 / 3.8, T=16,H=64 4.0 / 3.1.
 COMBINE_16BIT_BY_COLUMNS = os.environ.get("TRITREE_COMBINE_16BIT_BY_COLUMNS", "1") == "1"
-# The merge's sum over a chunk's splits once after the loop, with the maximum of all splits' lse taken
-# first (``_combine_kernel``'s ``ONE_SUM``; ``TRITREE_COMBINE_ONE_SUM=1``; off until measured): with
-# more splits than a chunk holds (T=8,H=8: 132 splits, 64 rows), the old loop reduced across warps
-# through shared memory once a chunk.
-COMBINE_ONE_SUM = os.environ.get("TRITREE_COMBINE_ONE_SUM", "0") == "1"
 _COMBINE_16BIT_MIN_PROGRAMS = 256
 
 
@@ -308,8 +282,7 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse.stride(0), lse.stride(1), lse.stride(2),
         H, S,
         # Every constexpr passed, defaulted ones too: torch.compile's wrap_triton fills in no defaults.
-        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl, ONE_SUM=COMBINE_ONE_SUM,
-        MAX_SPLITS=triton.next_power_of_2(S) if COMBINE_ONE_SUM else 1,
+        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl,
         num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )

@@ -903,6 +903,17 @@ Q_FIRST_SEESAW = os.environ.get("TRITREE_Q_FIRST_SEESAW", "0") == "1"
 # the plain and seesaw schedules tied or lost (T=8,H=8 35.0 -> 35.3 us, T=64,H=8 112.5 -> 112.9); the
 # warp-specialised kernel keeps it where it won (``_verify_gluon_ws.COALESCED_STORE_PREFETCH``).
 COALESCED_STORE = os.environ.get("TRITREE_COALESCED_STORE", "0") == "1"
+# The plain schedule over TMA (what verify_mla runs up to 64 packed rows at P % 64 == 0): split partials in
+# bf16, re-laid out before their store (both on together; ``TRITREE_PARTIALS_16BIT_PLAIN=0``: fp32 from
+# the MMA layout). T=8,H=8, L=46000, P=64, us, fp32 -> bf16 + staged store: session 12 call B 35.4 ->
+# 34.6; session 13 call E 35.5 -> 34.2 and 35.0 -> 33.9 (with a merge variant since dropped, which
+# alone measured 35.8 / 36.0); bf16 from the MMA layout lost (35.1 -> 39.2, session 12).
+PARTIALS_16BIT_PLAIN = os.environ.get("TRITREE_PARTIALS_16BIT_PLAIN", "1") == "1"
+
+
+def plain_partials_narrow(page_size: int) -> bool:
+    """Whether the plain schedule over pages of ``page_size`` writes 16-bit split partials (re-laid out)."""
+    return PARTIALS_16BIT_PLAIN and page_size % BLOCK_N == 0
 
 
 def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
@@ -928,6 +939,8 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
         overlap = False
     # The gather path reads no descriptor; one is still passed (the signature is the same for all paths).
     desc = kv_descriptor(kv)
+    # 16-bit split partials over TMA (``PARTIALS_16BIT_PLAIN``): the plain schedule re-lays them out
+    narrow16 = int(num_splits) > 1 and dst_o.element_size() == 2 and not gather
 
     def go(tma3d):
         return _verify_gluon_kernel[grid](
@@ -945,7 +958,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
             PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw), Q_FIRST=Q_FIRST_SEESAW if seesaw else Q_FIRST,
-            COALESCED_STORE=COALESCED_STORE,
+            COALESCED_STORE=COALESCED_STORE or (narrow16 and not seesaw and not overlap),
             num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
@@ -983,8 +996,8 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=N
 # --------------------------------------------------------------------------------------------------
 
 def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw: bool = False, tma3d: bool = True,
-                     partial_dtype: str = "fp32", pdl: bool = False, timeline: bool = False, q_first: bool | None = None,
-                     coalesced_store: bool | None = None):
+                     partial_dtype: str | None = None, pdl: bool = False, timeline: bool = False,
+                     q_first: bool | None = None, coalesced_store: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -995,8 +1008,11 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
     overlap = overlap and not gather
     if q_first is None:  # as launched
         q_first = Q_FIRST_SEESAW if seesaw else Q_FIRST
-    if coalesced_store is None:
-        coalesced_store = COALESCED_STORE
+    plain = not seesaw and not overlap
+    if partial_dtype is None:  # as verify_mla launches it
+        partial_dtype = "bf16" if plain and plain_partials_narrow(page_size) else "fp32"
+    if coalesced_store is None:  # as launched
+        coalesced_store = COALESCED_STORE or (num_splits > 1 and partial_dtype != "fp32" and plain and not gather)
     desc3 = (f"tensordesc<bf16[{D_LAT // 64},{BLOCK_N},64],{_kv_smem3_layout()!r}>" if tma3d
              else f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>")
     sig = {

@@ -5,8 +5,9 @@ Same math, masking, tail, store and output / partial format as ``_verify_gluon_k
 ``SEESAW=True`` (see ``_verify_gluon.py`` for the schedule of a pair); the copies are issued by a
 producer partition, and with ``COLSPLIT`` (the default) ``O += P V`` runs by column halves. Over TMA
 with the L2 prefetch (what ``verify_mla`` runs at P % 64 == 0) and over row gathers, ``verify_mla`` gives
-it bf16 split partials (``PARTIALS_16BIT_WS``, ``PARTIALS_16BIT_GATHER``; the other kernels' are fp32),
-which its staged store writes coalesced.
+it bf16 split partials (``PARTIALS_16BIT_WS``, ``PARTIALS_16BIT_GATHER``; of the other schedules only
+the plain one over TMA has them too, ``_verify_gluon.PARTIALS_16BIT_PLAIN``), which its staged store
+writes coalesced.
 
 Why: in the SEESAW main loop the 8 compute warps issue the TMA copies themselves (triton 3.6 puts a
 CTA barrier between any two TMA writes into one allocation: 18 ``BAR.SYNC`` per pair) and a slot can
@@ -565,8 +566,11 @@ def narrow_partials(l2_prefetch: bool, gather: bool) -> bool:
 
 def partials_narrow_for(kernel: str, page_size: int) -> bool | None:
     """``split_destinations``'s ``narrow`` for the Gluon kernel named ``kernel`` (a ``GLUON_KERNELS``
-    name) over pages of ``page_size``: True where that kernel writes 16-bit partials, else None (the
+    name) over pages of ``page_size``: True where that kernel writes 16-bit partials (the ws kernel, and
+    the plain schedule over TMA: ``_verify_gluon.PARTIALS_16BIT_PLAIN``), else None (the
     ``_splitkv.PARTIALS_16BIT`` default)."""
+    if kernel == "gluon":
+        return True if _verify_gluon.plain_partials_narrow(page_size) else None
     ws = kernel.startswith("gluon-ws")
     return True if ws and narrow_partials(kernel != "gluon-ws-noprefetch", page_size % BLOCK_N != 0) else None
 
