@@ -548,7 +548,8 @@ COALESCED_STORE_PREFETCH = os.environ.get("TRITREE_COALESCED_STORE_PREFETCH", "1
 # and whose merge then runs by column warps (``_splitkv.COMBINE_16BIT_BY_COLUMNS``). Session 12 call G,
 # L=46000, P=64, us, fp32 -> bf16: T=65,H=8 113.6 -> 112.4, T=64,H=8 106.6 -> 104.0, T=16,H=8 46.2 ->
 # 43.2, T=17,H=8 51.4 -> 50.3, T=8,H=64 103.8 -> 102.0, T=16,H=64 189.1 -> 186.9, T=64,H=64 746.4 -> 730.0
-# (the plain kernel's T=8,H=8 lost: 35.1 -> 39.2, so it keeps fp32).
+# (the plain kernel's T=8,H=8 lost from its MMA layout: 35.1 -> 39.2; re-laid out it gains, session 13:
+# ``_verify_gluon.PARTIALS_16BIT_PLAIN``).
 PARTIALS_16BIT_WS = os.environ.get("TRITREE_PARTIALS_16BIT_WS", "1") == "1"
 # The same two for row gathers (pages below 64), on together: session 13 call B, L=46000, P=1 (permuted),
 # us, fp32 / bf16 + staged store / bf16 alone / staged store alone: T=16,H=8 51.2 / 47.7 / 51.0 / 51.0,
