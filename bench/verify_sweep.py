@@ -139,7 +139,11 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
             "tritree-gather16-plain": [("tritree.kernels._verify_gluon_ws", "PARTIALS_16BIT_GATHER", True)],
             "tritree-gather-coalesced": [("tritree.kernels._verify_gluon_ws", "COALESCED_STORE_GATHER", True)],
             # the plain Gluon kernel's split partials in fp32 from its MMA layout (before session 13)
-            "tritree-plain32": [("tritree.kernels._verify_gluon", "PARTIALS_16BIT_PLAIN", False)]}
+            "tritree-plain32": [("tritree.kernels._verify_gluon", "PARTIALS_16BIT_PLAIN", False)],
+            # before session 14: Q's padding rows as copies of the request's first row; the ws kernel's
+            # staged store of 16-bit rows through an fp32 stage
+            "tritree-qdup": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False)],
+            "tritree-stage32": [("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

@@ -500,6 +500,38 @@ def test_gpu_coalesced_store_gives_the_same_bits(kernel, P, splits, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel,P,T,splits", [("gluon", 64, 9, 8), ("gluon-seesaw", 64, 9, 8), ("gluon", 1, 9, 8),
+                                               ("gluon-ws", 64, 65, 8), ("gluon-ws", 64, 65, 1), ("gluon-ws", 1, 65, 8),
+                                               ("gluon-ws-noprefetch", 64, 17, 8)])
+def test_gpu_zero_padded_q_gives_the_same_bits(kernel, P, T, splits, monkeypatch):
+    """``Q_ZERO_PAD`` (the default): Q's padding rows (a last row block with 8 real rows, requests
+    whose tree is shorter than T) zero-filled instead of copied from the request's first row give the
+    same bits, eagerly and replayed from a CUDA graph into poisoned outputs."""
+    import tritree.kernels._verify_gluon as vg
+
+    monkeypatch.setattr(vg, "Q_ZERO_PAD", False)
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
+    case = poison_unused_slots(make_case(2, T, 8, P, [20_000 + 45, 1_000 + 64 - T], [T, T // 2 + 1],
+                                         ("random", "chain"), torch.bfloat16, seed=P + T + splits + len(kernel)))
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, "Q_ZERO_PAD", num_splits=splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P,T,splits", [(64, 65, 8), (64, 65, 1), (1, 65, 8), (128, 17, 8)])
+def test_gpu_16bit_stage_gives_the_same_bits(P, T, splits, monkeypatch):
+    """``_verify_gluon_ws.STAGE_16BIT`` (the default): the ws kernel's 16-bit rows (bf16 partials, or the
+    output with one split) scaled and cast before the staged store give the bits of an fp32 stage,
+    eagerly and replayed from a CUDA graph into poisoned outputs."""
+    import tritree.kernels._verify_gluon_ws as vgws
+
+    monkeypatch.setattr(vgws, "STAGE_16BIT", False)
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
+    case = poison_unused_slots(make_case(2, T, 8, P, [20_000 + 45, 1_000 + 64 - T], [T, T // 2 + 1],
+                                         ("random", "chain"), torch.bfloat16, seed=P + T + splits))
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "STAGE_16BIT", num_splits=splits)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_gpu_small_pages_table_in_a_graph(P):
     """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the

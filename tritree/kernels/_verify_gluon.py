@@ -360,12 +360,15 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout: gl.constexpr,
-                BLOCK_M: gl.constexpr, D_LAT: gl.constexpr):
+                BLOCK_M: gl.constexpr, D_LAT: gl.constexpr, ZERO_PAD: gl.constexpr = False):
         """Issues the cp.async copies of the row block's queries into ``q_lat`` / ``q_pe`` (the caller
         commits and waits): all ten column blocks in flight at once. Loads through registers were
         issued one block ahead of their stores (triton 3.6 puts a CTA barrier between stores into one
-        buffer), nine latencies in a row before the first score. Rows past the tree or past T*H copy
-        the request's first row instead (finite; such rows are never attended from or stored nonzero)."""
+        buffer), nine latencies in a row before the first score. Rows past the tree or past T*H are
+        zero-filled (``ZERO_PAD``, predicated copies) or copy the request's first row (finite either
+        way; such rows are never attended from or stored nonzero). ``ZERO_PAD`` because a row block
+        with few real rows (T=65,H=8: the ninth holds 8) otherwise sends every padding row's copies
+        to the same 1,152 bytes."""
         rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
         t_ld = rows_ld // H
         h_ld = rows_ld % H
@@ -374,9 +377,15 @@ if GLUON_AVAILABLE:
         h_ld = gl.where(ok_ld, h_ld, 0)
         q_rows = gl.expand_dims(Q + b.to(gl.int64) * stride_qb + (t_ld * stride_qt + h_ld * stride_qh).to(gl.int64), 1)
         d_ld = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
-        for c in gl.static_range(D_LAT // 64):
-            _cp_async(q_lat.slice(c * 64, 64, dim=1), q_rows + (c * 64 + d_ld))
-        _cp_async(q_pe, q_rows + (D_LAT + d_ld))
+        if ZERO_PAD:
+            row_ok = gl.expand_dims(ok_ld, 1)
+            for c in gl.static_range(D_LAT // 64):
+                _cp_async(q_lat.slice(c * 64, 64, dim=1), q_rows + (c * 64 + d_ld), mask=row_ok)
+            _cp_async(q_pe, q_rows + (D_LAT + d_ld), mask=row_ok)
+        else:
+            for c in gl.static_range(D_LAT // 64):
+                _cp_async(q_lat.slice(c * 64, 64, dim=1), q_rows + (c * 64 + d_ld))
+            _cp_async(q_pe, q_rows + (D_LAT + d_ld))
 
     @gluon.jit
     def _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable, TreeMask,
@@ -437,15 +446,29 @@ if GLUON_AVAILABLE:
         return p, alpha, m_i, l_i, tail_lat
 
     @gluon.jit
+    def _row_scale(l_i, pid_m, T, H, tree_len, row_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+        """Per row of a row block (``row_layout``, a slice layout): ``(rows, row_in, has, l_safe, inv)``:
+        the packed row index, whether it exists (< T*H), whether it has a query with a visible key, the
+        softmax sum made safe to divide by, and the output scale (1 / l, or 0 for padding / empty rows)."""
+        l_i = gl.convert_layout(l_i, row_layout)
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        row_in = rows < T * H
+        has = (l_i > 0.0) & row_in & (rows // H < tree_len)
+        l_safe = gl.where(has, l_i, 1.0)
+        inv = gl.where(has, 1.0 / l_safe, 0.0)
+        return rows, row_in, has, l_safe, inv
+
+    @gluon.jit
     def _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os,
                  stride_lb, stride_lt, stride_lh, stride_ls, o_layout: gl.constexpr, SINGLE_SPLIT: gl.constexpr,
                  BLOCK_M: gl.constexpr, D_OUT: gl.constexpr, COL0: gl.constexpr = 0, STORE_LSE: gl.constexpr = True,
-                 COALESCED: gl.constexpr = False, WARPS: gl.constexpr = 8):
+                 COALESCED: gl.constexpr = False, WARPS: gl.constexpr = 8, PRESCALED: gl.constexpr = False):
         """``_splitkv.store_rows`` semantics: ``out``/``lse`` (natural log) with one split, else the
         split's partial rows (in the destination's dtype) and log2 lse; padding rows are zeros / -inf.
         ``o`` (``[BLOCK_M, D_OUT]``) is output columns ``COL0 .. COL0 + D_OUT``; ``STORE_LSE``: also the lse.
         ``COALESCED``: ``o`` re-laid out through shared memory first (``WARPS`` warps), so that a warp's
-        store covers 512 contiguous bytes of one row instead of 32-byte pieces of eight rows."""
+        store covers 512 contiguous bytes of one row instead of 32-byte pieces of eight rows.
+        ``PRESCALED``: ``o`` is already ``o * _row_scale(...)[4]`` (and cast), stored as it is."""
         if COALESCED:
             st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
                                                        warps_per_cta=[WARPS, 1], order=[1, 0])
@@ -453,17 +476,12 @@ if GLUON_AVAILABLE:
         else:
             st_layout: gl.constexpr = o_layout
         row_o_layout: gl.constexpr = gl.SliceLayout(1, st_layout)
-        l_i = gl.convert_layout(l_i, row_o_layout)
+        rows_o, row_in, has, l_safe, inv = _row_scale(l_i, pid_m, T, H, tree_len, row_o_layout, BLOCK_M)
         m_o = gl.convert_layout(m_i, row_o_layout)
-        rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o_layout)
         t_o = rows_o // H
         h_o = rows_o % H
-        row_in = rows_o < T * H
-        ok_o = row_in & (t_o < tree_len)
-        has = (l_i > 0.0) & ok_o
-        l_safe = gl.where(has, l_i, 1.0)
-        inv = gl.where(has, 1.0 / l_safe, 0.0)
-        o = o * gl.expand_dims(inv, 1)
+        if not PRESCALED:
+            o = o * gl.expand_dims(inv, 1)
         lse2 = gl.where(has, m_o + gl.log2(l_safe), float("-inf"))
         d = gl.expand_dims(COL0 + gl.arange(0, D_OUT, layout=gl.SliceLayout(0, st_layout)), 0)
         if SINGLE_SPLIT:
@@ -508,6 +526,7 @@ if GLUON_AVAILABLE:
         PAIR_CHUNKS: gl.constexpr = False,
         Q_FIRST: gl.constexpr = False,
         COALESCED_STORE: gl.constexpr = False,
+        Q_ZERO_PAD: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -593,7 +612,7 @@ if GLUON_AVAILABLE:
 
         if Q_FIRST:  # Q's copies ahead of the first tiles' instead of queued behind them
             _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
-                    D_LAT)
+                    D_LAT, Q_ZERO_PAD)
             async_copy.commit_group()
         # The first tiles in flight before Q is loaded; page rows are fetched one tile (pair) ahead.
         if GATHER:
@@ -661,7 +680,7 @@ if GLUON_AVAILABLE:
         # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
         if not Q_FIRST:
             _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
-                    D_LAT)
+                    D_LAT, Q_ZERO_PAD)
             async_copy.commit_group()
         # Also completes any KV row gathers committed before (GATHER); later groups count from here.
         async_copy.wait_group(0)
@@ -909,6 +928,12 @@ COALESCED_STORE = os.environ.get("TRITREE_COALESCED_STORE", "0") == "1"
 # 34.6; session 13 call E 35.5 -> 34.2 and 35.0 -> 33.9 (with a merge variant since dropped, which
 # alone measured 35.8 / 36.0); bf16 from the MMA layout lost (35.1 -> 39.2, session 12).
 PARTIALS_16BIT_PLAIN = os.environ.get("TRITREE_PARTIALS_16BIT_PLAIN", "1") == "1"
+# Q's padding rows (past T*H or the tree) zero-filled by predicated copies (``_load_q``'s ``ZERO_PAD``)
+# in every Gluon kernel, instead of copies of the request's first row: the timeline had Q landing at
+# 2.9-3.4 us (median program) at T=65,H=8, whose ninth row block has 8 real rows and 56 padding rows
+# (14 programs x 56 rows x 72 copies of one 1,152-byte row), against 1.5-1.6 at T=64,H=8 (sessions 11-13,
+# bench/timeline.py). ``TRITREE_Q_ZERO_PAD=0`` restores the copies.
+Q_ZERO_PAD = os.environ.get("TRITREE_Q_ZERO_PAD", "1") == "1"
 
 
 def plain_partials_narrow(page_size: int) -> bool:
@@ -958,7 +983,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             SEESAW=bool(seesaw), TMA3D=bool(tma3d) and not seesaw and not gather, L2_PREFETCH=L2_PREFETCH,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
             PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw), Q_FIRST=Q_FIRST_SEESAW if seesaw else Q_FIRST,
-            COALESCED_STORE=COALESCED_STORE or (narrow16 and not seesaw and not overlap),
+            COALESCED_STORE=COALESCED_STORE or (narrow16 and not seesaw and not overlap), Q_ZERO_PAD=Q_ZERO_PAD,
             num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
@@ -1028,7 +1053,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, "TIMELINE": timeline,
                   "PAIR_CHUNKS": PAIR_CHUNKS and seesaw, "Q_FIRST": q_first,
-                  "COALESCED_STORE": coalesced_store}
+                  "COALESCED_STORE": coalesced_store, "Q_ZERO_PAD": Q_ZERO_PAD}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names

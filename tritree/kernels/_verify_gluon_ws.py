@@ -105,8 +105,9 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
-                                _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _softmax, _store_o,
-                                _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async, _gather_pages)
+                                _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale, _softmax,
+                                _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
+                                _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
 PRODUCER_WARPS = 4
@@ -279,7 +280,8 @@ if GLUON_AVAILABLE:
                      q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
-                     COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr):
+                     COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
+                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -293,7 +295,9 @@ if GLUON_AVAILABLE:
         released last and every column block of the next scores waited for it).
 
         ``TIMELINE`` (bench only): ``_verify_gluon_kernel``'s five stamps, taken by this partition.
-        ``COALESCED_STORE``: as ``_verify_gluon_kernel``'s."""
+        ``COALESCED_STORE``: as ``_verify_gluon_kernel``'s; with ``STAGE_16BIT`` (COLSPLIT, a 16-bit
+        ``Out``) the rows are re-laid out already scaled and in ``Out``'s dtype. ``Q_ZERO_PAD``: as
+        ``_load_q``'s ``ZERO_PAD``."""
         if COLSPLIT:
             gl.static_assert(PROBE == 0, "probes: the by-tiles loop only")
         HALF: gl.constexpr = D_LAT // 2
@@ -319,7 +323,8 @@ if GLUON_AVAILABLE:
         tree_len = gl.load(TreeLens + b)
 
         # ---- Q: row copies (as _verify_gluon_kernel), while the producer issues pair 0 --------------
-        _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT)
+        _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT,
+                Q_ZERO_PAD)
         async_copy.commit_group()
         async_copy.wait_group(0)
         fence_async_shared()
@@ -418,7 +423,24 @@ if GLUON_AVAILABLE:
                                                    warps_per_cta=[8, 1], order=[1, 0])
         stage_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         if COLSPLIT:
-            if COALESCED_STORE:
+            if COALESCED_STORE and STAGE_16BIT:
+                # Scaled and cast before the re-layout: half the bytes through shared memory, the same
+                # values (o * (1 / l), then the cast, as _store_o does after an fp32 stage).
+                st16_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[1, 32],
+                                                             warps_per_cta=[8, 1], order=[1, 0])
+                stage16_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+                _, _, _, _, inv = _row_scale(l_i, pid_m, T, H, tree_len, gl.SliceLayout(1, oh_layout), BLOCK_M)
+                stage16 = k_lat._reinterpret(Out.dtype.element_ty, [2 * BLOCK_M, HALF], stage16_layout)
+                stage16.slice(0, BLOCK_M, dim=0).store((oa * gl.expand_dims(inv, 1)).to(Out.dtype.element_ty))
+                stage16.slice(BLOCK_M, BLOCK_M, dim=0).store((ob * gl.expand_dims(inv, 1)).to(Out.dtype.element_ty))
+                _cta_barrier()
+                _store_o(stage16.slice(0, BLOCK_M, dim=0).load(st16_layout), m_i, l_i, Out, Lse, b, pid_m, pid_s, T,
+                         H, tree_len, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
+                         stride_ls, st16_layout, SINGLE_SPLIT, BLOCK_M, HALF, PRESCALED=True)
+                _store_o(stage16.slice(BLOCK_M, BLOCK_M, dim=0).load(st16_layout), m_i, l_i, Out, Lse, b, pid_m, pid_s,
+                         T, H, tree_len, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
+                         stride_ls, st16_layout, SINGLE_SPLIT, BLOCK_M, HALF, HALF, False, PRESCALED=True)
+            elif COALESCED_STORE:
                 stage = k_lat._reinterpret(gl.float32, [2 * BLOCK_M, HALF], stage_layout)
                 stage.slice(0, BLOCK_M, dim=0).store(oa)
                 stage.slice(BLOCK_M, BLOCK_M, dim=0).store(ob)
@@ -477,6 +499,8 @@ if GLUON_AVAILABLE:
         PDL: gl.constexpr = False,
         TIMELINE: gl.constexpr = False,
         COALESCED_STORE: gl.constexpr = False,
+        Q_ZERO_PAD: gl.constexpr = False,
+        STAGE_16BIT: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -521,7 +545,7 @@ if GLUON_AVAILABLE:
                                 T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
@@ -558,6 +582,11 @@ PARTIALS_16BIT_WS = os.environ.get("TRITREE_PARTIALS_16BIT_WS", "1") == "1"
 # need the staged store; at P=64 bf16 had moved T=16,H=8 to 42.8 and its P=1 time to +19%).
 PARTIALS_16BIT_GATHER = os.environ.get("TRITREE_PARTIALS_16BIT_GATHER", "1") == "1"
 COALESCED_STORE_GATHER = os.environ.get("TRITREE_COALESCED_STORE_GATHER", "1") == "1"
+# The staged store (COLSPLIT) of 16-bit rows (bf16 partials, or the output itself with one split): scaled
+# by 1 / l and cast in registers before the re-layout, not after it (``_ws_consumer``'s
+# ``STAGE_16BIT``): 64 KB through shared memory instead of 128 KB, the same values.
+# ``TRITREE_STAGE_16BIT=0`` stages fp32.
+STAGE_16BIT = os.environ.get("TRITREE_STAGE_16BIT", "1") == "1"
 
 
 def narrow_partials(l2_prefetch: bool, gather: bool) -> bool:
@@ -621,6 +650,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=bool(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
+        Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -677,7 +707,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": pdl, "TIMELINE": timeline,
-                  "COALESCED_STORE": coalesced}
+                  "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
+                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32")}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
