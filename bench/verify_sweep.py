@@ -143,7 +143,9 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
             # before session 14: Q's padding rows as copies of the request's first row; the ws kernel's
             # staged store of 16-bit rows through an fp32 stage
             "tritree-qdup": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False)],
-            "tritree-stage32": [("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
+            "tritree-stage32": [("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)],
+            "tritree-s13": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False),
+                            ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):
