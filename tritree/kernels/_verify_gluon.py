@@ -360,7 +360,8 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout: gl.constexpr,
-                BLOCK_M: gl.constexpr, D_LAT: gl.constexpr, ZERO_PAD: gl.constexpr = False):
+                BLOCK_M: gl.constexpr, D_LAT: gl.constexpr, ZERO_PAD: gl.constexpr = False,
+                SPREAD_PAD: gl.constexpr = False):
         """Issues the cp.async copies of the row block's queries into ``q_lat`` / ``q_pe`` (the caller
         commits and waits): all ten column blocks in flight at once. Loads through registers were
         issued one block ahead of their stores (triton 3.6 puts a CTA barrier between stores into one
@@ -368,13 +369,19 @@ if GLUON_AVAILABLE:
         zero-filled (``ZERO_PAD``, predicated copies) or copy the request's first row (finite either
         way; such rows are never attended from or stored nonzero). ``ZERO_PAD`` because a row block
         with few real rows (T=65,H=8: the ninth holds 8) otherwise sends every padding row's copies
-        to the same 1,152 bytes."""
+        to the same 1,152 bytes. ``SPREAD_PAD`` (without ``ZERO_PAD``): padding row r copies the
+        request's real row r mod (real rows) instead of its first."""
         rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
         t_ld = rows_ld // H
         h_ld = rows_ld % H
         ok_ld = (rows_ld < T * H) & (t_ld < tree_len)
-        t_ld = gl.where(ok_ld, t_ld, 0)  # (clamping the indices, not the offset, keeps the strides' alignment)
-        h_ld = gl.where(ok_ld, h_ld, 0)
+        if SPREAD_PAD and not ZERO_PAD:
+            src = gl.where(ok_ld, rows_ld, rows_ld % gl.maximum(gl.minimum(tree_len, T) * H, 1))
+            t_ld = src // H
+            h_ld = src % H
+        else:
+            t_ld = gl.where(ok_ld, t_ld, 0)  # (clamping the indices, not the offset, keeps the strides' alignment)
+            h_ld = gl.where(ok_ld, h_ld, 0)
         q_rows = gl.expand_dims(Q + b.to(gl.int64) * stride_qb + (t_ld * stride_qt + h_ld * stride_qh).to(gl.int64), 1)
         d_ld = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
         if ZERO_PAD:
@@ -527,6 +534,7 @@ if GLUON_AVAILABLE:
         Q_FIRST: gl.constexpr = False,
         COALESCED_STORE: gl.constexpr = False,
         Q_ZERO_PAD: gl.constexpr = False,
+        Q_SPREAD_PAD: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -612,7 +620,7 @@ if GLUON_AVAILABLE:
 
         if Q_FIRST:  # Q's copies ahead of the first tiles' instead of queued behind them
             _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
-                    D_LAT, Q_ZERO_PAD)
+                    D_LAT, Q_ZERO_PAD, Q_SPREAD_PAD)
             async_copy.commit_group()
         # The first tiles in flight before Q is loaded; page rows are fetched one tile (pair) ahead.
         if GATHER:
@@ -680,7 +688,7 @@ if GLUON_AVAILABLE:
         # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
         if not Q_FIRST:
             _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
-                    D_LAT, Q_ZERO_PAD)
+                    D_LAT, Q_ZERO_PAD, Q_SPREAD_PAD)
             async_copy.commit_group()
         # Also completes any KV row gathers committed before (GATHER); later groups count from here.
         async_copy.wait_group(0)
@@ -934,6 +942,8 @@ PARTIALS_16BIT_PLAIN = os.environ.get("TRITREE_PARTIALS_16BIT_PLAIN", "1") == "1
 # (14 programs x 56 rows x 72 copies of one 1,152-byte row), against 1.5-1.6 at T=64,H=8 (sessions 11-13,
 # bench/timeline.py). ``TRITREE_Q_ZERO_PAD=0`` restores the copies.
 Q_ZERO_PAD = os.environ.get("TRITREE_Q_ZERO_PAD", "1") == "1"
+# Experimental (off): with Q_ZERO_PAD off, padding rows copy the request's real rows in turn, not its first.
+Q_SPREAD_PAD = os.environ.get("TRITREE_Q_SPREAD_PAD", "0") == "1"
 
 
 def plain_partials_narrow(page_size: int) -> bool:
@@ -984,7 +994,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
             PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw), Q_FIRST=Q_FIRST_SEESAW if seesaw else Q_FIRST,
             COALESCED_STORE=COALESCED_STORE or (narrow16 and not seesaw and not overlap), Q_ZERO_PAD=Q_ZERO_PAD,
-            num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
+            Q_SPREAD_PAD=Q_SPREAD_PAD, num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
     if USE_TMA3D and not seesaw and not gather:
@@ -1053,7 +1063,8 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, "TIMELINE": timeline,
                   "PAIR_CHUNKS": PAIR_CHUNKS and seesaw, "Q_FIRST": q_first,
-                  "COALESCED_STORE": coalesced_store, "Q_ZERO_PAD": Q_ZERO_PAD}
+                  "COALESCED_STORE": coalesced_store, "Q_ZERO_PAD": Q_ZERO_PAD,
+                  "Q_SPREAD_PAD": Q_SPREAD_PAD}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
