@@ -144,8 +144,6 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
             # staged store of 16-bit rows through an fp32 stage
             "tritree-qdup": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False)],
             "tritree-stage32": [("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)],
-            "tritree-qspread": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False),
-                                ("tritree.kernels._verify_gluon", "Q_SPREAD_PAD", True)],
             "tritree-s13": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False),
                             ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
 

@@ -360,28 +360,21 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout: gl.constexpr,
-                BLOCK_M: gl.constexpr, D_LAT: gl.constexpr, ZERO_PAD: gl.constexpr = False,
-                SPREAD_PAD: gl.constexpr = False):
+                BLOCK_M: gl.constexpr, D_LAT: gl.constexpr, ZERO_PAD: gl.constexpr = False):
         """Issues the cp.async copies of the row block's queries into ``q_lat`` / ``q_pe`` (the caller
         commits and waits): all ten column blocks in flight at once. Loads through registers were
         issued one block ahead of their stores (triton 3.6 puts a CTA barrier between stores into one
         buffer), nine latencies in a row before the first score. Rows past the tree or past T*H are
         zero-filled (``ZERO_PAD``, predicated copies) or copy the request's first row (finite either
         way; such rows are never attended from or stored nonzero). ``ZERO_PAD`` because a row block
-        with few real rows (T=65,H=8: the ninth holds 8) otherwise sends every padding row's copies
-        to the same 1,152 bytes. ``SPREAD_PAD`` (without ``ZERO_PAD``): padding row r copies the
-        request's real row r mod (real rows) instead of its first."""
+        with few real rows (T=17,H=8 or T=65,H=8: the last holds 8) otherwise sends every padding
+        row's copies to the same 1,152 bytes (see ``Q_ZERO_PAD``)."""
         rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
         t_ld = rows_ld // H
         h_ld = rows_ld % H
         ok_ld = (rows_ld < T * H) & (t_ld < tree_len)
-        if SPREAD_PAD and not ZERO_PAD:
-            src = gl.where(ok_ld, rows_ld, rows_ld % gl.maximum(gl.minimum(tree_len, T) * H, 1))
-            t_ld = src // H
-            h_ld = src % H
-        else:
-            t_ld = gl.where(ok_ld, t_ld, 0)  # (clamping the indices, not the offset, keeps the strides' alignment)
-            h_ld = gl.where(ok_ld, h_ld, 0)
+        t_ld = gl.where(ok_ld, t_ld, 0)  # (clamping the indices, not the offset, keeps the strides' alignment)
+        h_ld = gl.where(ok_ld, h_ld, 0)
         q_rows = gl.expand_dims(Q + b.to(gl.int64) * stride_qb + (t_ld * stride_qt + h_ld * stride_qh).to(gl.int64), 1)
         d_ld = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout)), 0)
         if ZERO_PAD:
@@ -534,7 +527,6 @@ if GLUON_AVAILABLE:
         Q_FIRST: gl.constexpr = False,
         COALESCED_STORE: gl.constexpr = False,
         Q_ZERO_PAD: gl.constexpr = False,
-        Q_SPREAD_PAD: gl.constexpr = False,
     ):
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "SEESAW keeps P (BLOCK_M x 2 BLOCK_N) in the rope buffers")
@@ -620,7 +612,7 @@ if GLUON_AVAILABLE:
 
         if Q_FIRST:  # Q's copies ahead of the first tiles' instead of queued behind them
             _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
-                    D_LAT, Q_ZERO_PAD, Q_SPREAD_PAD)
+                    D_LAT, Q_ZERO_PAD)
             async_copy.commit_group()
         # The first tiles in flight before Q is loaded; page rows are fetched one tile (pair) ahead.
         if GATHER:
@@ -688,7 +680,7 @@ if GLUON_AVAILABLE:
         # ---- Q: row copies (rows are (t, h) pairs, not one strided matrix) ----------------------
         if not Q_FIRST:
             _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M,
-                    D_LAT, Q_ZERO_PAD, Q_SPREAD_PAD)
+                    D_LAT, Q_ZERO_PAD)
             async_copy.commit_group()
         # Also completes any KV row gathers committed before (GATHER); later groups count from here.
         async_copy.wait_group(0)
@@ -937,13 +929,14 @@ COALESCED_STORE = os.environ.get("TRITREE_COALESCED_STORE", "0") == "1"
 # alone measured 35.8 / 36.0); bf16 from the MMA layout lost (35.1 -> 39.2, session 12).
 PARTIALS_16BIT_PLAIN = os.environ.get("TRITREE_PARTIALS_16BIT_PLAIN", "1") == "1"
 # Q's padding rows (past T*H or the tree) zero-filled by predicated copies (``_load_q``'s ``ZERO_PAD``)
-# in every Gluon kernel, instead of copies of the request's first row: the timeline had Q landing at
-# 2.9-3.4 us (median program) at T=65,H=8, whose ninth row block has 8 real rows and 56 padding rows
-# (14 programs x 56 rows x 72 copies of one 1,152-byte row), against 1.5-1.6 at T=64,H=8 (sessions 11-13,
-# bench/timeline.py). ``TRITREE_Q_ZERO_PAD=0`` restores the copies.
+# in every Gluon kernel, instead of copies of the request's first row (``TRITREE_Q_ZERO_PAD=0``). With
+# the copies, Q landed at 2.9-3.4 us (median program) at T=65,H=8, whose ninth row block has 8 real rows
+# and 56 padding rows, and at 3.0 at T=17,H=8, against 1.5 at T=64,H=8 (bench/timeline.py); zero-filled,
+# at 1.5 everywhere (session 14 call A). Graph-timed (calls B-D, L=46000, P=64, 9 rounds in one process
+# each): T=17,H=8 (the engine's default budget 16) ~1.1 us faster in 9 of 9 (47.8-49.3 against 48.8-50.4),
+# but T=65,H=8 ~0.9 us slower in 9 of 9 (109.4-111.5 against 108.9-110.6; padding rows copying the
+# request's real rows in turn were slower still, 110.3-112.0: commit 59d989e); kept for the default budget.
 Q_ZERO_PAD = os.environ.get("TRITREE_Q_ZERO_PAD", "1") == "1"
-# Experimental (off): with Q_ZERO_PAD off, padding rows copy the request's real rows in turn, not its first.
-Q_SPREAD_PAD = os.environ.get("TRITREE_Q_SPREAD_PAD", "0") == "1"
 
 
 def plain_partials_narrow(page_size: int) -> bool:
@@ -994,7 +987,7 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=bool(timeline),
             PAIR_CHUNKS=PAIR_CHUNKS and bool(seesaw), Q_FIRST=Q_FIRST_SEESAW if seesaw else Q_FIRST,
             COALESCED_STORE=COALESCED_STORE or (narrow16 and not seesaw and not overlap), Q_ZERO_PAD=Q_ZERO_PAD,
-            Q_SPREAD_PAD=Q_SPREAD_PAD, num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
+            num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         )
 
     if USE_TMA3D and not seesaw and not gather:
@@ -1063,8 +1056,7 @@ def compile_for_sm90(num_splits: int, overlap: bool, page_size: int = 64, seesaw
                   "SEESAW": seesaw, "TMA3D": tma3d, "L2_PREFETCH": L2_PREFETCH, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PDL": pdl, "TIMELINE": timeline,
                   "PAIR_CHUNKS": PAIR_CHUNKS and seesaw, "Q_FIRST": q_first,
-                  "COALESCED_STORE": coalesced_store, "Q_ZERO_PAD": Q_ZERO_PAD,
-                  "Q_SPREAD_PAD": Q_SPREAD_PAD}
+                  "COALESCED_STORE": coalesced_store, "Q_ZERO_PAD": Q_ZERO_PAD}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names

@@ -281,7 +281,7 @@ if GLUON_AVAILABLE:
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, Q_SPREAD_PAD: gl.constexpr):
+                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -324,7 +324,7 @@ if GLUON_AVAILABLE:
 
         # ---- Q: row copies (as _verify_gluon_kernel), while the producer issues pair 0 --------------
         _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT,
-                Q_ZERO_PAD, Q_SPREAD_PAD)
+                Q_ZERO_PAD)
         async_copy.commit_group()
         async_copy.wait_group(0)
         fence_async_shared()
@@ -501,7 +501,6 @@ if GLUON_AVAILABLE:
         COALESCED_STORE: gl.constexpr = False,
         Q_ZERO_PAD: gl.constexpr = False,
         STAGE_16BIT: gl.constexpr = False,
-        Q_SPREAD_PAD: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -546,7 +545,7 @@ if GLUON_AVAILABLE:
                                 T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, Q_SPREAD_PAD)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
@@ -585,8 +584,12 @@ PARTIALS_16BIT_GATHER = os.environ.get("TRITREE_PARTIALS_16BIT_GATHER", "1") == 
 COALESCED_STORE_GATHER = os.environ.get("TRITREE_COALESCED_STORE_GATHER", "1") == "1"
 # The staged store (COLSPLIT) of 16-bit rows (bf16 partials, or the output itself with one split): scaled
 # by 1 / l and cast in registers before the re-layout, not after it (``_ws_consumer``'s
-# ``STAGE_16BIT``): 64 KB through shared memory instead of 128 KB, the same values.
-# ``TRITREE_STAGE_16BIT=0`` stages fp32.
+# ``STAGE_16BIT``): 64 KB through shared memory instead of 128 KB, the same bits.
+# ``TRITREE_STAGE_16BIT=0`` stages fp32. Session 14: the store 3.2-3.5 -> 2.0-2.7 us (median program,
+# bench/timeline.py, with Q_ZERO_PAD); graph-timed, L=46000, fp32 stage -> 16-bit (calls B, C): T=65,H=8
+# 110.8-113.4 -> 109.4-111.5 us (faster in 6 rounds of 6), T=17,H=8 48.8-49.8 -> 47.8-50.2 (5 of 6);
+# one pass: T=16,H=8 43.5 -> 41.9, T=64,H=8 104.3 -> 102.3, T=8,H=64 101.7 -> 100.3, T=64,H=64 722.0 ->
+# 716.8, P=1 T=8,H=8 37.2 -> 35.9.
 STAGE_16BIT = os.environ.get("TRITREE_STAGE_16BIT", "1") == "1"
 
 
@@ -652,7 +655,6 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=bool(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
-        Q_SPREAD_PAD=_verify_gluon.Q_SPREAD_PAD,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -710,8 +712,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": pdl, "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
-                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
-                  "Q_SPREAD_PAD": _verify_gluon.Q_SPREAD_PAD}
+                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32")}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
