@@ -933,8 +933,8 @@ PARTIALS_16BIT_PLAIN = os.environ.get("TRITREE_PARTIALS_16BIT_PLAIN", "1") == "1
 # the copies, Q landed at 2.9-3.4 us (median program) at T=65,H=8, whose ninth row block has 8 real rows
 # and 56 padding rows, and at 3.0 at T=17,H=8, against 1.5 at T=64,H=8 (bench/timeline.py); zero-filled,
 # at 1.5 everywhere (session 14 call A). Graph-timed (calls B-D, L=46000, P=64, 9 rounds in one process
-# each): T=17,H=8 (the engine's default budget 16) ~1.1 us faster in 9 of 9 (47.8-49.3 against 48.8-50.4),
-# but T=65,H=8 ~0.9 us slower in 9 of 9 (109.4-111.5 against 108.9-110.6; padding rows copying the
+# each): T=17,H=8 (the engine's default budget 16) ~1.0 us faster in 9 of 9 (47.8-50.2 against 48.8-50.4),
+# but T=65,H=8 ~1.0 us slower in 9 of 9 (109.4-111.5 against 108.9-110.6; padding rows copying the
 # request's real rows in turn were slower still, 110.3-112.0: commit 59d989e); kept for the default budget.
 Q_ZERO_PAD = os.environ.get("TRITREE_Q_ZERO_PAD", "1") == "1"
 
