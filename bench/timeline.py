@@ -37,8 +37,11 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     if not cfg.kernel.startswith("gluon"):
         raise SystemExit(f"T={T},H={H}: the table runs {cfg.kernel!r}, which has no timeline")
     M = T * H
-    splits = choose_num_splits(batch=1, row_blocks=triton.cdiv(M, VG.BLOCK_M), max_keys=s["page_table"].shape[1] * P,
-                               block_n=VG.BLOCK_N, sms=num_sms(s["q"].device), whole_waves=True)
+    split_args = dict(batch=1, row_blocks=triton.cdiv(M, VG.BLOCK_M), max_keys=s["page_table"].shape[1] * P,
+                      block_n=VG.BLOCK_N, sms=num_sms(s["q"].device))
+    narrow = cfg.kernel.startswith("gluon-ws") and VGWS.narrow_rows(M) > 0  # as verify_mla chooses the splits
+    splits = (VGWS.choose_narrow_num_splits(**split_args) if narrow
+              else choose_num_splits(**split_args, whole_waves=True))
     out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
     # partials in the dtype verify_mla gives this kernel (bf16 for the ws kernel over TMA since session 12)
@@ -64,7 +67,11 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     parts = torch.stack([st[:, 0], st[:, 1] - st[:, 0], st[:, 2] - st[:, 1], st[:, 3] - st[:, 2],
                          st[:, 4] - st[:, 3]], 1).float() / 1e3
     last = int(st[:, 4].argmax())
-    return dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0], span_us=float(st[:, 4].max()) / 1e3,
+    # the last row block's programs apart (narrow where the ws kernel runs it narrow), empty chunks left out
+    n_last = (parts[-splits:, 2] > 0.05).sum().item()
+    last_block = {p: statistics.median(parts[-splits:, i][parts[-splits:, 2] > 0.05].tolist() or [0.0])
+                  for i, p in enumerate(PARTS)}
+    return dict(narrow=narrow, last_block_programs=n_last, last_block=last_block,T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0], span_us=float(st[:, 4].max()) / 1e3,
                 median={p: statistics.median(parts[:, i].tolist()) for i, p in enumerate(PARTS)},
                 max={p: float(parts[:, i].max()) for i, p in enumerate(PARTS)},
                 last_program={p: float(parts[last, i]) for i, p in enumerate(PARTS)})
@@ -82,7 +89,8 @@ def main(argv=None) -> None:
             fmt = lambda d: " ".join(f"{p} {d[p]:5.1f}" for p in PARTS)  # noqa: E731
             print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} {r['programs']} programs ({r['splits']} splits): "
                   f"span {r['span_us']:.1f} us | median {fmt(r['median'])} | max {fmt(r['max'])} | "
-                  f"last to finish {fmt(r['last_program'])}", flush=True)
+                  f"last to finish {fmt(r['last_program'])} | last row block{' (narrow)' if r['narrow'] else ''}, "
+                  f"{r['last_block_programs']} programs with keys: median {fmt(r['last_block'])}", flush=True)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,8 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
             # staged store of 16-bit rows through an fp32 stage
             "tritree-qdup": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False)],
             "tritree-stage32": [("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)],
+            # a 64-row last row block where it holds <= 16 real rows (before session 14)
+            "tritree-wide-last": [("tritree.kernels._verify_gluon_ws", "NARROW_LAST_BLOCK", False)],
             "tritree-s13": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False),
                             ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
 

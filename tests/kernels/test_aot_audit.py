@@ -48,7 +48,8 @@ def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():
     """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 above 64 rows
     with its L2 prefetch and coalesced store, and above 16 rows for pages below 64; also without the
     prefetch), by column halves and by tiles, one split and several, P = 64 and 128, and its row
-    gathers (P = 1, 16) fit sm_90's shared memory."""
+    gathers (P = 1, 16), and with a narrow last row block (8 or 16 rows), fit sm_90's shared memory."""
     out = _compile_gluon_module("tritree.kernels._verify_gluon_ws")
-    assert out.count("_verify_gluon_ws_kernel sm_90") == 19, out
+    assert out.count("_verify_gluon_ws_kernel sm_90") == 23, out
+    assert out.count("rows: shared") == 4, out  # the narrow last row block
     assert out.count("PDL: launch_dependents in the PTX") == 3, out  # the merge's early launch signal

@@ -193,6 +193,25 @@ def test_default_config_and_splits():
     check_against_reference(case, torch.float16)
 
 
+def test_narrow_last_row_block_split_counts(monkeypatch):
+    """Which launches get a narrow last row block and how the programs are shared (132 SMs): T=65,H=8
+    (8 full blocks and 8 rows) 8 x 15 full programs and 12 narrow ones, not 9 x 14; the narrow block never
+    has more splits than the full ones, nor fewer than one; the switch turns it off."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    assert [vgws.narrow_rows(r) for r in (64, 72, 136, 520, 1040, 396, 152, 512)] == [0, 8, 8, 8, 16, 16, 0, 0]
+    kw = dict(max_keys=46_080, block_n=64, sms=132)
+    assert vgws.choose_narrow_num_splits(batch=1, row_blocks=9, **kw) == 15
+    assert vgws.narrow_splits_for(15, 1, 9, 132) == 12
+    assert vgws.narrow_splits_for(14, 1, 9, 132) == 14  # explicit splits: at most as many as the full blocks
+    assert vgws.choose_narrow_num_splits(batch=1, row_blocks=3, **kw) == 48
+    assert vgws.narrow_splits_for(48, 1, 3, 132) == 36
+    assert vgws.narrow_splits_for(40, 4, 9, 132) == 1  # no SM left: one split
+    assert vgws.choose_narrow_num_splits(batch=1, row_blocks=9, max_keys=512, block_n=64, sms=132) == 2
+    monkeypatch.setattr(vgws, "NARROW_LAST_BLOCK", False)
+    assert vgws.narrow_rows(520) == 0
+
+
 def test_one_node_trees_all_padding_and_mixed():
     case = make_case(3, 4, 2, 2, [10, 0, 33], [1, 0, 4], ("random",), torch.float32, seed=3)
     out = check_against_reference(case, torch.float32, config=SMALL, num_splits=3)
@@ -529,6 +548,36 @@ def test_gpu_16bit_stage_gives_the_same_bits(P, T, splits, monkeypatch):
     case = poison_unused_slots(make_case(2, T, 8, P, [20_000 + 45, 1_000 + 64 - T], [T, T // 2 + 1],
                                          ("random", "chain"), torch.bfloat16, seed=P + T + splits))
     check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "STAGE_16BIT", num_splits=splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H,P,splits", [(65, 8, 64, None), (17, 8, 64, None), (9, 8, 64, None), (65, 16, 64, None),
+                                          (17, 8, 1, None), (65, 8, 128, None), (65, 8, 64, 8), (17, 8, 64, 1),
+                                          (33, 12, 16, None)])
+def test_gpu_narrow_last_row_block(T, H, P, splits):
+    """A last row block of at most 16 real rows run narrow (``_verify_gluon_ws.NARROW_LAST_BLOCK``: the
+    rows as the MMAs' N, its own split count, its extra partial slots empty): against the float64
+    reference (outputs poisoned, two requests, the second's tree shorter, unused pool slots NaN), then
+    replayed from a CUDA graph into poisoned outputs with the same bits."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    assert vgws.narrow_rows(T * H) in (8, 16)
+    case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 700 + 64 - T], [T, T // 2 + 1],
+                                         ("random", "chain"), torch.bfloat16, seed=T + H + P))
+    kw = {} if splits is None else {"num_splits": splits}
+    ref = check_against_reference(case, torch.bfloat16, **kw)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)
 
 
 @pytest.mark.gpu

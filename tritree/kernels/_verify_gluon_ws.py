@@ -94,6 +94,7 @@ import triton
 
 from . import _verify_gluon
 from ._splitkv import merge_pdl
+from .configs import num_sms
 from ._verify_gluon import (BLOCK_M, BLOCK_N, D_LAT, D_PE, GLUON_AVAILABLE, LOG2E, NUM_WARPS, SMEM_LIMIT_SM90, _check,
                             _IMPORT_ERROR, _kv_smem_layout, kv_descriptor)
 
@@ -155,6 +156,115 @@ if GLUON_AVAILABLE:
             ob = warpgroup_mma(p_smem, tail_lat.slice(HALF, HALF, dim=1), ob)
             _cta_barrier()
         return oa, ob, m_i, l_i
+
+    @gluon.jit
+    def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, s2_zero,
+                        sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr):
+        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``). Returns ``(oa, ob, m_i, l_i)``."""
+        HALF: gl.constexpr = D_LAT // 2
+        for i in range(n_pairs):
+            s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+            oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
+            ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
+            oa = warpgroup_mma(p2_smem, k_lat.slice(0, HALF, dim=1), oa, is_async=True)
+            ob = warpgroup_mma(p2_smem, k_lat.slice(HALF, HALF, dim=1), ob, is_async=True)
+            more = i + 1 < n_pairs
+            oa = warpgroup_mma_wait(num_outstanding=1, deps=[oa])
+            _cta_barrier()  # both warpgroups are done with column blocks 0..3 of both slots ...
+            mbarrier.arrive(empty0, pred=more)
+            ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
+            _cta_barrier()  # ... and with blocks 4..7 and the rope rows (P)
+            mbarrier.arrive(empty1, pred=more)
+        return oa, ob, m_i, l_i
+
+    @gluon.jit
+    def _narrow_pairs(q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, n_pairs, sm_scale_log2e,
+                      oh_layout: gl.constexpr, row_s_layout: gl.constexpr, NR: gl.constexpr, D_LAT: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The pair loop of a row block whose real rows are its first ``NR`` (8 or 16), transposed so that
+        the rows are the MMAs' N: ``S^T = K Q^T`` (m128 nNR: warpgroup w computes tile w's 64 keys) and
+        ``O^T += V^T P^T`` by column halves (m256 nNR k128; V^T straight from the tiles, an MN-major A),
+        instead of a 64-row block's MMAs for NR rows. Same copies, barriers and release order as
+        ``_colsplit_pairs``; P^T goes through ``p_smem``. Returns the state as ``_colsplit_pairs`` does
+        (``oa``, ``ob`` in ``oh_layout``, ``m_i``, ``l_i`` in ``row_s_layout``; rows NR.. zero / -inf),
+        re-laid out through the pair buffers (free after the loop: every copy issued has been consumed)."""
+        HALF: gl.constexpr = D_LAT // 2
+        PAIR_N: gl.constexpr = 2 * BLOCK_N
+        t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                           instr_shape=[16, NR, 16])
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        pt_smem = p_smem._reinterpret(gl.bfloat16, [NR, PAIR_N], smem_layout)
+        q_t = q_lat.slice(0, NR, dim=0)
+        qpe_t = q_pe.slice(0, NR, dim=0)
+        m_t = gl.full([NR], float("-inf"), gl.float32, layout=gl.SliceLayout(0, t_layout))
+        l_t = gl.zeros([NR], gl.float32, layout=gl.SliceLayout(0, t_layout))
+        oa_t = gl.zeros([HALF, NR], gl.float32, layout=t_layout)
+        ob_t = gl.zeros([HALF, NR], gl.float32, layout=t_layout)
+        st_zero = gl.zeros([PAIR_N, NR], gl.float32, layout=t_layout)
+        for i in range(n_pairs):
+            phase = i & 1
+            mbarrier.wait(cbars[0], phase)
+            s = warpgroup_mma(k_lat.slice(0, 64, dim=1), q_t.slice(0, 64, dim=1).permute([1, 0]), st_zero,
+                              use_acc=False, is_async=True)
+            for c in gl.static_range(1, D_LAT // 64):
+                mbarrier.wait(cbars[c], phase)
+                s = warpgroup_mma(k_lat.slice(c * 64, 64, dim=1), q_t.slice(c * 64, 64, dim=1).permute([1, 0]), s,
+                                  is_async=True)
+            mbarrier.wait(cbars[D_LAT // 64], phase)
+            s = warpgroup_mma(k_pe, qpe_t.permute([1, 0]), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+            # online softmax down the columns (a row's keys are its column of S^T)
+            s = s * sm_scale_log2e
+            m_new = gl.maximum(m_t, gl.max(s, 0))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_t - m_safe)
+            p = gl.exp2(s - gl.expand_dims(m_safe, 0))
+            l_t = l_t * alpha + gl.sum(p, 0)
+            m_t = m_new
+            pt_smem.store(gl.permute(p.to(gl.bfloat16), [1, 0]))
+            fence_async_shared()
+            _cta_barrier()  # both warpgroups' keys of P^T written
+            oa_t = oa_t * gl.expand_dims(alpha, 0)
+            ob_t = ob_t * gl.expand_dims(alpha, 0)
+            oa_t = warpgroup_mma(k_lat.slice(0, HALF, dim=1).permute([1, 0]), pt_smem.permute([1, 0]), oa_t,
+                                 is_async=True)
+            ob_t = warpgroup_mma(k_lat.slice(HALF, HALF, dim=1).permute([1, 0]), pt_smem.permute([1, 0]), ob_t,
+                                 is_async=True)
+            more = i + 1 < n_pairs
+            oa_t = warpgroup_mma_wait(num_outstanding=1, deps=[oa_t])
+            _cta_barrier()  # column blocks 0..3 of both slots read ...
+            mbarrier.arrive(empty0, pred=more)
+            ob_t = warpgroup_mma_wait(num_outstanding=0, deps=[ob_t])
+            _cta_barrier()  # ... blocks 4..7 (and the rope rows, read by the scores)
+            mbarrier.arrive(empty1, pred=more)
+        # back to rows: O^T through the dead pair buffers, m and l through p_smem
+        stage_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        stage = k_lat._reinterpret(gl.float32, [BLOCK_M, D_LAT], stage_layout)
+        ml = p_smem._reinterpret(gl.float32, [2 * BLOCK_M], flat_layout)  # m at 0.., l at BLOCK_M..
+        stage.slice(0, NR, dim=0).slice(0, HALF, dim=1).store(gl.permute(oa_t, [1, 0]))
+        stage.slice(0, NR, dim=0).slice(HALF, HALF, dim=1).store(gl.permute(ob_t, [1, 0]))
+        ml.slice(0, NR).store(m_t)
+        ml.slice(BLOCK_M, NR).store(l_t)
+        _cta_barrier()
+        real = gl.expand_dims(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, oh_layout)) < NR, 1)
+        oa = gl.where(real, stage.slice(0, HALF, dim=1).load(oh_layout), 0.0)
+        ob = gl.where(real, stage.slice(HALF, HALF, dim=1).load(oh_layout), 0.0)
+        real_row = gl.arange(0, BLOCK_M, layout=row_s_layout) < NR
+        m_i = gl.where(real_row, ml.slice(0, BLOCK_M).load(row_s_layout), float("-inf"))
+        l_i = gl.where(real_row, ml.slice(BLOCK_M, BLOCK_M).load(row_s_layout), 0.0)
+        _cta_barrier()  # read before the tail's copies reuse the buffers
+        return oa, ob, m_i, l_i
+
+    @gluon.jit
+    def _splits_of(num_splits, narrow_splits, NARROW_ROWS: gl.constexpr):
+        """This program's row block's split count: ``narrow_splits`` for the last row block when it is
+        narrow (``NARROW_ROWS``), else ``num_splits``."""
+        if NARROW_ROWS > 0:
+            return gl.where(gl.program_id(0) == gl.num_programs(0) - 1, narrow_splits, num_splits)
+        else:
+            return num_splits
 
     @gluon.jit
     def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr):
@@ -276,12 +386,12 @@ if GLUON_AVAILABLE:
     def _ws_consumer(Q, KV, PageTable, TreeMask, Out, Lse, sm_scale_log2e,
                      stride_qb, stride_qt, stride_qh, stride_kvp, stride_kvs, stride_ptb, max_pages, num_pages,
                      stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
-                     T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
+                     T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                      q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr):
+                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -344,40 +454,39 @@ if GLUON_AVAILABLE:
 
         s2_zero = gl.zeros([BLOCK_M, PAIR_N], gl.float32, layout=s2_layout)
         # ---- committed prefix: pairs of full tiles, no mask --------------------------------------
-        for i in range(n_pairs):
-            if COLSPLIT:
-                s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
-                p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-                oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
-                ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
-                oa = warpgroup_mma(p2_smem, k_lat.slice(0, HALF, dim=1), oa, is_async=True)
-                ob = warpgroup_mma(p2_smem, k_lat.slice(HALF, HALF, dim=1), ob, is_async=True)
-                more = i + 1 < n_pairs
-                oa = warpgroup_mma_wait(num_outstanding=1, deps=[oa])
-                _cta_barrier()  # both warpgroups are done with column blocks 0..3 of both slots ...
-                mbarrier.arrive(empty0, pred=more)
-                ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
-                _cta_barrier()  # ... and with blocks 4..7 and the rope rows (P)
-                mbarrier.arrive(empty1, pred=more)
-            elif PROBE == 1:
-                for c in gl.static_range(D_LAT // 64 + 1):
-                    mbarrier.wait(cbars[c], i & 1)
-            else:
-                s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
-                if PROBE == 3:
-                    l_i += gl.sum(s, 1)
+        if COLSPLIT:
+            if NARROW_ROWS > 0:
+                if gl.program_id(0) == gl.num_programs(0) - 1:  # the last row block: NARROW_ROWS real rows
+                    oa, ob, m_i, l_i = _narrow_pairs(q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
+                                                     n_pairs, sm_scale_log2e, oh_layout, row_s_layout, NARROW_ROWS,
+                                                     D_LAT, BLOCK_M, BLOCK_N)
                 else:
-                    if PROBE == 2:
-                        p = s.to(gl.bfloat16)
-                        alpha = l_i
+                    oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars,
+                                                       empty0, empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout,
+                                                       D_LAT)
+            else:
+                oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0,
+                                                   empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout, D_LAT)
+        else:  # by tiles (and the probes)
+            for i in range(n_pairs):
+                if PROBE == 1:
+                    for c in gl.static_range(D_LAT // 64 + 1):
+                        mbarrier.wait(cbars[c], i & 1)
+                else:
+                    s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
+                    if PROBE == 3:
+                        l_i += gl.sum(s, 1)
                     else:
-                        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-                    o = _publish_p(p, alpha, o, p2_smem, o_layout)
-                    o = warpgroup_mma(p2_smem.slice(0, BLOCK_N, dim=1), k_lat.slice(0, BLOCK_N, dim=0), o,
-                                      is_async=True)
-                    o = warpgroup_mma(p2_smem.slice(BLOCK_N, BLOCK_N, dim=1), k_lat.slice(BLOCK_N, BLOCK_N, dim=0),
-                                      o, is_async=True)
-            if not COLSPLIT:
+                        if PROBE == 2:
+                            p = s.to(gl.bfloat16)
+                            alpha = l_i
+                        else:
+                            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+                        o = _publish_p(p, alpha, o, p2_smem, o_layout)
+                        o = warpgroup_mma(p2_smem.slice(0, BLOCK_N, dim=1), k_lat.slice(0, BLOCK_N, dim=0), o,
+                                          is_async=True)
+                        o = warpgroup_mma(p2_smem.slice(BLOCK_N, BLOCK_N, dim=1), k_lat.slice(BLOCK_N, BLOCK_N, dim=0),
+                                          o, is_async=True)
                 more = i + 1 < n_pairs
                 o = warpgroup_mma_wait(num_outstanding=1, deps=[o])
                 _cta_barrier()  # (partition barrier) both warpgroups are done with slot 0 (V_0, P_0) ...
@@ -396,7 +505,8 @@ if GLUON_AVAILABLE:
         b = gl.program_id(2)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, _splits_of(num_splits, narrow_splits, NARROW_ROWS),
+                                   PAGE_SIZE)
         tail_start = start + n_pairs * PAIR_N
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
@@ -484,7 +594,7 @@ if GLUON_AVAILABLE:
         stride_os,
         stride_lb, stride_lt, stride_lh,
         stride_ls,
-        T, H, num_splits,
+        T, H, num_splits, narrow_splits,
         PAGE_SIZE: gl.constexpr,
         SINGLE_SPLIT: gl.constexpr,
         L2_PREFETCH: gl.constexpr = True,
@@ -501,6 +611,7 @@ if GLUON_AVAILABLE:
         COALESCED_STORE: gl.constexpr = False,
         Q_ZERO_PAD: gl.constexpr = False,
         STAGE_16BIT: gl.constexpr = False,
+        NARROW_ROWS: gl.constexpr = 0,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -518,7 +629,8 @@ if GLUON_AVAILABLE:
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, _splits_of(num_splits, narrow_splits, NARROW_ROWS),
+                                   PAGE_SIZE)
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
         n_full = (full_end - start) // BLOCK_N
         n_pairs = n_full // 2
@@ -542,10 +654,10 @@ if GLUON_AVAILABLE:
                                 stride_qb, stride_qt, stride_qh, stride_kvp, stride_kvs, stride_ptb, max_pages,
                                 num_pages, stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb,
                                 stride_lt, stride_lh, stride_ls,
-                                T, H, KvLens, TreeLens, num_splits, stride_mb, n_pairs,
+                                T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
@@ -593,6 +705,41 @@ COALESCED_STORE_GATHER = os.environ.get("TRITREE_COALESCED_STORE_GATHER", "1") =
 STAGE_16BIT = os.environ.get("TRITREE_STAGE_16BIT", "1") == "1"
 
 
+# The last row block as NARROW_ROWS (8 or 16) real rows, where a launch's last block holds no more (T=17
+# or T=65 with H=8: 8 rows after 2 or 8 full blocks): ``_narrow_pairs`` (the rows as the MMAs' N) instead
+# of a 64-row block's MMAs, and the block gets its own split count (``narrow_splits_for``): the full blocks
+# take more splits (``choose_narrow_num_splits``; T=65,H=8: 8 x 15 programs and 12 narrow ones, not 9 x
+# 14). ``TRITREE_NARROW_LAST_BLOCK=0`` keeps a 64-row last block.
+NARROW_LAST_BLOCK = os.environ.get("TRITREE_NARROW_LAST_BLOCK", "1") == "1"
+# A narrow program's time per key over a 64-row block's, for the split choice (an estimate: the tiles
+# still pass through shared memory, ~0.7-0.8 of a full block's traffic).
+NARROW_COST = float(os.environ.get("TRITREE_NARROW_COST", "0.75"))
+
+
+def narrow_rows(rows: int) -> int:
+    """``NARROW_ROWS`` of a launch over ``rows`` packed rows: 8 or 16 where the last of several row blocks
+    holds at most that many real rows (and ``NARROW_LAST_BLOCK``), else 0."""
+    if not NARROW_LAST_BLOCK or rows <= BLOCK_M:
+        return 0
+    last = rows - (triton.cdiv(rows, BLOCK_M) - 1) * BLOCK_M
+    return 8 if last <= 8 else 16 if last <= 16 else 0
+
+
+def narrow_splits_for(num_splits: int, batch: int, row_blocks: int, sms: int) -> int:
+    """Split count of a narrow last row block: what the SMs left by the full blocks' ``num_splits``
+    programs hold, at most ``num_splits`` (whose extra programs of the narrow block get empty chunks)."""
+    return max(1, min(num_splits, sms // batch - (row_blocks - 1) * num_splits))
+
+
+def choose_narrow_num_splits(*, batch: int, row_blocks: int, max_keys: int, block_n: int, sms: int,
+                             min_tiles_per_split: int = 4, max_splits: int = 256) -> int:
+    """``_splitkv.choose_num_splits`` (whole waves) for a launch whose last row block is narrow: it counts
+    ``NARROW_COST`` of a block, so the full blocks share the SMs it leaves."""
+    want = max(1, int(sms // (batch * (row_blocks - 1 + NARROW_COST))))
+    by_len = max(1, max_keys // (block_n * min_tiles_per_split))
+    return int(max(1, min(want, by_len, max_splits)))
+
+
 def narrow_partials(l2_prefetch: bool, gather: bool) -> bool:
     """Whether the kernel with this producer writes its split partials in the output's 16-bit dtype."""
     return PARTIALS_16BIT_WS and (PARTIALS_16BIT_GATHER if gather else l2_prefetch)
@@ -617,13 +764,15 @@ def coalesced_store(l2_prefetch: bool, gather: bool) -> bool:
 
 def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
                            sm_scale, num_splits, colsplit: bool = True, probe: int = 0,
-                           l2_prefetch: bool | None = None, timeline: bool = False):
+                           l2_prefetch: bool | None = None, timeline: bool = False, narrow: bool = True):
     """``launch_verify_gluon(..., seesaw=True)``'s conventions, the warp-specialised kernel (TMA tiles for
     page sizes that are a multiple of 64, row gathers by the producer below 64). ``colsplit``: ``O +=
     P V`` by column halves (what ``verify_mla`` runs; required for row gathers); off: by tiles, as the
     seesaw. ``probe`` (bench only, wrong results, by tiles): see ``_ws_consumer``. ``l2_prefetch``:
     the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``).
-    ``timeline``: as ``launch_verify_gluon``'s (bench only). Returns the compiled kernel."""
+    ``timeline``: as ``launch_verify_gluon``'s (bench only). ``narrow``: a last row block of at most 16 real
+    rows runs narrow (``narrow_rows``; by column halves only), with ``narrow_splits_for`` splits of the
+    ``num_splits`` partial slots (the rest written empty). Returns the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
     if gather and not colsplit:
@@ -634,6 +783,8 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
     grid = (triton.cdiv(M, BLOCK_M), int(num_splits), B)
+    nrows = narrow_rows(M) if narrow and colsplit and not probe else 0
+    narrow_splits = narrow_splits_for(int(num_splits), B, grid[0], num_sms(q.device)) if nrows else int(num_splits)
     desc = kv_descriptor(kv)
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
@@ -648,13 +799,14 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         tree_mask.stride(0), tree_mask.stride(1),
         *o_strides,
         *l_strides,
-        T, H, int(num_splits),
+        T, H, int(num_splits), int(narrow_splits),
         PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=int(num_splits) == 1,
         L2_PREFETCH=l2_prefetch,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=bool(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
+        NARROW_ROWS=nrows,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -682,7 +834,8 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str | None = None,
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
-                        pdl: bool = False, timeline: bool = False, coalesced: bool | None = None):
+                        pdl: bool = False, timeline: bool = False, coalesced: bool | None = None,
+                        narrow_rows: int = 0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -704,10 +857,10 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     }
     ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
             "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
-            "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
+            "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits", "narrow_splits"]
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1,
-                  "L2_PREFETCH": l2_prefetch,
+                  "L2_PREFETCH": l2_prefetch, "NARROW_ROWS": int(narrow_rows),
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": pdl, "TIMELINE": timeline,
@@ -829,6 +982,16 @@ def _main():
                         f.write(rc["_text"])
                 print(f"  reference seesaw      {tag} shared {int(r.metadata.shared):7d} regs {ruse.get('REG', 0):3d} "
                       f"spill {ruse.get('LOCAL', 0) + ruse.get('STACK', 0):5d}  {_fmt_counts(rc)}", flush=True)
+    for splits, P, nrows in ((2, 64, 8), (1, 64, 8), (2, 128, 16), (2, 1, 8)):  # a narrow last row block
+        k = compile_for_sm90_ws(splits, P, narrow_rows=nrows)
+        use = resource_usage(k.asm["cubin"])
+        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
+        good = int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        ok &= good
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits={'1' if splits == 1 else 'N'} P={P:3d} narrow {nrows:2d} "
+              f"rows: shared {int(k.metadata.shared):7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill "
+              f"{spill:5d}  {'ok' if good and spill == 0 else ('ok (spills)' if good else 'FAIL')}  "
+              f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
     for P, l2_prefetch in ((64, True), (64, False), (1, True)):  # programmatic dependent launch of the merge
         k = compile_for_sm90_ws(2, P, l2_prefetch=l2_prefetch, pdl=True)
         use = resource_usage(k.asm["cubin"])

@@ -610,9 +610,15 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(q.device), T * H, page_size=kv.shape[1],
                                kv_fp8=kv.dtype == KV_FP8)
     if num_splits is None:
-        num_splits = choose_num_splits(batch=B, row_blocks=triton.cdiv(T * H, cfg.block_m),
-                                       max_keys=page_table.shape[1] * kv.shape[1], block_n=cfg.block_n,
-                                       sms=num_sms(q.device), programs_per_sm=cfg.programs_per_sm, whole_waves=True)
+        split_args = dict(batch=B, row_blocks=triton.cdiv(T * H, cfg.block_m),
+                          max_keys=page_table.shape[1] * kv.shape[1], block_n=cfg.block_n, sms=num_sms(q.device))
+        if cfg.kernel.startswith("gluon-ws") and kv_scale is None and _gluon_usable(q, kv, cfg):
+            from ._verify_gluon_ws import choose_narrow_num_splits, narrow_rows
+
+            if narrow_rows(T * H):  # a narrow last row block: the full ones share the SMs it leaves
+                num_splits = choose_narrow_num_splits(**split_args)
+        if num_splits is None:
+            num_splits = choose_num_splits(**split_args, programs_per_sm=cfg.programs_per_sm, whole_waves=True)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(cfg.scalar_page),
