@@ -58,9 +58,12 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     torch.cuda.synchronize()
     row_blocks = triton.cdiv(M, VG.BLOCK_M)
     stamps = []
+    # the narrow last row block (flattened grid) has programs only for its own splits
+    last_splits = VGWS.narrow_splits_for(splits, 1, row_blocks, num_sms(s["q"].device)) if narrow else splits
     for m in range(row_blocks):
         raw = dst_l[0, :, m * VG.BLOCK_M: m * VG.BLOCK_M + 5].contiguous().view(torch.int32).cpu().long()
-        stamps.append(raw % (1 << 32))
+        stamps.append(raw[:last_splits] if m == row_blocks - 1 else raw)
+    stamps = [r % (1 << 32) for r in stamps]
     st = torch.cat(stamps)  # [programs, 5]
     first = int(st[:, 0].min())
     st = (st - first) % (1 << 32)  # ns from the first start (the low word may wrap once)
@@ -68,8 +71,8 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
                          st[:, 4] - st[:, 3]], 1).float() / 1e3
     last = int(st[:, 4].argmax())
     # the last row block's programs apart (narrow where the ws kernel runs it narrow), empty chunks left out
-    n_last = (parts[-splits:, 2] > 0.05).sum().item()
-    last_block = {p: statistics.median(parts[-splits:, i][parts[-splits:, 2] > 0.05].tolist() or [0.0])
+    n_last = (parts[-last_splits:, 2] > 0.05).sum().item()
+    last_block = {p: statistics.median(parts[-last_splits:, i][parts[-last_splits:, 2] > 0.05].tolist() or [0.0])
                   for i, p in enumerate(PARTS)}
     return dict(narrow=narrow, last_block_programs=n_last, last_block=last_block,T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0], span_us=float(st[:, 4].max()) / 1e3,
                 median={p: statistics.median(parts[:, i].tolist()) for i, p in enumerate(PARTS)},

@@ -258,13 +258,22 @@ if GLUON_AVAILABLE:
         return oa, ob, m_i, l_i
 
     @gluon.jit
-    def _splits_of(num_splits, narrow_splits, NARROW_ROWS: gl.constexpr):
-        """This program's row block's split count: ``narrow_splits`` for the last row block when it is
-        narrow (``NARROW_ROWS``), else ``num_splits``."""
+    def _program(T, H, num_splits, narrow_splits, NARROW_ROWS: gl.constexpr, BLOCK_M: gl.constexpr):
+        """``(pid_m, pid_s, splits, narrow)``: this program's row block, split, its row block's split count
+        and whether that block is the narrow one.
+        With a narrow last row block (``NARROW_ROWS``) the grid's first axis holds the full blocks'
+        programs (the row block fastest, as the 2-D grid orders them) and then the narrow block's
+        ``narrow_splits``: exactly the programs that have work, none waiting for a second wave."""
         if NARROW_ROWS > 0:
-            return gl.where(gl.program_id(0) == gl.num_programs(0) - 1, narrow_splits, num_splits)
+            lin = gl.program_id(0)
+            full_blocks = gl.cdiv(T * H, BLOCK_M) - 1
+            n_full = full_blocks * num_splits
+            narrow = lin >= n_full
+            pid_m = gl.where(narrow, full_blocks, lin % full_blocks)
+            pid_s = gl.where(narrow, lin - n_full, lin // full_blocks)
+            return pid_m, pid_s, gl.where(narrow, narrow_splits, num_splits), narrow
         else:
-            return num_splits
+            return gl.program_id(0), gl.program_id(1), num_splits, False
 
     @gluon.jit
     def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr):
@@ -426,7 +435,7 @@ if GLUON_AVAILABLE:
         # Only ``n_pairs`` comes from the parent: what the tail and the store need is recomputed after
         # the pair loop (program ids, kernel parameters, two reloaded scalars), so that it is not live
         # (spilled) across the loop, which has 240 registers here (SEESAW had 255).
-        pid_m = gl.program_id(0)
+        pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
         b = gl.program_id(2)
         if TIMELINE:
             t0 = _now(b)
@@ -456,7 +465,7 @@ if GLUON_AVAILABLE:
         # ---- committed prefix: pairs of full tiles, no mask --------------------------------------
         if COLSPLIT:
             if NARROW_ROWS > 0:
-                if gl.program_id(0) == gl.num_programs(0) - 1:  # the last row block: NARROW_ROWS real rows
+                if narrow:  # the last row block: NARROW_ROWS real rows
                     oa, ob, m_i, l_i = _narrow_pairs(q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                                      n_pairs, sm_scale_log2e, oh_layout, row_s_layout, NARROW_ROWS,
                                                      D_LAT, BLOCK_M, BLOCK_N)
@@ -500,13 +509,11 @@ if GLUON_AVAILABLE:
             t2 = _now(b)
         m_i = gl.convert_layout(m_i, gl.SliceLayout(1, s_layout))
         l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
-        pid_m = gl.program_id(0)
-        pid_s = gl.program_id(1)
+        pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
         b = gl.program_id(2)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, _splits_of(num_splits, narrow_splits, NARROW_ROWS),
-                                   PAGE_SIZE)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
         tail_start = start + n_pairs * PAIR_N
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
@@ -578,6 +585,19 @@ if GLUON_AVAILABLE:
             else:
                 _store_o(o, m_i, l_i, Out, Lse, b, pid_m, pid_s, T, H, tree_len, stride_ob, stride_ot, stride_oh,
                          stride_os, stride_lb, stride_lt, stride_lh, stride_ls, o_layout, SINGLE_SPLIT, BLOCK_M, D_LAT)
+        if NARROW_ROWS > 0:
+            # the narrow block's partial slots past its own splits hold no keys: written empty
+            if narrow:
+                for slot in range(pid_s + splits, num_splits, splits):
+                    zero_o = gl.zeros([BLOCK_M, HALF], gl.float32, layout=st_layout)
+                    no_m = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, st_layout))
+                    no_l = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, st_layout))
+                    _store_o(zero_o, no_m, no_l, Out, Lse, b, pid_m, slot, T, H, tree_len, stride_ob, stride_ot,
+                             stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, st_layout, SINGLE_SPLIT,
+                             BLOCK_M, HALF)
+                    _store_o(zero_o, no_m, no_l, Out, Lse, b, pid_m, slot, T, H, tree_len, stride_ob, stride_ot,
+                             stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, st_layout, SINGLE_SPLIT,
+                             BLOCK_M, HALF, HALF, False)
         if TIMELINE:
             _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, t1, t2, t3, _now(b), BLOCK_M)
 
@@ -623,14 +643,13 @@ if GLUON_AVAILABLE:
         PAIR_N: gl.constexpr = 2 * BLOCK_N
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-        pid_s = gl.program_id(1)
+        pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
         b = gl.program_id(2)
         if PDL:  # the merge may be placed now (one wave of programs: all of them have started)
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, _splits_of(num_splits, narrow_splits, NARROW_ROWS),
-                                   PAGE_SIZE)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
         n_full = (full_end - start) // BLOCK_N
         n_pairs = n_full // 2
@@ -785,6 +804,8 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     grid = (triton.cdiv(M, BLOCK_M), int(num_splits), B)
     nrows = narrow_rows(M) if narrow and colsplit and not probe else 0
     narrow_splits = narrow_splits_for(int(num_splits), B, grid[0], num_sms(q.device)) if nrows else int(num_splits)
+    if nrows:  # the full blocks' programs, then the narrow block's (``_program``)
+        grid = ((grid[0] - 1) * int(num_splits) + narrow_splits, 1, B)
     desc = kv_descriptor(kv)
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
