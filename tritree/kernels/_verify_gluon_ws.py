@@ -276,11 +276,16 @@ if GLUON_AVAILABLE:
             return gl.program_id(0), gl.program_id(1), num_splits, False
 
     @gluon.jit
-    def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr):
+    def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr, BALANCED: gl.constexpr = False):
         """Keys ``[start, end)`` of split ``pid_s`` (as ``_verify_gluon_kernel``: page-aligned chunks, or
-        64-key-aligned ones for pages below a tile)."""
+        64-key-aligned ones for pages below a tile). ``BALANCED`` (the launches with a narrow last row
+        block): whole tile pairs, sized for the keys plus two tiles, so that the last chunk, which also
+        runs the masked tree keys one tile at a time (~4-6 us a tile), is the lighter one: call F had the
+        last split of T=65,H=8 (23 pairs and two masked tiles) finish 8 us after the others (24 pairs)."""
         n_keys = kv_len + tree_len
-        if PAGE_SIZE < 64:
+        if BALANCED:
+            chunk = gl.cdiv(gl.cdiv(n_keys + 128, num_splits), 128) * 128
+        elif PAGE_SIZE < 64:
             chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), 64) * 64
         else:
             chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
@@ -513,7 +518,7 @@ if GLUON_AVAILABLE:
         b = gl.program_id(2)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE, NARROW_ROWS > 0)
         tail_start = start + n_pairs * PAIR_N
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
@@ -649,7 +654,7 @@ if GLUON_AVAILABLE:
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE, NARROW_ROWS > 0)
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
         n_full = (full_end - start) // BLOCK_N
         n_pairs = n_full // 2
@@ -733,12 +738,17 @@ NARROW_LAST_BLOCK = os.environ.get("TRITREE_NARROW_LAST_BLOCK", "1") == "1"
 # A narrow program's time per key over a 64-row block's, for the split choice (an estimate: the tiles
 # still pass through shared memory, ~0.7-0.8 of a full block's traffic).
 NARROW_COST = float(os.environ.get("TRITREE_NARROW_COST", "0.75"))
+# ... and only with this many row blocks or more: session 14 call F, T=17,H=8 (3 blocks, 2 x 48 + 36
+# programs) 50.0-54.8 us against 48.1-49.7 for three 64-row blocks (2 x 44 + 44): with two full blocks, 4
+# more splits shorten their chunks less than the page / pair rounding of ~8-pair chunks costs, and a
+# narrow program there took 0.88 of a full one a pair (0.79 at T=65,H=8).
+NARROW_MIN_BLOCKS = 5
 
 
 def narrow_rows(rows: int) -> int:
-    """``NARROW_ROWS`` of a launch over ``rows`` packed rows: 8 or 16 where the last of several row blocks
-    holds at most that many real rows (and ``NARROW_LAST_BLOCK``), else 0."""
-    if not NARROW_LAST_BLOCK or rows <= BLOCK_M:
+    """``NARROW_ROWS`` of a launch over ``rows`` packed rows: 8 or 16 where the last of at least
+    ``NARROW_MIN_BLOCKS`` row blocks holds at most that many real rows (and ``NARROW_LAST_BLOCK``), else 0."""
+    if not NARROW_LAST_BLOCK or triton.cdiv(rows, BLOCK_M) < NARROW_MIN_BLOCKS:
         return 0
     last = rows - (triton.cdiv(rows, BLOCK_M) - 1) * BLOCK_M
     return 8 if last <= 8 else 16 if last <= 16 else 0
