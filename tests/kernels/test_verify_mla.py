@@ -209,6 +209,15 @@ def test_narrow_last_row_block_split_counts(monkeypatch):
     assert vgws.narrow_splits_for(48, 1, 3, 132) == 36
     assert vgws.narrow_splits_for(40, 4, 9, 132) == 1  # no SM left: one split
     assert vgws.choose_narrow_num_splits(batch=1, row_blocks=9, max_keys=512, block_n=64, sms=132) == 2
+    # verify_mla's choice, as torch.compile traces it (fullgraph: no graph break)
+    from tritree.kernels.verify_mla import _narrow_num_splits
+
+    cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
+    args = dict(batch=1, row_blocks=9, **kw)
+    torch._dynamo.reset()
+    traced = torch.compile(lambda x: x + _narrow_num_splits(cfg, 520, args), fullgraph=True)(torch.zeros(1))
+    assert traced.item() == 15 and _narrow_num_splits(cfg, 512, args) is None
+    assert _narrow_num_splits(AttnConfig(64, 64, 8, 2, kernel="gluon"), 520, args) is None
     monkeypatch.setattr(vgws, "NARROW_LAST_BLOCK", False)
     assert vgws.narrow_rows(520) == 0
 

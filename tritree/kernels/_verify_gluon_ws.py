@@ -276,16 +276,11 @@ if GLUON_AVAILABLE:
             return gl.program_id(0), gl.program_id(1), num_splits, False
 
     @gluon.jit
-    def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr, BALANCED: gl.constexpr = False):
+    def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr):
         """Keys ``[start, end)`` of split ``pid_s`` (as ``_verify_gluon_kernel``: page-aligned chunks, or
-        64-key-aligned ones for pages below a tile). ``BALANCED`` (the launches with a narrow last row
-        block): whole tile pairs, sized for the keys plus two tiles, so that the last chunk, which also
-        runs the masked tree keys one tile at a time (~4-6 us a tile), is the lighter one: call F had the
-        last split of T=65,H=8 (23 pairs and two masked tiles) finish 8 us after the others (24 pairs)."""
+        64-key-aligned ones for pages below a tile)."""
         n_keys = kv_len + tree_len
-        if BALANCED:
-            chunk = gl.cdiv(gl.cdiv(n_keys + 128, num_splits), 128) * 128
-        elif PAGE_SIZE < 64:
+        if PAGE_SIZE < 64:
             chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), 64) * 64
         else:
             chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
@@ -518,7 +513,7 @@ if GLUON_AVAILABLE:
         b = gl.program_id(2)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE, NARROW_ROWS > 0)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
         tail_start = start + n_pairs * PAIR_N
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
@@ -654,7 +649,7 @@ if GLUON_AVAILABLE:
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE, NARROW_ROWS > 0)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
         n_full = (full_end - start) // BLOCK_N
         n_pairs = n_full // 2
@@ -733,7 +728,11 @@ STAGE_16BIT = os.environ.get("TRITREE_STAGE_16BIT", "1") == "1"
 # or T=65 with H=8: 8 rows after 2 or 8 full blocks): ``_narrow_pairs`` (the rows as the MMAs' N) instead
 # of a 64-row block's MMAs, and the block gets its own split count (``narrow_splits_for``): the full blocks
 # take more splits (``choose_narrow_num_splits``; T=65,H=8: 8 x 15 programs and 12 narrow ones, not 9 x
-# 14). ``TRITREE_NARROW_LAST_BLOCK=0`` keeps a 64-row last block.
+# 14). ``TRITREE_NARROW_LAST_BLOCK=0`` keeps a 64-row last block. Session 14 call F (L=46000, P=64, graph-timed
+# in one process, variants interleaved): T=65,H=8 108.4-109.9 us against 110.3-112.3 (faster in 6 pairs of
+# 6, -2.1%); a narrow program took 0.79 of a full one a tile pair (the timeline). Not kept: chunks in
+# whole pairs sized for the keys plus two tiles (the last split also runs the masked tree keys), call H,
+# 110.2-112.3 against 110.9-112.0, a tie.
 NARROW_LAST_BLOCK = os.environ.get("TRITREE_NARROW_LAST_BLOCK", "1") == "1"
 # A narrow program's time per key over a 64-row block's, for the split choice (an estimate: the tiles
 # still pass through shared memory, ~0.7-0.8 of a full block's traffic).

@@ -527,6 +527,17 @@ def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope
 _FULL_TREE_LENS: dict = {}
 
 
+def _narrow_num_splits(cfg: AttnConfig, rows: int, split_args: dict) -> int | None:
+    """The split count for a launch of the warp-specialised Gluon kernel whose last row block runs narrow
+    (``_verify_gluon_ws.narrow_rows``): the full blocks share the SMs the narrow block leaves. ``None``
+    where that does not apply. Pure Python on static shapes (traced by torch.compile)."""
+    if not cfg.kernel.startswith("gluon-ws"):
+        return None
+    from ._verify_gluon_ws import choose_narrow_num_splits, narrow_rows
+
+    return choose_narrow_num_splits(**split_args) if narrow_rows(rows) else None
+
+
 def _full_tree_lens(B: int, T: int, device: torch.device) -> torch.Tensor:
     """``[B]`` int32 of T's (``tree_lens=None``), cached per (device, B, T) so that eager calls, and
     graphs captured after one, launch no fill kernel (a graph node of its own, ~1 us). Read-only. Under
@@ -612,11 +623,9 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     if num_splits is None:
         split_args = dict(batch=B, row_blocks=triton.cdiv(T * H, cfg.block_m),
                           max_keys=page_table.shape[1] * kv.shape[1], block_n=cfg.block_n, sms=num_sms(q.device))
-        if cfg.kernel.startswith("gluon-ws") and kv_scale is None and _gluon_usable(q, kv, cfg):
-            from ._verify_gluon_ws import choose_narrow_num_splits, narrow_rows
-
-            if narrow_rows(T * H):  # a narrow last row block: the full ones share the SMs it leaves
-                num_splits = choose_narrow_num_splits(**split_args)
+        # Static properties only (torch.compile traces this; _gluon_usable reads storage offsets).
+        if q.device.type == "cuda" and q.dtype == kv.dtype == torch.bfloat16 and kv_scale is None:
+            num_splits = _narrow_num_splits(cfg, T * H, split_args)
         if num_splits is None:
             num_splits = choose_num_splits(**split_args, programs_per_sm=cfg.programs_per_sm, whole_waves=True)
     if num_splits < 1:
