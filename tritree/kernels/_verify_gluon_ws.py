@@ -70,6 +70,12 @@ Session 7 (call B, P = 1, us): T=64,H=8 120.9 vs the seesaw's gathers 136.1, T=1
 241.1, T=65,H=8 127.5 vs 146.0, T=16,H=8 52.4 vs 58.0; the fragmented pool is then within 1-7% of
 the P = 64 times (``bench/RESULTS.md``).
 
+Narrow last row block (``NARROW_LAST_BLOCK``; at least ``NARROW_MIN_BLOCKS`` row blocks, the last with at
+most 16 real rows, e.g. T=65,H=8): that block's consumers run ``_narrow_pairs`` (the rows as the MMAs' N:
+``S^T = K Q^T``, ``O^T += V^T P^T``) over the same producer stream, then lay the state back out as rows for
+the masked tail and the store. The grid's first axis then lists the full blocks' programs and the narrow
+block's (``_program``), which has its own split count and writes its surplus partial slots empty.
+
 ``PROBE`` (bench only, wrong results, by tiles): the pair loop with parts left out -- copies alone,
 scores + ``P V`` without the softmax, scores alone (``bench/gluon_check.py --probes``). Session 6 at
 T=64,H=8: 66.8 / 104.1 / 90.9 us against 121.4 for the whole (merge included in each).
