@@ -201,20 +201,26 @@ if GLUON_AVAILABLE:
         return bar
 
     @gluon.jit
-    def _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, phase, s_zero, D_LAT: gl.constexpr):
+    def _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, phase, s_zero, D_LAT: gl.constexpr,
+                     TRANSPOSED: gl.constexpr = False):
         """SEESAW scores ``[Q K_0^T | Q K_1^T]`` (m64 n128: warpgroup w computes tile w's 64 keys), one
         async wgmma per 64-channel column block, each issued as soon as that block of both slots has
-        landed: the QK streams behind the refill instead of waiting for all of it."""
+        landed: the QK streams behind the refill instead of waiting for all of it. ``TRANSPOSED``: the
+        scores' transpose ``K Q^T`` (m128, N = Q's rows; the ws kernel's narrow row block)."""
         gl.static_assert(D_LAT // 64 >= 1)
-        mbarrier.wait(cbars[0], phase)
-        s = warpgroup_mma(q_lat.slice(0, 64, dim=1), k_lat.slice(0, 64, dim=1).permute([1, 0]), s_zero,
-                          use_acc=False, is_async=True)
-        for c in gl.static_range(1, D_LAT // 64):
+        s = s_zero
+        for c in gl.static_range(D_LAT // 64 + 1):
             mbarrier.wait(cbars[c], phase)
-            s = warpgroup_mma(q_lat.slice(c * 64, 64, dim=1), k_lat.slice(c * 64, 64, dim=1).permute([1, 0]), s,
-                              is_async=True)
-        mbarrier.wait(cbars[D_LAT // 64], phase)
-        s = warpgroup_mma(q_pe, k_pe.permute([1, 0]), s, is_async=True)
+            if c < D_LAT // 64:
+                q_c = q_lat.slice(c * 64, 64, dim=1)
+                k_c = k_lat.slice(c * 64, 64, dim=1)
+            else:  # the rope block
+                q_c = q_pe
+                k_c = k_pe
+            if TRANSPOSED:
+                s = warpgroup_mma(k_c, q_c.permute([1, 0]), s, use_acc=c > 0, is_async=True)
+            else:
+                s = warpgroup_mma(q_c, k_c.permute([1, 0]), s, use_acc=c > 0, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=[s])
 
     @gluon.jit

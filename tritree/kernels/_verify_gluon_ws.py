@@ -209,17 +209,7 @@ if GLUON_AVAILABLE:
         ob_t = gl.zeros([HALF, NR], gl.float32, layout=t_layout)
         st_zero = gl.zeros([PAIR_N, NR], gl.float32, layout=t_layout)
         for i in range(n_pairs):
-            phase = i & 1
-            mbarrier.wait(cbars[0], phase)
-            s = warpgroup_mma(k_lat.slice(0, 64, dim=1), q_t.slice(0, 64, dim=1).permute([1, 0]), st_zero,
-                              use_acc=False, is_async=True)
-            for c in gl.static_range(1, D_LAT // 64):
-                mbarrier.wait(cbars[c], phase)
-                s = warpgroup_mma(k_lat.slice(c * 64, 64, dim=1), q_t.slice(c * 64, 64, dim=1).permute([1, 0]), s,
-                                  is_async=True)
-            mbarrier.wait(cbars[D_LAT // 64], phase)
-            s = warpgroup_mma(k_pe, qpe_t.permute([1, 0]), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+            s = _qk_streamed(q_t, qpe_t, k_lat, k_pe, cbars, i & 1, st_zero, D_LAT, True)
             # online softmax down the columns (a row's keys are its column of S^T)
             s = s * sm_scale_log2e
             m_new = gl.maximum(m_t, gl.max(s, 0))
