@@ -232,15 +232,16 @@ if GLUON_AVAILABLE:
         return page * PAGE_SIZE + n % PAGE_SIZE
 
     @gluon.jit
-    def _softmax(s, m_i, l_i, sm_scale_log2e):
+    def _softmax(s, m_i, l_i, sm_scale_log2e, KEYS_AXIS: gl.constexpr = 1):
         """Online softmax of one tile of scores (already masked with -inf where invisible). The row
-        max and sum cross the two warpgroups (a reduction through shared memory)."""
+        max and sum cross the two warpgroups (a reduction through shared memory). ``KEYS_AXIS`` = 0:
+        transposed scores (a row's keys down its column)."""
         s = s * sm_scale_log2e
-        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_new = gl.maximum(m_i, gl.max(s, KEYS_AXIS))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
-        l_i = l_i * alpha + gl.sum(p, 1)
+        p = gl.exp2(s - gl.expand_dims(m_safe, KEYS_AXIS))
+        l_i = l_i * alpha + gl.sum(p, KEYS_AXIS)
         return p.to(gl.bfloat16), alpha, m_new, l_i
 
     @gluon.jit

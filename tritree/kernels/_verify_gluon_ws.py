@@ -210,15 +210,8 @@ if GLUON_AVAILABLE:
         st_zero = gl.zeros([PAIR_N, NR], gl.float32, layout=t_layout)
         for i in range(n_pairs):
             s = _qk_streamed(q_t, qpe_t, k_lat, k_pe, cbars, i & 1, st_zero, D_LAT, True)
-            # online softmax down the columns (a row's keys are its column of S^T)
-            s = s * sm_scale_log2e
-            m_new = gl.maximum(m_t, gl.max(s, 0))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_t - m_safe)
-            p = gl.exp2(s - gl.expand_dims(m_safe, 0))
-            l_t = l_t * alpha + gl.sum(p, 0)
-            m_t = m_new
-            pt_smem.store(gl.permute(p.to(gl.bfloat16), [1, 0]))
+            p, alpha, m_t, l_t = _softmax(s, m_t, l_t, sm_scale_log2e, 0)  # down S^T's columns
+            pt_smem.store(gl.permute(p, [1, 0]))
             fence_async_shared()
             _cta_barrier()  # both warpgroups' keys of P^T written
             oa_t = oa_t * gl.expand_dims(alpha, 0)
