@@ -23,6 +23,7 @@ from tritree.kernels import _verify_gluon as VG
 from tritree.kernels import _verify_gluon_ws as VGWS
 from tritree.kernels._splitkv import choose_num_splits, split_destinations
 from tritree.kernels.configs import VERIFY_MLA_CONFIGS, lookup, num_sms
+from tritree.kernels.verify_mla import _narrow_num_splits
 
 from .verify_sweep import SM_SCALE, build_sets
 
@@ -39,9 +40,9 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     M = T * H
     split_args = dict(batch=1, row_blocks=triton.cdiv(M, VG.BLOCK_M), max_keys=s["page_table"].shape[1] * P,
                       block_n=VG.BLOCK_N, sms=num_sms(s["q"].device))
-    narrow = cfg.kernel.startswith("gluon-ws") and VGWS.narrow_rows(M) > 0  # as verify_mla chooses the splits
-    splits = (VGWS.choose_narrow_num_splits(**split_args) if narrow
-              else choose_num_splits(**split_args, whole_waves=True))
+    narrow_splits = _narrow_num_splits(cfg, M, split_args)  # as verify_mla chooses the splits
+    narrow = narrow_splits is not None
+    splits = narrow_splits if narrow else choose_num_splits(**split_args, whole_waves=True)
     out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
     # partials in the dtype verify_mla gives this kernel (bf16 for the ws kernel over TMA since session 12)
@@ -74,7 +75,8 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     n_last = (parts[-last_splits:, 2] > 0.05).sum().item()
     last_block = {p: statistics.median(parts[-last_splits:, i][parts[-last_splits:, 2] > 0.05].tolist() or [0.0])
                   for i, p in enumerate(PARTS)}
-    return dict(narrow=narrow, last_block_programs=n_last, last_block=last_block,T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0], span_us=float(st[:, 4].max()) / 1e3,
+    return dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0],
+                span_us=float(st[:, 4].max()) / 1e3, narrow=narrow, last_block_programs=n_last, last_block=last_block,
                 median={p: statistics.median(parts[:, i].tolist()) for i, p in enumerate(PARTS)},
                 max={p: float(parts[:, i].max()) for i, p in enumerate(PARTS)},
                 last_program={p: float(parts[last, i]) for i, p in enumerate(PARTS)})

@@ -475,7 +475,8 @@ if GLUON_AVAILABLE:
         ``o`` (``[BLOCK_M, D_OUT]``) is output columns ``COL0 .. COL0 + D_OUT``; ``STORE_LSE``: also the lse.
         ``COALESCED``: ``o`` re-laid out through shared memory first (``WARPS`` warps), so that a warp's
         store covers 512 contiguous bytes of one row instead of 32-byte pieces of eight rows.
-        ``PRESCALED``: ``o`` is already ``o * _row_scale(...)[4]`` (and cast), stored as it is."""
+        ``PRESCALED``: ``o`` already carries the rows' scale (``_row_scale``'s ``inv``) and the cast: stored
+        as it is."""
         if COALESCED:
             st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
                                                        warps_per_cta=[WARPS, 1], order=[1, 0])
