@@ -591,6 +591,44 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,H,P,kv_lens,splits", [
+    (65, 8, 64, [46_000, 700], None),  # the engine's budget-64 shape: two tail tiles in the last split
+    (17, 8, 64, [46_000, 1_000 + 45], None),  # an odd prefix tile in every split, then the tree keys
+    (129, 2, 64, [3_000 + 64, 64], 5),  # a prefix that ends on a page: tree keys only, three tiles
+    (33, 4, 128, [50, 0], 3),  # no unmasked pair at all (the tail is the whole chunk), splits with no keys
+    (65, 8, 64, [20_000 + 45, 1_000 + 64 - 65], 1),  # one split
+    (9, 8, 128, [9_000 + 127, 200], 16),  # tiles at a page's second half; many small chunks
+])
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_gpu_pipelined_tail(T, H, P, kv_lens, splits, pipelined, monkeypatch):
+    """``_verify_gluon_ws.PIPELINED_TAIL`` (the default) and the one-tile tail: the chunks' masked keys
+    in pairs behind the unmasked ones (tails of one to three tiles, a prefix ending mid-tile or on a
+    page, chunks that are all tail or empty, one split) against the float64 reference with the unused
+    pool slots NaN (the tail pair's rows past its chunk are read by TMA and must not reach ``P V``), then
+    replayed from a CUDA graph into poisoned outputs with the same bits."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    monkeypatch.setattr(vgws, "PIPELINED_TAIL", pipelined)
+    cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
+    case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
+                                         seed=T + H + P + len(kv_lens)))
+    kw = {"config": cfg} if splits is None else {"config": cfg, "num_splits": splits}
+    ref = check_against_reference(case, torch.bfloat16, **kw)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_gpu_small_pages_table_in_a_graph(P):
     """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the
