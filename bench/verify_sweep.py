@@ -146,8 +146,6 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
             "tritree-stage32": [("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)],
             # a 64-row last row block where it holds <= 16 real rows (before session 14)
             "tritree-wide-last": [("tritree.kernels._verify_gluon_ws", "NARROW_LAST_BLOCK", False)],
-            # the masked tail one tile at a time by the consumers (before session 15)
-            "tritree-serial-tail": [("tritree.kernels._verify_gluon_ws", "PIPELINED_TAIL", False)],
             "tritree-s13": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False),
                             ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
 

@@ -599,16 +599,11 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     (65, 8, 64, [20_000 + 45, 1_000 + 64 - 65], 1),  # one split
     (9, 8, 128, [9_000 + 127, 200], 16),  # tiles at a page's second half; many small chunks
 ])
-@pytest.mark.parametrize("pipelined", [True, False])
-def test_gpu_pipelined_tail(T, H, P, kv_lens, splits, pipelined, monkeypatch):
-    """``_verify_gluon_ws.PIPELINED_TAIL`` (the default) and the one-tile tail: the chunks' masked keys
-    in pairs behind the unmasked ones (tails of one to three tiles, a prefix ending mid-tile or on a
-    page, chunks that are all tail or empty, one split) against the float64 reference with the unused
-    pool slots NaN (the tail pair's rows past its chunk are read by TMA and must not reach ``P V``), then
-    replayed from a CUDA graph into poisoned outputs with the same bits."""
-    from tritree.kernels import _verify_gluon_ws as vgws
-
-    monkeypatch.setattr(vgws, "PIPELINED_TAIL", pipelined)
+def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
+    """The ws kernel's masked tail in every shape a chunk gives it (one to three tiles, a prefix ending
+    mid-tile or on a page, chunks that are all tail or empty, one split) against the float64 reference
+    with the unused pool slots NaN, then replayed from a CUDA graph into poisoned outputs with the same
+    bits."""
     cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                          seed=T + H + P + len(kv_lens)))

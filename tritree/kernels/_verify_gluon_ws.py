@@ -126,20 +126,18 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, C0: gl.constexpr, C1: gl.constexpr,
-                           D_LAT: gl.constexpr, BLOCK_N: gl.constexpr, both=True):
+                           D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
         """COLSPLIT: TMA of column blocks ``C0 .. C1-1`` (block 8 = rope) of both tiles of a pair (rows
-        ``row0`` / ``row1`` of the pool into slots 0 / 1), each block's barrier armed for its two boxes;
-        ``both`` false: tile 0 only (its barrier armed for one box)."""
+        ``row0`` / ``row1`` of the pool into slots 0 / 1), each block's barrier armed for its two boxes."""
         for c in gl.static_range(C0, C1):
-            mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2, pred=both)
-            mbarrier.expect(cbars[c], BLOCK_N * 64 * 2, pred=both == 0)
+            mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
             if c < D_LAT // 64:
                 _tma_load(kv_desc, [row0, c * 64], cbars[c], k_lat.slice(0, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
                 _tma_load(kv_desc, [row1, c * 64], cbars[c],
-                          k_lat.slice(BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1), pred=both)
+                          k_lat.slice(BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
             else:
                 _tma_load(kv_desc, [row0, D_LAT], cbars[c], k_pe.slice(0, BLOCK_N, dim=0))
-                _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0), pred=both)
+                _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
     def _masked_tail_halves(oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
@@ -166,159 +164,25 @@ if GLUON_AVAILABLE:
         return oa, ob, m_i, l_i
 
     @gluon.jit
-    def _colsplit_pv(oa, ob, p, alpha, p2_smem, k_lat, empty0, empty1, more, oh_layout: gl.constexpr,
-                     D_LAT: gl.constexpr):
-        """A pair's ``O += P V`` by column halves and the release of its slots (``more``: a later pair
-        refills them). Returns ``(oa, ob)``."""
+    def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, s2_zero,
+                        sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr):
+        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``). Returns ``(oa, ob, m_i, l_i)``."""
         HALF: gl.constexpr = D_LAT // 2
-        oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
-        ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
-        oa = warpgroup_mma(p2_smem, k_lat.slice(0, HALF, dim=1), oa, is_async=True)
-        ob = warpgroup_mma(p2_smem, k_lat.slice(HALF, HALF, dim=1), ob, is_async=True)
-        oa = warpgroup_mma_wait(num_outstanding=1, deps=[oa])
-        _cta_barrier()  # both warpgroups are done with column blocks 0..3 of both slots ...
-        mbarrier.arrive(empty0, pred=more)
-        ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
-        _cta_barrier()  # ... and with blocks 4..7 and the rope rows (P)
-        mbarrier.arrive(empty1, pred=more)
-        return oa, ob
-
-    @gluon.jit
-    def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, n_issued,
-                        s2_zero, sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr):
-        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``) over the first ``n_pairs`` of
-        the ``n_issued`` pairs the producer copies. Returns ``(oa, ob, m_i, l_i)``."""
         for i in range(n_pairs):
             s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
             p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-            oa, ob = _colsplit_pv(oa, ob, p, alpha, p2_smem, k_lat, empty0, empty1, i + 1 < n_issued, oh_layout,
-                                  D_LAT)
+            oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
+            ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
+            oa = warpgroup_mma(p2_smem, k_lat.slice(0, HALF, dim=1), oa, is_async=True)
+            ob = warpgroup_mma(p2_smem, k_lat.slice(HALF, HALF, dim=1), ob, is_async=True)
+            more = i + 1 < n_pairs
+            oa = warpgroup_mma_wait(num_outstanding=1, deps=[oa])
+            _cta_barrier()  # both warpgroups are done with column blocks 0..3 of both slots ...
+            mbarrier.arrive(empty0, pred=more)
+            ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
+            _cta_barrier()  # ... and with blocks 4..7 and the rope rows (P)
+            mbarrier.arrive(empty1, pred=more)
         return oa, ob, m_i, l_i
-
-    @gluon.jit
-    def _colsplit_tail_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, i0,
-                             n_issued, s2_zero, tail_start, end, kv_len, tree_len, TreeMask, b, pid_m, T, H, stride_mb,
-                             stride_mt, sm_scale_log2e, s2_layout: gl.constexpr, oh_layout: gl.constexpr,
-                             D_LAT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """``PIPELINED_TAIL``: pairs ``i0 .. n_issued-1`` (keys ``tail_start .. end``: the prefix remainder
-        and the tree keys), copied by the producer like the unmasked pairs, the mask applied to their
-        scores. The pair holding ``end`` has its V rows from ``end`` on zeroed before ``P V``: they may be
-        past the request's pages (anything, NaN included), and ``0 * NaN`` is NaN. Returns as
-        ``_colsplit_pairs``."""
-        PAIR_N: gl.constexpr = 2 * BLOCK_N
-        D_PE: gl.constexpr = 64
-        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        _, t, row_ok, mask_base = _tail_rows(TreeMask, b, pid_m, T, H, tree_len, stride_mb, s2_layout, BLOCK_M,
-                                             PAIR_N)
-        q_lat_v = q_lat._reinterpret(gl.bfloat16, [1, BLOCK_M, D_LAT], smem_layout)
-        q_pe_v = q_pe._reinterpret(gl.bfloat16, [1, BLOCK_M, D_PE], smem_layout)
-        k_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
-        k_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
-        p2_v = p2_smem._reinterpret(gl.bfloat16, [1, BLOCK_M, PAIR_N], smem_layout)
-        for i in range(i0, n_issued):
-            n = tail_start + (i - i0) * PAIR_N
-            # The buffers by an index that is 0 at run time (as ``_tail_tile_p``'s): descriptors of the
-            # loop-invariant views would be hoisted before the pair loop and held (spilled) through it.
-            z = (n < 0).to(gl.int32)
-            k_lat_z = k_lat_v.index(z)
-            # the mask words load while the pair's copies land
-            words = _pair_words(n, end, kv_len, tree_len, row_ok, mask_base + t * stride_mt, BLOCK_N)
-            s = _qk_streamed(q_lat_v.index(z), q_pe_v.index(z), k_lat_z, k_pe_v.index(z), cbars, i & 1, s2_zero, D_LAT)
-            s = _pair_mask(s, words, s2_layout, BLOCK_N)
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-            if n + PAIR_N > end:
-                _cta_barrier()  # both warpgroups' scores have read K
-                _zero_rows_from(k_lat_z, end - n, D_LAT, BLOCK_N)
-            oa, ob = _colsplit_pv(oa, ob, p, alpha, p2_v.index(z), k_lat_z, empty0, empty1, i + 1 < n_issued,
-                                  oh_layout, D_LAT)
-        return oa, ob, m_i, l_i
-
-    @gluon.jit
-    def _pipelined_tail(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, n_issued,
-                        s2_zero, KvLens, TreeLens, TreeMask, T, H, num_splits, narrow_splits, stride_mb, stride_mt,
-                        sm_scale_log2e, s2_layout: gl.constexpr, oh_layout: gl.constexpr, NARROW_ROWS: gl.constexpr,
-                        PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """``_colsplit_tail_pairs`` with what it needs of the program recomputed (not held through the pair
-        loop)."""
-        pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
-        b = gl.program_id(2)
-        kv_len = gl.load(KvLens + b)
-        tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
-        return _colsplit_tail_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1,
-                                    n_pairs, n_issued, s2_zero, start + n_pairs * 2 * BLOCK_N, end, kv_len, tree_len,
-                                    TreeMask, b, pid_m, T, H, stride_mb, stride_mt, sm_scale_log2e, s2_layout,
-                                    oh_layout, D_LAT, BLOCK_M, BLOCK_N)
-
-    @gluon.jit
-    def _visible_bits(mask_row, row_ok, o, valid, tree_len):
-        """Per row (``mask_row``: pointers to the rows' tree-mask words), 64 visibility bits as a uint64:
-        bit c for the key ``o + c`` places after the committed prefix (``o < 0``: before the tree, visible
-        to every row), cleared from ``valid`` on (past the chunk) and on rows that are not ``row_ok``."""
-        ALL: gl.constexpr = 0xFFFFFFFFFFFFFFFF
-        o_tree = gl.maximum(o, 0)
-        w = o_tree // 32
-        sh = (o_tree % 32).to(gl.uint64)
-        w0 = gl.load(mask_row + w, mask=row_ok & (w * 32 < tree_len), other=0)
-        w1 = gl.load(mask_row + w + 1, mask=row_ok & ((w + 1) * 32 < tree_len), other=0)
-        w2 = gl.load(mask_row + w + 2, mask=row_ok & ((w + 2) * 32 < tree_len), other=0)
-        lo = w0.to(gl.uint32, bitcast=True).to(gl.uint64) | (w1.to(gl.uint32, bitcast=True).to(gl.uint64) << 32)
-        hi = w2.to(gl.uint32, bitcast=True).to(gl.uint64)
-        tree = (lo >> sh) | gl.where(sh > 0, hi << (64 - gl.maximum(sh, 1)), 0)  # tree bits o_tree ..
-        before = gl.minimum(gl.maximum(-o, 0), 64)  # committed keys first
-        bits = gl.where(before >= 64, ALL, (tree << gl.minimum(before, 63).to(gl.uint64)) | _low_bits(before))
-        return gl.where(row_ok, bits & _low_bits(valid), 0)
-
-    @gluon.jit
-    def _low_bits(k):
-        """A uint64 with its lowest ``k`` bits set (``k`` clamped to 0..64; no shift by 64)."""
-        ALL: gl.constexpr = 0xFFFFFFFFFFFFFFFF
-        k = gl.minimum(gl.maximum(k, 0), 64)
-        return gl.where(k >= 64, ALL, gl.where(k == 0, 0, ALL >> (64 - gl.maximum(k, 1)).to(gl.uint64)))
-
-    @gluon.jit
-    def _pair_words(n, end, kv_len, tree_len, row_ok, mask_row, BLOCK_N: gl.constexpr):
-        """Per row, keys ``n .. n + 2 BLOCK_N`` visible or not as four 32-bit words (``_visible_bits`` of each
-        tile, split), for ``_pair_mask``."""
-        gl.static_assert(BLOCK_N == 64, "one 64-bit window per tile")
-        bits0 = _visible_bits(mask_row, row_ok, n - kv_len, end - n, tree_len)
-        bits1 = _visible_bits(mask_row, row_ok, n + BLOCK_N - kv_len, end - n - BLOCK_N, tree_len)
-        return (bits0.to(gl.uint32), (bits0 >> 32).to(gl.uint32), bits1.to(gl.uint32), (bits1 >> 32).to(gl.uint32))
-
-    @gluon.jit
-    def _pair_mask(s, words, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
-        """-inf where a pair's score (``[rows, 2 BLOCK_N]``) is invisible by ``_pair_words``: a word select and
-        a shift per score (``_verify_gluon._tail_mask``'s select among a row's mask words, over a pair's
-        scores, spilled O)."""
-        lo0, hi0, lo1, hi1 = words
-        col = gl.expand_dims(gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
-        low = (col % BLOCK_N) < 32
-        word = gl.where(col < BLOCK_N, gl.where(low, gl.expand_dims(lo0, 1), gl.expand_dims(hi0, 1)),
-                        gl.where(low, gl.expand_dims(lo1, 1), gl.expand_dims(hi1, 1)))
-        visible = ((word >> (col % 32).to(gl.uint32)) & 1) != 0
-        return gl.where(visible, s, float("-inf"))
-
-    @gluon.jit
-    def _zero_rows_from(k_lat, keep, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Rows ``keep ..`` of the pair buffer's latent part set to zero, tile by tile (a tile with no row
-        kept is stored, not read; one with all kept is left alone). Generic-proxy writes: the caller
-        fences before a wgmma reads them."""
-        z_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                                  warps_per_cta=[8, 1], order=[1, 0])
-        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        blocks = k_lat._reinterpret(gl.bfloat16, [D_LAT // 64 * 2, BLOCK_N, 64], smem_layout)  # (column, tile)
-        rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, z_layout))
-        for tile in gl.static_range(2):
-            kt = keep - tile * BLOCK_N
-            if kt < BLOCK_N:
-                kept = gl.expand_dims(rows < kt, 1)
-                for c in range(D_LAT // 64):  # a runtime loop: one block in registers at a time (beside O)
-                    blk = blocks.index(2 * c + tile)
-                    if kt > 0:
-                        x = blk.load(z_layout)
-                        blk.store(gl.where(kept, x, gl.zeros_like(x)))
-                    else:
-                        blk.store(gl.zeros([BLOCK_N, 64], gl.bfloat16, layout=z_layout))
 
     @gluon.jit
     def _narrow_pairs(q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, n_pairs, sm_scale_log2e,
@@ -448,16 +312,13 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(cbars[c])
 
     @gluon.jit
-    def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, one_last, stride_kvp,
-                     stride_kvs,
+    def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
                      max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
                      BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False):
         """Worker partition: all TMA copies of the pair loop. Pair j's slot s is refilled once the
         consumers released pair j-1's slot s (``empty_s`` phase j-1). ``COLSPLIT``: ``empty0`` / ``empty1``
         release the latent column blocks 0..3 / 4..7 and the rope of both slots instead. Pages below a
-        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA.
-        ``one_last`` (COLSPLIT over TMA): the last pair's second tile is not copied (no key of the chunk:
-        ``PIPELINED_TAIL``)."""
+        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA."""
         if PAGE_SIZE < BLOCK_N:
             gl.static_assert(COLSPLIT, "row gathers: column halves only")
             ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
@@ -489,17 +350,16 @@ if GLUON_AVAILABLE:
                 n = start + 2 * j * BLOCK_N
                 row0 = _page_row_p(pt, n, max_pages, num_pages, PAGE_SIZE)
                 row1 = _page_row_p(pt, n + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
-                both = (j + 1 < n_pairs) | (one_last == 0)
                 if j > 0:
                     if L2_PREFETCH:
                         _prefetch_tile_l2(KV, row0, stride_kvs, num_pages * PAGE_SIZE, 127)
                         _prefetch_tile_l2(KV, row1, stride_kvs, num_pages * PAGE_SIZE, 127)
                     mbarrier.wait(empty0, (j - 1) & 1)
-                _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, 0, D_LAT // 128, D_LAT, BLOCK_N, both)
+                _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, 0, D_LAT // 128, D_LAT, BLOCK_N)
                 if j > 0:
                     mbarrier.wait(empty1, (j - 1) & 1)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, D_LAT // 128, D_LAT // 64 + 1, D_LAT,
-                                   BLOCK_N, both)
+                                   BLOCK_N)
         else:
             if n_pairs > 0:
                 row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
@@ -524,13 +384,12 @@ if GLUON_AVAILABLE:
     def _ws_consumer(Q, KV, PageTable, TreeMask, Out, Lse, sm_scale_log2e,
                      stride_qb, stride_qt, stride_qh, stride_kvp, stride_kvs, stride_ptb, max_pages, num_pages,
                      stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
-                     T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs, n_issued,
+                     T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                      q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
-                     PIPELINED_TAIL: gl.constexpr):
+                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -546,9 +405,7 @@ if GLUON_AVAILABLE:
         ``TIMELINE`` (bench only): ``_verify_gluon_kernel``'s five stamps, taken by this partition.
         ``COALESCED_STORE``: as ``_verify_gluon_kernel``'s; with ``STAGE_16BIT`` (COLSPLIT, a 16-bit
         ``Out``) the rows are re-laid out already scaled and in ``Out``'s dtype. ``Q_ZERO_PAD``: as
-        ``_load_q``'s ``ZERO_PAD``. ``PIPELINED_TAIL`` (COLSPLIT, TMA): of the ``n_issued`` pairs the producer
-        copies, those after the ``n_pairs`` unmasked ones hold the masked tail (``_colsplit_tail_pairs``);
-        what is left of the chunk after them (nothing, but in a narrow block) runs on the one-tile tail."""
+        ``_load_q``'s ``ZERO_PAD``."""
         if COLSPLIT:
             gl.static_assert(PROBE == 0, "probes: the by-tiles loop only")
         HALF: gl.constexpr = D_LAT // 2
@@ -564,7 +421,7 @@ if GLUON_AVAILABLE:
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         row_s_layout: gl.constexpr = gl.SliceLayout(1, s2_layout)
         p2_smem = k_pe._reinterpret(gl.bfloat16, [BLOCK_M, PAIR_N], smem_layout)
-        # Only ``n_pairs`` and ``n_issued`` come from the parent: what the tail and the store need is recomputed after
+        # Only ``n_pairs`` comes from the parent: what the tail and the store need is recomputed after
         # the pair loop (program ids, kernel parameters, two reloaded scalars), so that it is not live
         # (spilled) across the loop, which has 240 registers here (SEESAW had 255).
         pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
@@ -595,40 +452,19 @@ if GLUON_AVAILABLE:
 
         s2_zero = gl.zeros([BLOCK_M, PAIR_N], gl.float32, layout=s2_layout)
         # ---- committed prefix: pairs of full tiles, no mask --------------------------------------
-        # (PIPELINED_TAIL: the masked pairs follow in the branch of the 64-row blocks, apart from the narrow
-        # block's loop, which keeps the one-tile tail: after both, the spills of either reached the other's loop)
         if COLSPLIT:
             if NARROW_ROWS > 0:
                 if narrow:  # the last row block: NARROW_ROWS real rows
                     oa, ob, m_i, l_i = _narrow_pairs(q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                                      n_pairs, sm_scale_log2e, oh_layout, row_s_layout, NARROW_ROWS,
                                                      D_LAT, BLOCK_M, BLOCK_N)
-                    if TIMELINE:
-                        t2 = _now(b)
                 else:
                     oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars,
-                                                       empty0, empty1, n_pairs, n_issued, s2_zero, sm_scale_log2e,
-                                                       oh_layout, D_LAT)
-                    if TIMELINE:
-                        t2 = _now(b)
-                    if PIPELINED_TAIL:
-                        oa, ob, m_i, l_i = _pipelined_tail(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars,
-                                                           empty0, empty1, n_pairs, n_issued, s2_zero, KvLens,
-                                                           TreeLens, TreeMask, T, H, num_splits, narrow_splits,
-                                                           stride_mb, stride_mt, sm_scale_log2e, s2_layout, oh_layout,
-                                                           NARROW_ROWS, PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N)
+                                                       empty0, empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout,
+                                                       D_LAT)
             else:
                 oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0,
-                                                   empty1, n_pairs, n_issued, s2_zero, sm_scale_log2e, oh_layout,
-                                                   D_LAT)
-                if TIMELINE:
-                    t2 = _now(b)
-                if PIPELINED_TAIL:
-                    oa, ob, m_i, l_i = _pipelined_tail(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars,
-                                                       empty0, empty1, n_pairs, n_issued, s2_zero, KvLens, TreeLens,
-                                                       TreeMask, T, H, num_splits, narrow_splits, stride_mb,
-                                                       stride_mt, sm_scale_log2e, s2_layout, oh_layout, NARROW_ROWS,
-                                                       PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N)
+                                                   empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout, D_LAT)
         else:  # by tiles (and the probes)
             for i in range(n_pairs):
                 if PROBE == 1:
@@ -656,18 +492,18 @@ if GLUON_AVAILABLE:
                 o = warpgroup_mma_wait(num_outstanding=0, deps=[o])
                 _cta_barrier()  # ... and with slot 1
                 mbarrier.arrive(empty1, pred=more)
-            if TIMELINE:
-                t2 = _now(b)
 
-        # ---- masked tail (one tile at a time, rows 0..63 of the pair buffers; what the pairs left) ----
+        # ---- masked tail (one tile at a time, rows 0..63 of the pair buffers) ----------------------
+        if TIMELINE:
+            t2 = _now(b)
+        m_i = gl.convert_layout(m_i, gl.SliceLayout(1, s_layout))
+        l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
         pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
         b = gl.program_id(2)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
         start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
-        tail_start = start + n_issued * PAIR_N
-        m_i = gl.convert_layout(m_i, gl.SliceLayout(1, s_layout))
-        l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
+        tail_start = start + n_pairs * PAIR_N
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
         tail_blocks = k_lat._reinterpret(gl.bfloat16, [D_LAT // 64, PAIR_N, 64], smem_layout)
@@ -785,7 +621,6 @@ if GLUON_AVAILABLE:
         Q_ZERO_PAD: gl.constexpr = False,
         STAGE_16BIT: gl.constexpr = False,
         NARROW_ROWS: gl.constexpr = 0,
-        PIPELINED_TAIL: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -807,17 +642,6 @@ if GLUON_AVAILABLE:
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
         n_full = (full_end - start) // BLOCK_N
         n_pairs = n_full // 2
-        n_issued = n_pairs  # pairs the producer copies
-        one_last = 0  # ... the last of them without its second tile
-        if PIPELINED_TAIL:  # ... the masked tail's too, in pairs (not in a narrow block)
-            gl.static_assert(COLSPLIT, "pipelined tail: column halves")
-            gl.static_assert(PAGE_SIZE >= BLOCK_N, "pipelined tail: TMA tiles")
-            tail_keys = gl.maximum(end - (start + n_pairs * PAIR_N), 0)
-            n_tail = gl.cdiv(tail_keys, PAIR_N)
-            if NARROW_ROWS > 0:
-                n_tail = gl.where(narrow, 0, n_tail)
-            n_issued = n_pairs + n_tail
-            one_last = ((n_tail > 0) & (tail_keys - (n_tail - 1) * PAIR_N <= BLOCK_N)).to(gl.int32)
         pt = PageTable + b.to(gl.int64) * stride_ptb
 
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_LAT], smem_layout)
@@ -838,12 +662,11 @@ if GLUON_AVAILABLE:
                                 stride_qb, stride_qt, stride_qh, stride_kvp, stride_kvs, stride_ptb, max_pages,
                                 num_pages, stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb,
                                 stride_lt, stride_lh, stride_ls,
-                                T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs, n_issued,
+                                T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, PIPELINED_TAIL)),
-                (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_issued, one_last,
-                                stride_kvp,
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS)),
+                (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
             [PRODUCER_WARPS],
@@ -908,14 +731,6 @@ NARROW_COST = float(os.environ.get("TRITREE_NARROW_COST", "0.75"))
 # more splits shorten their chunks less than the page / pair rounding of ~8-pair chunks costs, and a
 # narrow program there took 0.88 of a full one a pair (0.79 at T=65,H=8).
 NARROW_MIN_BLOCKS = 5
-
-# The masked tail (the chunk's keys after its unmasked pairs: an odd prefix tile, the tree keys) copied by
-# the producer as more pairs, behind the unmasked ones, and masked in the consumers' loop
-# (``_colsplit_tail_pairs``), over TMA by column halves, but in a narrow row block. Off
-# (``TRITREE_PIPELINED_TAIL=0``): one tile at a time by the consumers' own masked copies, the copy, the
-# scores and ``P V`` of a tile in turn (4.2-4.5 us a tile; the last split at T=65,H=8 runs two after its
-# pairs, session 14's timeline).
-PIPELINED_TAIL = os.environ.get("TRITREE_PIPELINED_TAIL", "1") == "1"
 
 
 def narrow_rows(rows: int) -> int:
@@ -1010,7 +825,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=bool(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
-        NARROW_ROWS=nrows, PIPELINED_TAIL=PIPELINED_TAIL and colsplit and not gather and not probe,
+        NARROW_ROWS=nrows,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -1039,7 +854,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str | None = None,
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
                         pdl: bool = False, timeline: bool = False, coalesced: bool | None = None,
-                        narrow_rows: int = 0, pipelined_tail: bool | None = None):
+                        narrow_rows: int = 0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1069,9 +884,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": pdl, "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
-                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
-                  "PIPELINED_TAIL": (PIPELINED_TAIL if pipelined_tail is None else pipelined_tail) and colsplit
-                  and not gather}
+                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32")}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
