@@ -560,6 +560,24 @@ def test_gpu_16bit_stage_gives_the_same_bits(P, T, splits, monkeypatch):
     check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "STAGE_16BIT", num_splits=splits)
 
 
+def check_reference_then_graph_replay(case, **kw):
+    """bf16 ``verify_mla`` (``kw``: more arguments) against the float64 reference, then captured in a CUDA
+    graph and replayed twice into NaN-poisoned outputs: the same bits as the eager run."""
+    ref = check_against_reference(case, torch.bfloat16, **kw)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,P,splits", [(65, 8, 64, None), (33, 8, 64, None), (65, 16, 64, None), (33, 8, 1, None),
                                           (65, 8, 128, None), (65, 8, 64, 8), (33, 8, 64, 1), (33, 12, 16, None),
@@ -575,19 +593,7 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 700 + 64 - T], [T, T // 2 + 1],
                                          ("random", "chain"), torch.bfloat16, seed=T + H + P))
     kw = {} if splits is None else {"num_splits": splits}
-    ref = check_against_reference(case, torch.bfloat16, **kw)
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    out = torch.empty_like(ref)
-    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref)
+    check_reference_then_graph_replay(case, **kw)
 
 
 @pytest.mark.gpu
@@ -608,19 +614,7 @@ def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                          seed=T + H + P + len(kv_lens)))
     kw = {"config": cfg} if splits is None else {"config": cfg, "num_splits": splits}
-    ref = check_against_reference(case, torch.bfloat16, **kw)
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    out = torch.empty_like(ref)
-    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref)
+    check_reference_then_graph_replay(case, **kw)
 
 
 @pytest.mark.gpu
