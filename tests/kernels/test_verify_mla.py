@@ -600,13 +600,14 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
 @pytest.mark.parametrize("T,H,P,kv_lens,splits", [
     (65, 8, 64, [46_000, 700], None),  # the engine's budget-64 shape: two tail tiles in the last split
     (17, 8, 64, [46_000, 1_000 + 45], None),  # an odd prefix tile in every split, then the tree keys
-    (129, 2, 64, [3_000 + 64, 64], 5),  # a prefix that ends on a page: tree keys only, three tiles
+    (129, 2, 64, [3_000 + 64, 64], 5),  # four tail tiles (an odd prefix tile, a partial one, the tree's); a prefix
+    # that ends on a page, its tree keys alone in a chunk
     (33, 4, 128, [50, 0], 3),  # no unmasked pair at all (the tail is the whole chunk), splits with no keys
     (65, 8, 64, [20_000 + 45, 1_000 + 64 - 65], 1),  # one split
     (9, 8, 128, [9_000 + 127, 200], 16),  # tiles at a page's second half; many small chunks
 ])
 def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
-    """The ws kernel's masked tail in every shape a chunk gives it (one to three tiles, a prefix ending
+    """The ws kernel's masked tail in every shape a chunk gives it (one to four tiles, a prefix ending
     mid-tile or on a page, chunks that are all tail or empty, one split) against the float64 reference
     with the unused pool slots NaN, then replayed from a CUDA graph into poisoned outputs with the same
     bits."""
