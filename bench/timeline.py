@@ -9,6 +9,11 @@ else reads it). Prints, per case, the kernel's span (first start to last stamp) 
 the median and maximum of: start skew (start - first start), Q, prefix loop, tail, store; then the
 parts of the program that finished last. ``%globaltimer`` ticks in ns but may update only every
 ~1 us on some GPUs: read small parts as coarse.
+
+The launches rotate over input sets that together exceed the L2 (as ``verify_sweep``'s graph-timed rows
+do), so the launch read finds none of its KV left in the L2 by the one before it; ``--warm``: one set,
+launched again and again (what this script did up to session 15: a 53 MB pool at L = 46,000 against the
+H200's 50 MB of L2, so part of each launch's KV was still there from the previous one).
 """
 
 from __future__ import annotations
@@ -25,14 +30,17 @@ from tritree.kernels._splitkv import choose_num_splits, split_destinations
 from tritree.kernels.configs import VERIFY_MLA_CONFIGS, lookup, num_sms
 from tritree.kernels.verify_mla import _narrow_num_splits
 
+from tritree.roofline import rotation_count
+
 from .verify_sweep import SM_SCALE, build_sets
 
 PARTS = ("skew", "Q", "prefix", "tail", "store")
 
 
-def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
+def timeline_case(T: int, H: int, L: int, reps: int = 3, warm: bool = False) -> dict:
     P = 64
-    s = build_sets(1, T, H, L, P, 1, torch.bfloat16, "cuda")[0]
+    sets = build_sets(1, T, H, L, P, 1 if warm else rotation_count((L + T) * 576 * 2), torch.bfloat16, "cuda")
+    s = sets[0]
     tree_lens = torch.full((1,), T, dtype=torch.int32, device="cuda")
     cfg = lookup(VERIFY_MLA_CONFIGS, "sm_90", T * H, page_size=P)
     if not cfg.kernel.startswith("gluon"):
@@ -48,9 +56,11 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     # partials in the dtype verify_mla gives this kernel (bf16 for the ws kernel over TMA since session 12)
     dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, splits, M,
                                                             VGWS.partials_narrow_for(cfg.kernel, P))
-    args = (s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
-            l_strides, SM_SCALE, splits)
-    for _ in range(reps):  # the last launch is read (the first compiles)
+    # the last launch is read (the first compiles); with rotating sets, every set is launched at least once
+    for i in range(max(reps, len(sets) + 1)):
+        s = sets[(i + 1) % len(sets)]  # the last launch's set is the one launched longest ago
+        args = (s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
+                l_strides, SM_SCALE, splits)
         if cfg.kernel.startswith("gluon-ws"):  # stamped by the consumer partition
             VGWS.launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch", timeline=True)
         else:
@@ -75,7 +85,7 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3) -> dict:
     n_last = (parts[-last_splits:, 2] > 0.05).sum().item()
     last_block = {p: statistics.median(parts[-last_splits:, i][parts[-last_splits:, 2] > 0.05].tolist() or [0.0])
                   for i, p in enumerate(PARTS)}
-    return dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0],
+    return dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0], sets=len(sets),
                 span_us=float(st[:, 4].max()) / 1e3, narrow=narrow, last_block_programs=n_last, last_block=last_block,
                 median={p: statistics.median(parts[:, i].tolist()) for i, p in enumerate(PARTS)},
                 max={p: float(parts[:, i].max()) for i, p in enumerate(PARTS)},
@@ -86,13 +96,16 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8,8;64,8", help="T,H;...")
     ap.add_argument("--ctx", default="4096,16384,46000,131072")
+    ap.add_argument("--warm", action="store_true", help="one input set, its KV partly left in the L2 by the "
+                    "previous launch (the default rotates sets past the L2, as the graph-timed sweep does)")
     args = ap.parse_args(argv)
     for shape in args.shapes.split(";"):
         T, H = map(int, shape.split(","))
         for L in map(int, args.ctx.split(",")):
-            r = timeline_case(T, H, L)
+            r = timeline_case(T, H, L, warm=args.warm)
             fmt = lambda d: " ".join(f"{p} {d[p]:5.1f}" for p in PARTS)  # noqa: E731
-            print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} {r['programs']} programs ({r['splits']} splits): "
+            print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} {r['programs']} programs ({r['splits']} splits, "
+                  f"{r['sets']} input set{'s' if r['sets'] > 1 else ''}): "
                   f"span {r['span_us']:.1f} us | median {fmt(r['median'])} | max {fmt(r['max'])} | "
                   f"last to finish {fmt(r['last_program'])} | last row block{' (narrow)' if r['narrow'] else ''}, "
                   f"{r['last_block_programs']} programs with keys: median {fmt(r['last_block'])}", flush=True)
