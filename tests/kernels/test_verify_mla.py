@@ -625,20 +625,7 @@ def test_gpu_small_pages_table_in_a_graph(P):
     reference, then captured in a CUDA graph and replayed into poisoned outputs."""
     case = poison_unused_slots(make_case(2, 19, 8, P, [20_000, 1_000 + 3], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=P))
-    check_against_reference(case, torch.bfloat16)
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    ref = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"])
-    out = torch.empty_like(ref)
-    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
-    verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse)
-    out.fill_(float("nan"))
-    lse.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref)
+    check_reference_then_graph_replay(case)
 
 
 @pytest.mark.gpu
