@@ -29,7 +29,6 @@ from tritree.kernels import _verify_gluon_ws as VGWS
 from tritree.kernels._splitkv import choose_num_splits, split_destinations
 from tritree.kernels.configs import VERIFY_MLA_CONFIGS, lookup, num_sms
 from tritree.kernels.verify_mla import _narrow_num_splits
-
 from tritree.roofline import rotation_count
 
 from .verify_sweep import SM_SCALE, build_sets
