@@ -5,10 +5,16 @@
 # 53 MB of KV was still in the 50 MB L2 (bench.timeline now rotates sets as the graph-timed sweep does; --warm is
 # the old way); (2) clocks: back to back the GPU may run power-limited (nvidia-smi samples, reading only).
 #
-# BEFORE THE CALL put branch s16-tail-probe's kernel and sweep in the working tree (restore them after):
-#   git show s16-tail-probe:tritree/kernels/_verify_gluon_ws.py > tritree/kernels/_verify_gluon_ws.py
-#   git show s16-tail-probe:bench/verify_sweep.py > bench/verify_sweep.py
+# First the three GPU tests whose shared helper (check_reference_then_graph_replay) was refactored after
+# session 15's last call, on the shipped kernel. Then branch s16-tail-probe's kernel and sweep, put in
+# bench/s16_probe/ (untracked) for the call:
+#   git show s16-tail-probe:tritree/kernels/_verify_gluon_ws.py > bench/s16_probe/_verify_gluon_ws.py
+#   git show s16-tail-probe:bench/verify_sweep.py > bench/s16_probe/verify_sweep.py
 source bench/device_prelude.sh
+timeout 150 python3 -m pytest -q -rfE -p no:logging -m gpu tests/kernels/test_verify_mla.py \
+  -k "ws_tail_shapes or narrow or small_pages" 2>&1 | grep -v Warn | tail -5 | tee $OUT/s16a_tests.txt
+cp bench/s16_probe/_verify_gluon_ws.py tritree/kernels/_verify_gluon_ws.py
+cp bench/s16_probe/verify_sweep.py bench/verify_sweep.py
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 50 \
   > $OUT/s16a_smi.csv 2>&1 &
 SMI=$!

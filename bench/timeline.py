@@ -1,6 +1,6 @@
 """Where a Gluon verify program's time goes: ``%globaltimer`` stamps inside the kernel (H200, bench only).
 
-    python -m bench.timeline [--shapes "8,8;64,8;65,8"] [--ctx 4096,46000]
+    python -m bench.timeline [--shapes "8,8;64,8;65,8"] [--ctx 4096,46000] [--warm | --graph]
 
 Runs the table's Gluon kernel for the shape (plain, seesaw, or the warp-specialised seesaw, whose
 consumer partition stamps; B = 1, P = 64) with ``TIMELINE``: every program stamps its start, Q landed, prefix loop done, masked tail done and its
@@ -36,11 +36,11 @@ from .verify_sweep import SM_SCALE, build_sets
 PARTS = ("skew", "Q", "prefix", "tail", "store")
 
 
-def timeline_case(T: int, H: int, L: int, reps: int = 3, warm: bool = False) -> dict:
+def _setup(T: int, H: int, L: int, warm: bool):
+    """Input sets, the table's config, the split counts and a launcher of one stamped call."""
     P = 64
     sets = build_sets(1, T, H, L, P, 1 if warm else rotation_count((L + T) * 576 * 2), torch.bfloat16, "cuda")
     s = sets[0]
-    tree_lens = torch.full((1,), T, dtype=torch.int32, device="cuda")
     cfg = lookup(VERIFY_MLA_CONFIGS, "sm_90", T * H, page_size=P)
     if not cfg.kernel.startswith("gluon"):
         raise SystemExit(f"T={T},H={H}: the table runs {cfg.kernel!r}, which has no timeline")
@@ -50,31 +50,40 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3, warm: bool = False) -> 
     narrow_splits = _narrow_num_splits(cfg, M, split_args)  # as verify_mla chooses the splits
     narrow = narrow_splits is not None
     splits = narrow_splits if narrow else choose_num_splits(**split_args, whole_waves=True)
-    out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
-    # partials in the dtype verify_mla gives this kernel (bf16 for the ws kernel over TMA since session 12)
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, splits, M,
-                                                            VGWS.partials_narrow_for(cfg.kernel, P))
-    # the last launch is read (the first compiles); with rotating sets, every set is launched at least once
-    for i in range(max(reps, len(sets) + 1)):
-        s = sets[(i + 1) % len(sets)]  # the last launch's set is the one launched longest ago
+    row_blocks = triton.cdiv(M, VG.BLOCK_M)
+    # the narrow last row block (flattened grid) has programs only for its own splits
+    last_splits = VGWS.narrow_splits_for(splits, 1, row_blocks, num_sms(s["q"].device)) if narrow else splits
+    tree_lens = torch.full((1,), T, dtype=torch.int32, device="cuda")
+
+    def destinations():
+        out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
+        # partials in the dtype verify_mla gives this kernel (bf16 for the ws kernel over TMA since session 12)
+        return (out, lse) + split_destinations(out, lse, splits, M, VGWS.partials_narrow_for(cfg.kernel, P))
+
+    def launch(s, dst_o, dst_l, o_strides, l_strides, timeline=True):
         args = (s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
                 l_strides, SM_SCALE, splits)
         if cfg.kernel.startswith("gluon-ws"):  # stamped by the consumer partition
-            VGWS.launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch", timeline=True)
+            VGWS.launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch", timeline=timeline)
         else:
             VG.launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap", seesaw=cfg.kernel == "gluon-seesaw",
-                                   timeline=True)
-    torch.cuda.synchronize()
-    row_blocks = triton.cdiv(M, VG.BLOCK_M)
+                                   timeline=timeline)
+
+    info = dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, sets=len(sets), narrow=narrow)
+    return sets, info, row_blocks, last_splits, destinations, launch
+
+
+def _stamps(dst_l, row_blocks: int, last_splits: int) -> torch.Tensor:
+    """The launch's stamps, ``[programs, 5]`` int64 (``%globaltimer``'s low word, ns)."""
     stamps = []
-    # the narrow last row block (flattened grid) has programs only for its own splits
-    last_splits = VGWS.narrow_splits_for(splits, 1, row_blocks, num_sms(s["q"].device)) if narrow else splits
     for m in range(row_blocks):
         raw = dst_l[0, :, m * VG.BLOCK_M: m * VG.BLOCK_M + 5].contiguous().view(torch.int32).cpu().long()
         stamps.append(raw[:last_splits] if m == row_blocks - 1 else raw)
-    stamps = [r % (1 << 32) for r in stamps]
-    st = torch.cat(stamps)  # [programs, 5]
+    return torch.cat([r % (1 << 32) for r in stamps])
+
+
+def _summary(st: torch.Tensor, last_splits: int) -> dict:
     first = int(st[:, 0].min())
     st = (st - first) % (1 << 32)  # ns from the first start (the low word may wrap once)
     parts = torch.stack([st[:, 0], st[:, 1] - st[:, 0], st[:, 2] - st[:, 1], st[:, 3] - st[:, 2],
@@ -84,11 +93,57 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3, warm: bool = False) -> 
     n_last = (parts[-last_splits:, 2] > 0.05).sum().item()
     last_block = {p: statistics.median(parts[-last_splits:, i][parts[-last_splits:, 2] > 0.05].tolist() or [0.0])
                   for i, p in enumerate(PARTS)}
-    return dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, programs=st.shape[0], sets=len(sets),
-                span_us=float(st[:, 4].max()) / 1e3, narrow=narrow, last_block_programs=n_last, last_block=last_block,
-                median={p: statistics.median(parts[:, i].tolist()) for i, p in enumerate(PARTS)},
+    return dict(programs=st.shape[0], span_us=float(st[:, 4].max()) / 1e3, last_block_programs=n_last,
+                last_block=last_block, median={p: statistics.median(parts[:, i].tolist()) for i, p in enumerate(PARTS)},
                 max={p: float(parts[:, i].max()) for i, p in enumerate(PARTS)},
                 last_program={p: float(parts[last, i]) for i, p in enumerate(PARTS)})
+
+
+def timeline_case(T: int, H: int, L: int, reps: int = 3, warm: bool = False) -> dict:
+    sets, info, row_blocks, last_splits, destinations, launch = _setup(T, H, L, warm)
+    _, _, dst_o, dst_l, o_strides, l_strides = destinations()
+    # the last launch is read (the first compiles); with rotating sets, every set is launched at least once
+    for i in range(max(reps, len(sets) + 1)):
+        launch(sets[(i + 1) % len(sets)], dst_o, dst_l, o_strides, l_strides)  # the last: the set launched longest ago
+    torch.cuda.synchronize()
+    return info | _summary(_stamps(dst_l, row_blocks, last_splits), last_splits)
+
+
+def graph_timeline_case(T: int, H: int, L: int, calls: int = 12) -> dict:
+    """The stamped calls as the graph-timed sweep runs them: ``calls`` calls (kernel, then the split merge)
+    over the rotating sets, back to back in one CUDA graph, each with its own partial buffers, so that every
+    call's stamps survive the replay. Per call: the kernel's span; between calls: the time from one kernel's
+    last stamp to the next kernel's first (the merge and two launches); and the period, first start to first
+    start, which is what the graph-timed rows measure. Also graph-timed as the sweep times it (no stamps
+    read), and the same calls unstamped (the shipped kernel), which tells whether the stamps cost anything."""
+    from tritree.kernels._splitkv import combine_splits
+    from tritree.roofline import graph_time_us
+
+    sets, info, row_blocks, last_splits, destinations, launch = _setup(T, H, L, False)
+    dsts = [destinations() for _ in range(calls)]
+
+    def call(i, stamped=True):
+        out, lse, dst_o, dst_l, o_strides, l_strides = dsts[i]
+        launch(sets[i % len(sets)], dst_o, dst_l, o_strides, l_strides, timeline=stamped)
+        if info["splits"] > 1:
+            combine_splits(dst_o, dst_l, out, lse)  # merges the stamps as lse: garbage out, as the sweep's cost
+
+    unstamped_us = graph_time_us([lambda i=i: call(i, False) for i in range(calls)])
+    period_timed = graph_time_us([lambda i=i: call(i) for i in range(calls)])  # leaves the last replay's stamps
+    torch.cuda.synchronize()
+    raw = [_stamps(d[3], row_blocks, last_splits) for d in dsts]
+    base = int(raw[0][:, 0].min())
+    rel = [(r - base) % (1 << 32) for r in raw]  # ns from the first call's first start
+    starts = [int(r[:, 0].min()) for r in rel]
+    ends = [int(r[:, 4].max()) for r in rel]
+    spans = [(e - s) / 1e3 for s, e in zip(starts, ends)]
+    gaps = [(starts[i + 1] - ends[i]) / 1e3 for i in range(calls - 1)]
+    per_call = [_summary(r, last_splits) for r in raw]
+    return info | dict(calls=calls, graph_timed_us=period_timed, unstamped_us=unstamped_us, span_us=statistics.median(spans),
+                       spans=spans, gap_us=statistics.median(gaps),
+                       period_us=(starts[-1] - starts[0]) / 1e3 / (calls - 1),
+                       median={p: statistics.median(c["median"][p] for c in per_call) for p in PARTS},
+                       last_program={p: statistics.median(c["last_program"][p] for c in per_call) for p in PARTS})
 
 
 def main(argv=None) -> None:
@@ -97,12 +152,23 @@ def main(argv=None) -> None:
     ap.add_argument("--ctx", default="4096,16384,46000,131072")
     ap.add_argument("--warm", action="store_true", help="one input set, its KV partly left in the L2 by the "
                     "previous launch (the default rotates sets past the L2, as the graph-timed sweep does)")
+    ap.add_argument("--graph", action="store_true", help="the stamped calls back to back in one CUDA graph, "
+                    "with the merge, as the graph-timed sweep runs them (see graph_timeline_case)")
     args = ap.parse_args(argv)
+    fmt = lambda d: " ".join(f"{p} {d[p]:5.1f}" for p in PARTS)  # noqa: E731
     for shape in args.shapes.split(";"):
         T, H = map(int, shape.split(","))
         for L in map(int, args.ctx.split(",")):
+            if args.graph:
+                r = graph_timeline_case(T, H, L)
+                print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} graph of {r['calls']} calls ({r['splits']} "
+                      f"splits, {r['sets']} input sets): graph-timed {r['graph_timed_us']:.1f} us a call (unstamped "
+                      f"{r['unstamped_us']:.1f}) | period "
+                      f"{r['period_us']:.1f} = span {r['span_us']:.1f} + gap {r['gap_us']:.1f} | spans "
+                      f"{min(r['spans']):.1f}-{max(r['spans']):.1f} | median {fmt(r['median'])} | "
+                      f"last to finish {fmt(r['last_program'])}", flush=True)
+                continue
             r = timeline_case(T, H, L, warm=args.warm)
-            fmt = lambda d: " ".join(f"{p} {d[p]:5.1f}" for p in PARTS)  # noqa: E731
             print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} {r['programs']} programs ({r['splits']} splits, "
                   f"{r['sets']} input set{'s' if r['sets'] > 1 else ''}): "
                   f"span {r['span_us']:.1f} us | median {fmt(r['median'])} | max {fmt(r['max'])} | "
