@@ -147,19 +147,8 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
             # a 64-row last row block where it holds <= 16 real rows (before session 14)
             "tritree-wide-last": [("tritree.kernels._verify_gluon_ws", "NARROW_LAST_BLOCK", False)],
             "tritree-s13": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False),
-                            ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)],
-            # session 16: the ws kernel's masked tail two tiles at a time and / or its tiles prefetched into
-            # the L2 by the producer after its last pair
-            "tritree-tailpairs": [("tritree.kernels._verify_gluon_ws", "TAIL_PAIRS", True),
-                                  ("tritree.kernels._verify_gluon_ws", "TAIL_PREFETCH", False)],
-            "tritree-tailpf": [("tritree.kernels._verify_gluon_ws", "TAIL_PAIRS", False),
-                               ("tritree.kernels._verify_gluon_ws", "TAIL_PREFETCH", True)],
-            "tritree-tailpairs-pf": [("tritree.kernels._verify_gluon_ws", "TAIL_PAIRS", True),
-                                     ("tritree.kernels._verify_gluon_ws", "TAIL_PREFETCH", True)],
-            "tritree-tail-serial": [("tritree.kernels._verify_gluon_ws", "TAIL_PAIRS", False),
-                                    ("tritree.kernels._verify_gluon_ws", "TAIL_PREFETCH", False)]}
-# session 16: the ws kernel with K never-run NANOSLEEPs before the consumers' pair loop (its address moved)
-SWITCHES.update({f"tritree-pad{k}": [("tritree.kernels._verify_gluon_ws", "PAD_NOPS", k)] for k in (1, 2, 3, 4, 8, 32, 128)})
+                            ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
+# (session 16's variants tritree-tail*, tritree-pad* ran the switches of commit 1df0a18, since reverted)
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

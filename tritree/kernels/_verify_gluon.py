@@ -268,12 +268,11 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _load_tail_tile(KV, PageTable, page_base, n, end, max_pages, num_pages, stride_kvp, stride_kvs, dst_blocks,
                         blk0, dst_pe, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr,
-                        BLOCK_N: gl.constexpr, ROW0: gl.constexpr = 0, WAIT: gl.constexpr = True):
+                        BLOCK_N: gl.constexpr):
         """Keys ``n .. n+63`` into a slot by masked cp.async (rows past ``end`` zero-filled: no data
         passes through registers, which hold O here). ``dst_blocks``: the slot's latent part as
-        ``[8 column blocks, >= ROW0 + 64 rows, 64]`` (rows ``ROW0 .. ROW0+63`` written); a runtime loop over
-        the blocks keeps one block's pointers live at a time (an unrolled one spilled them on triton 3.6).
-        Commits one cp.async group and, with ``WAIT``, waits for every group."""
+        ``[8 column blocks, >= 64 rows, 64]`` (rows 0..63 written); a runtime loop over the blocks keeps
+        one block's pointers live at a time (an unrolled one spilled them on triton 3.6)."""
         keys = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
         k_ok = keys < end
         col = gl.minimum(keys // PAGE_SIZE, max_pages - 1)
@@ -284,11 +283,10 @@ if GLUON_AVAILABLE:
         ok = gl.expand_dims(k_ok, 1)
         ok = ok & (d >= 0)  # full [64, 64] mask
         for c in range(D_LAT // 64):
-            _cp_async(dst_blocks.index(blk0 + c).slice(ROW0, BLOCK_N, dim=0), tok + (c * 64 + d), mask=ok)
+            _cp_async(dst_blocks.index(blk0 + c).slice(0, BLOCK_N, dim=0), tok + (c * 64 + d), mask=ok)
         _cp_async(dst_pe, tok + (D_LAT + d), mask=ok)
         async_copy.commit_group()
-        if WAIT:
-            async_copy.wait_group(0)
+        async_copy.wait_group(0)
 
     @gluon.jit
     def _qk(q_lat, q_pe, k_lat, k_pe, s_zero, IS_ASYNC: gl.constexpr):
@@ -431,12 +429,10 @@ if GLUON_AVAILABLE:
     def _tail_tile_p(n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
                      kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages, stride_kvp, stride_kvs,
                      stride_mt, sm_scale_log2e, s_zero, s_layout: gl.constexpr, ld_layout: gl.constexpr,
-                     SEESAW: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr,
-                     LOADED: gl.constexpr = False, ROW0: gl.constexpr = 0):
+                     SEESAW: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
         """One tile of the masked tail up to its P: keys ``n .. n+63`` copied (masked) into the tail slot,
         scores, mask, softmax. Returns ``(p, alpha, m_i, l_i, tail_lat)``; the caller publishes P and
-        adds ``P V`` (V = ``tail_lat``). ``LOADED`` (SEESAW): the caller has copied the tile into rows
-        ``ROW0 .. ROW0+63`` of the pair buffers and made it visible (``_ws_tail_pairs``)."""
+        adds ``P V`` (V = ``tail_lat``)."""
         # The tail's buffers are picked by a runtime index (the two slots alternate; SEESAW: rows
         # 0..63 via an index that is 0 at run time): wgmma descriptors of a loop-invariant buffer
         # are hoisted out of the loop by triton 3.6 and spilled there.
@@ -444,14 +440,13 @@ if GLUON_AVAILABLE:
             ts = (n < 0).to(gl.int32)
         else:
             ts = ((n - tail_start) // BLOCK_N) % 2
-        tail_lat = tail_lat_v.index(ts).slice(ROW0, BLOCK_N, dim=0)
-        tail_pe = tail_pe_v.index(ts).slice(ROW0, BLOCK_N, dim=0)
-        if not LOADED:
-            _load_tail_tile(KV, PageTable, b.to(gl.int64) * stride_ptb, n, end, max_pages, num_pages,
-                            stride_kvp, stride_kvs, tail_blocks, ts * (D_LAT // 64), tail_pe, ld_layout, PAGE_SIZE,
-                            D_LAT, BLOCK_N)
-            fence_async_shared()
-            _cta_barrier()
+        tail_lat = tail_lat_v.index(ts).slice(0, BLOCK_N, dim=0)
+        tail_pe = tail_pe_v.index(ts).slice(0, BLOCK_N, dim=0)
+        _load_tail_tile(KV, PageTable, b.to(gl.int64) * stride_ptb, n, end, max_pages, num_pages,
+                        stride_kvp, stride_kvs, tail_blocks, ts * (D_LAT // 64), tail_pe, ld_layout, PAGE_SIZE,
+                        D_LAT, BLOCK_N)
+        fence_async_shared()
+        _cta_barrier()
         s = _qk(q_lat, q_pe, tail_lat, tail_pe, s_zero, False)
         s = _tail_mask(s, n, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt, s_layout, BLOCK_N)
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)

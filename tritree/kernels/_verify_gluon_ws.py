@@ -113,7 +113,7 @@ if GLUON_AVAILABLE:
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
                                 _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale, _softmax,
-                                _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async, _load_tail_tile,
+                                _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
                                 _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
@@ -140,79 +140,27 @@ if GLUON_AVAILABLE:
                 _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
-    def _pad_nops(x, N: gl.constexpr):
-        """``N`` NANOSLEEP instructions (bench only: placed where they never run, to move the code after them)."""
-        gl.inline_asm_elementwise("{ " + "nanosleep.u32 0; " * N + "mov.u32 $0, $1; }", "=r,r", [x], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-    @gluon.jit
-    def _tail_halves_step(n, oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
-                          b, tail_start, end, kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages,
-                          stride_kvp, stride_kvs, stride_mt, sm_scale_log2e, s_zero, s_layout: gl.constexpr,
-                          oh_layout: gl.constexpr, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                          D_LAT: gl.constexpr, BLOCK_N: gl.constexpr, LOADED: gl.constexpr, ROW0: gl.constexpr):
-        """One masked tail tile (``_tail_tile_p``) added to ``oa`` / ``ob``."""
-        HALF: gl.constexpr = D_LAT // 2
-        p, alpha, m_i, l_i, tail_lat = _tail_tile_p(
-            n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
-            kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages, stride_kvp, stride_kvs,
-            stride_mt, sm_scale_log2e, s_zero, s_layout, ld_layout, True, PAGE_SIZE, D_LAT, BLOCK_N, LOADED, ROW0)
-        oa = _publish_p(p, alpha, oa, p_smem, oh_layout)
-        ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
-        oa = warpgroup_mma(p_smem, tail_lat.slice(0, HALF, dim=1), oa)
-        ob = warpgroup_mma(p_smem, tail_lat.slice(HALF, HALF, dim=1), ob)
-        _cta_barrier()
-        return oa, ob, m_i, l_i
-
-    @gluon.jit
     def _masked_tail_halves(oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
                             TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H, stride_ptb, max_pages,
                             num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt, sm_scale_log2e,
                             s_layout: gl.constexpr, oh_layout: gl.constexpr, ld_layout: gl.constexpr,
                             PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_M: gl.constexpr,
-                            BLOCK_N: gl.constexpr, TAIL_PAIRS: gl.constexpr = False):
+                            BLOCK_N: gl.constexpr):
         """``_masked_tail`` (SEESAW buffers) with O as two column halves ``oa`` / ``ob`` (COLSPLIT).
-        ``TAIL_PAIRS``: two tiles at a time, in rows 0..63 and 64..127 of the pair buffers (both free by
-        now), the second tile's copy in flight while the first computes (else: copy, then compute, a tile at
-        a time in rows 0..63). Returns ``(oa, ob, m_i, l_i)``."""
+        Returns ``(oa, ob, m_i, l_i)``."""
+        HALF: gl.constexpr = D_LAT // 2
         s_zero, t, row_ok, mask_base = _tail_rows(TreeMask, b, pid_m, T, H, tree_len, stride_mb, s_layout, BLOCK_M,
                                                   BLOCK_N)
-        if TAIL_PAIRS:
-            page_base = b.to(gl.int64) * stride_ptb
-            for n in range(tail_start, end, 2 * BLOCK_N):
-                z = (n < 0).to(gl.int32)  # 0 at run time (keeps the views' wgmma descriptors in the loop)
-                _load_tail_tile(KV, PageTable, page_base, n, end, max_pages, num_pages, stride_kvp, stride_kvs,
-                                tail_blocks, z * (D_LAT // 64), tail_pe_v.index(z).slice(0, BLOCK_N, dim=0),
-                                ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, 0, False)
-                # the second tile (rows past ``end`` zero-filled; all of them when the tail has one tile left)
-                _load_tail_tile(KV, PageTable, page_base, n + BLOCK_N, end, max_pages, num_pages, stride_kvp,
-                                stride_kvs, tail_blocks, z * (D_LAT // 64),
-                                tail_pe_v.index(z).slice(BLOCK_N, BLOCK_N, dim=0), ld_layout, PAGE_SIZE, D_LAT,
-                                BLOCK_N, BLOCK_N, False)
-                async_copy.wait_group(1)
-                fence_async_shared()
-                _cta_barrier()
-                oa, ob, m_i, l_i = _tail_halves_step(
-                    n, oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable, b,
-                    tail_start, end, kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages,
-                    stride_kvp, stride_kvs, stride_mt, sm_scale_log2e, s_zero, s_layout, oh_layout, ld_layout,
-                    PAGE_SIZE, D_LAT, BLOCK_N, True, 0)
-                async_copy.wait_group(0)
-                fence_async_shared()
-                _cta_barrier()
-                if n + BLOCK_N < end:
-                    oa, ob, m_i, l_i = _tail_halves_step(
-                        n + BLOCK_N, oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV,
-                        PageTable, b, tail_start, end, kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages,
-                        num_pages, stride_kvp, stride_kvs, stride_mt, sm_scale_log2e, s_zero, s_layout, oh_layout,
-                        ld_layout, PAGE_SIZE, D_LAT, BLOCK_N, True, BLOCK_N)
-        else:
-            for n in range(tail_start, end, BLOCK_N):
-                oa, ob, m_i, l_i = _tail_halves_step(
-                    n, oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable, b,
-                    tail_start, end, kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages,
-                    stride_kvp, stride_kvs, stride_mt, sm_scale_log2e, s_zero, s_layout, oh_layout, ld_layout,
-                    PAGE_SIZE, D_LAT, BLOCK_N, False, 0)
+        for n in range(tail_start, end, BLOCK_N):
+            p, alpha, m_i, l_i, tail_lat = _tail_tile_p(
+                n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
+                kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages, stride_kvp, stride_kvs,
+                stride_mt, sm_scale_log2e, s_zero, s_layout, ld_layout, True, PAGE_SIZE, D_LAT, BLOCK_N)
+            oa = _publish_p(p, alpha, oa, p_smem, oh_layout)
+            ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
+            oa = warpgroup_mma(p_smem, tail_lat.slice(0, HALF, dim=1), oa)
+            ob = warpgroup_mma(p_smem, tail_lat.slice(HALF, HALF, dim=1), ob)
+            _cta_barrier()
         return oa, ob, m_i, l_i
 
     @gluon.jit
@@ -364,15 +312,13 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(cbars[c])
 
     @gluon.jit
-    def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, end, stride_kvp, stride_kvs,
+    def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
                      max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
-                     BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False, TAIL_PREFETCH: gl.constexpr = False):
+                     BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False):
         """Worker partition: all TMA copies of the pair loop. Pair j's slot s is refilled once the
         consumers released pair j-1's slot s (``empty_s`` phase j-1). ``COLSPLIT``: ``empty0`` / ``empty1``
         release the latent column blocks 0..3 / 4..7 and the rope of both slots instead. Pages below a
-        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA.
-        ``TAIL_PREFETCH`` (TMA, COLSPLIT): after the last pair, the L2 prefetch of the tiles of the masked tail
-        (keys ``start + 2 * 64 * n_pairs .. end``), which the consumers copy themselves a pair or two later."""
+        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA."""
         if PAGE_SIZE < BLOCK_N:
             gl.static_assert(COLSPLIT, "row gathers: column halves only")
             ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
@@ -414,10 +360,6 @@ if GLUON_AVAILABLE:
                     mbarrier.wait(empty1, (j - 1) & 1)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, D_LAT // 128, D_LAT // 64 + 1, D_LAT,
                                    BLOCK_N)
-            if TAIL_PREFETCH:
-                for n in range(start + 2 * BLOCK_N * n_pairs, end, BLOCK_N):
-                    _prefetch_tile_l2(KV, _page_row_p(pt, n, max_pages, num_pages, PAGE_SIZE), stride_kvs,
-                                      num_pages * PAGE_SIZE, 127)
         else:
             if n_pairs > 0:
                 row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
@@ -447,8 +389,7 @@ if GLUON_AVAILABLE:
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
-                     TAIL_PAIRS: gl.constexpr, PAD_NOPS: gl.constexpr):
+                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -510,9 +451,6 @@ if GLUON_AVAILABLE:
             o = gl.zeros([BLOCK_M, D_LAT], gl.float32, layout=o_layout)
 
         s2_zero = gl.zeros([BLOCK_M, PAIR_N], gl.float32, layout=s2_layout)
-        if PAD_NOPS > 0:  # bench only: code never run that moves the pair loop's address
-            if T < 0:  # (T is a kernel argument: the compiler cannot drop this)
-                _pad_nops(T, PAD_NOPS)
         # ---- committed prefix: pairs of full tiles, no mask --------------------------------------
         if COLSPLIT:
             if NARROW_ROWS > 0:
@@ -574,7 +512,7 @@ if GLUON_AVAILABLE:
                                                    p_smem, KV, PageTable, TreeMask, b, pid_m, tail_start, end, kv_len,
                                                    tree_len, T, H, stride_ptb, max_pages, num_pages, stride_kvp,
                                                    stride_kvs, stride_mb, stride_mt, sm_scale_log2e, s_layout,
-                                                   oh_layout, ld_layout, PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N, TAIL_PAIRS)
+                                                   oh_layout, ld_layout, PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N)
         else:
             o, m_i, l_i = _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV,
                                        PageTable, TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H,
@@ -683,9 +621,6 @@ if GLUON_AVAILABLE:
         Q_ZERO_PAD: gl.constexpr = False,
         STAGE_16BIT: gl.constexpr = False,
         NARROW_ROWS: gl.constexpr = 0,
-        TAIL_PAIRS: gl.constexpr = False,
-        TAIL_PREFETCH: gl.constexpr = False,
-        PAD_NOPS: gl.constexpr = 0,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -730,10 +665,9 @@ if GLUON_AVAILABLE:
                                 T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, TAIL_PAIRS, PAD_NOPS)),
-                (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, end, stride_kvp,
-                                stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
-                                TAIL_PREFETCH)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS)),
+                (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
+                                stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
@@ -797,18 +731,6 @@ NARROW_COST = float(os.environ.get("TRITREE_NARROW_COST", "0.75"))
 # more splits shorten their chunks less than the page / pair rounding of ~8-pair chunks costs, and a
 # narrow program there took 0.88 of a full one a pair (0.79 at T=65,H=8).
 NARROW_MIN_BLOCKS = 5
-
-# The masked tail (COLSPLIT) two tiles at a time, the second one's copy in flight under the first one's math
-# (``_masked_tail_halves``' ``TAIL_PAIRS``), and the producer's L2 prefetch of the tail's tiles after its last
-# pair (``_ws_producer``'s ``TAIL_PREFETCH``; over TMA with the pairs' L2 prefetch). Session 16: at T=65,H=8
-# the full blocks' last split, which also runs the tree keys' two tiles one at a time after its pairs
-# (~11 us, each tile's copy from HBM exposed), finished last, ~7 us after the median program, in the
-# graph-timed regime (``bench.timeline --graph``). Off until measured.
-TAIL_PAIRS = os.environ.get("TRITREE_TAIL_PAIRS", "0") == "1"
-TAIL_PREFETCH = os.environ.get("TRITREE_TAIL_PREFETCH", "0") == "1"
-# Bench only: NANOSLEEPs that never run, placed before the consumers' pair loop, to move its address
-# (session 16: does the pair loop's speed depend on where the compiler puts it?).
-PAD_NOPS = int(os.environ.get("TRITREE_PAD_NOPS", "0"))
 
 
 def narrow_rows(rows: int) -> int:
@@ -903,8 +825,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=bool(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
-        NARROW_ROWS=nrows, TAIL_PAIRS=bool(colsplit) and TAIL_PAIRS, PAD_NOPS=PAD_NOPS,
-        TAIL_PREFETCH=bool(colsplit) and l2_prefetch and not gather and TAIL_PREFETCH,
+        NARROW_ROWS=nrows,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
     )
 
@@ -933,8 +854,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str | None = None,
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
                         pdl: bool = False, timeline: bool = False, coalesced: bool | None = None,
-                        narrow_rows: int = 0, tail_pairs: bool | None = None, tail_prefetch: bool | None = None,
-                        pad_nops: int | None = None):
+                        narrow_rows: int = 0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -964,10 +884,6 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": pdl, "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
-                  "PAD_NOPS": PAD_NOPS if pad_nops is None else int(pad_nops),
-                  "TAIL_PAIRS": bool(colsplit) and (TAIL_PAIRS if tail_pairs is None else bool(tail_pairs)),
-                  "TAIL_PREFETCH": bool(colsplit) and l2_prefetch and not gather and (
-                      TAIL_PREFETCH if tail_prefetch is None else bool(tail_prefetch)),
                   "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32")}
     for k in constexprs:
         sig[k] = "constexpr"
