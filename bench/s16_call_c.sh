@@ -1,4 +1,5 @@
 # Session 16, call C (one H200, ~5 device minutes): the ws kernel's masked tail two tiles at a time
+# Ran on commit 1df0a18 (the switches it names were reverted after it: 30ec498).
 # (TAIL_PAIRS: the second tile's cp.async in flight under the first's math) and the producer's L2 prefetch of
 # the tail's tiles after its last pair (TAIL_PREFETCH). Call B (graph-timed regime) had T=65,H=8's last
 # program, the full blocks' last split, end ~7 us after the median one: its pairs plus ~11 us of two tail

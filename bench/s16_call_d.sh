@@ -1,4 +1,5 @@
 # Session 16, call D (one H200, ~5 device minutes). Calls B and C: the same pair-loop code ran at different
+# Ran on commit 1df0a18 (the switches it names were reverted after it: 30ec498).
 # speeds in builds that differ only elsewhere (T=65,H=8 graph-timed, unstamped vs TIMELINE-stamped: 107.1-109.3
 # vs 111.2-113.0 us with the one-tile tail; 110.5 vs 110.6 with TAIL_PAIRS, whose pair loop is the same code
 # instruction for instruction). Does the pair loop's speed depend on its address (instruction fetch)? Here the
