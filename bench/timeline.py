@@ -109,13 +109,17 @@ def timeline_case(T: int, H: int, L: int, reps: int = 3, warm: bool = False) -> 
     return info | _summary(_stamps(dst_l, row_blocks, last_splits), last_splits)
 
 
-def graph_timeline_case(T: int, H: int, L: int, calls: int = 12) -> dict:
+def graph_timeline_case(T: int, H: int, L: int, calls: int = 12, clock: bool = False, idle_us: float = 0.0) -> dict:
     """The stamped calls as the graph-timed sweep runs them: ``calls`` calls (kernel, then the split merge)
     over the rotating sets, back to back in one CUDA graph, each with its own partial buffers, so that every
     call's stamps survive the replay. Per call: the kernel's span; between calls: the time from one kernel's
     last stamp to the next kernel's first (the merge and two launches); and the period, first start to first
     start, which is what the graph-timed rows measure. Also graph-timed as the sweep times it (no stamps
-    read), and the same calls unstamped (the shipped kernel), which tells whether the stamps cost anything."""
+    read), and the same calls unstamped (the shipped kernel), which tells whether the stamps cost anything.
+    ``clock`` (ws kernel): each program also stamps the SM clock (``TIMELINE=2``), and the result has the
+    clock rate each program ran at (cycles over ns); its parts are then not stamped. ``idle_us``: a sleep
+    kernel of about that long between calls (the GPU idle as between single launches; the period then
+    includes it)."""
     from tritree.kernels._splitkv import combine_splits
     from tritree.roofline import graph_time_us
 
@@ -124,9 +128,11 @@ def graph_timeline_case(T: int, H: int, L: int, calls: int = 12) -> dict:
 
     def call(i, stamped=True):
         out, lse, dst_o, dst_l, o_strides, l_strides = dsts[i]
-        launch(sets[i % len(sets)], dst_o, dst_l, o_strides, l_strides, timeline=stamped)
+        launch(sets[i % len(sets)], dst_o, dst_l, o_strides, l_strides, timeline=(2 if clock else 1) if stamped else 0)
         if info["splits"] > 1:
             combine_splits(dst_o, dst_l, out, lse)  # merges the stamps as lse: garbage out, as the sweep's cost
+        if idle_us > 0:
+            torch.cuda._sleep(int(idle_us * 1980))  # ~cycles at the H200's top clock
 
     unstamped_us = graph_time_us([lambda i=i: call(i, False) for i in range(calls)])
     period_timed = graph_time_us([lambda i=i: call(i) for i in range(calls)])  # leaves the last replay's stamps
@@ -139,7 +145,11 @@ def graph_timeline_case(T: int, H: int, L: int, calls: int = 12) -> dict:
     spans = [(e - s) / 1e3 for s, e in zip(starts, ends)]
     gaps = [(starts[i + 1] - ends[i]) / 1e3 for i in range(calls - 1)]
     per_call = [_summary(r, last_splits) for r in raw]
-    return info | dict(calls=calls, graph_timed_us=period_timed, unstamped_us=unstamped_us, span_us=statistics.median(spans),
+    if clock:  # stamps: timer, clock, clock, clock, timer
+        ghz = torch.cat([((r[:, 3] - r[:, 1]) % (1 << 32)).double() / ((r[:, 4] - r[:, 0]) % (1 << 32)).double()
+                         for r in raw])
+        info = info | dict(ghz_median=float(ghz.median()), ghz_min=float(ghz.min()), ghz_max=float(ghz.max()))
+    return info | dict(idle_us=idle_us,calls=calls, graph_timed_us=period_timed, unstamped_us=unstamped_us, span_us=statistics.median(spans),
                        spans=spans, gap_us=statistics.median(gaps),
                        period_us=(starts[-1] - starts[0]) / 1e3 / (calls - 1),
                        median={p: statistics.median(c["median"][p] for c in per_call) for p in PARTS},
@@ -154,13 +164,22 @@ def main(argv=None) -> None:
                     "previous launch (the default rotates sets past the L2, as the graph-timed sweep does)")
     ap.add_argument("--graph", action="store_true", help="the stamped calls back to back in one CUDA graph, "
                     "with the merge, as the graph-timed sweep runs them (see graph_timeline_case)")
+    ap.add_argument("--clock", action="store_true", help="--graph: the SM clock each program ran at")
+    ap.add_argument("--idle-us", type=float, default=0.0, help="--graph: a sleep of about this long between calls")
     args = ap.parse_args(argv)
     fmt = lambda d: " ".join(f"{p} {d[p]:5.1f}" for p in PARTS)  # noqa: E731
     for shape in args.shapes.split(";"):
         T, H = map(int, shape.split(","))
         for L in map(int, args.ctx.split(",")):
             if args.graph:
-                r = graph_timeline_case(T, H, L)
+                r = graph_timeline_case(T, H, L, clock=args.clock, idle_us=args.idle_us)
+                if args.clock:
+                    print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} graph of {r['calls']} calls, idle "
+                          f"{r['idle_us']:.0f} us between: graph-timed {r['graph_timed_us']:.1f} us a call (unstamped "
+                          f"{r['unstamped_us']:.1f}) | span {r['span_us']:.1f} gap {r['gap_us']:.1f} | SM clock "
+                          f"{r['ghz_median']:.3f} GHz median over programs ({r['ghz_min']:.3f}-{r['ghz_max']:.3f})",
+                          flush=True)
+                    continue
                 print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} graph of {r['calls']} calls ({r['splits']} "
                       f"splits, {r['sets']} input sets): graph-timed {r['graph_timed_us']:.1f} us a call (unstamped "
                       f"{r['unstamped_us']:.1f}) | period "

@@ -183,6 +183,12 @@ if GLUON_AVAILABLE:
                                          is_pure=False, pack=1)
 
     @gluon.jit
+    def _clock(any_int):
+        """``%clock`` (SM cycles, low 32 bits): ``TIMELINE=2``'s clock stamps."""
+        return gl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r,r", [any_int], dtype=gl.int32, is_pure=False,
+                                         pack=1)
+
+    @gluon.jit
     def _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, t1, t2, t3, t4,
                         BLOCK_M: gl.constexpr):
         """``TIMELINE`` (bench only, wrong lse): the program's five stamps over its first five lse slots."""

@@ -112,7 +112,7 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
-                                _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale, _softmax,
+                                _now, _clock, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale, _softmax,
                                 _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
                                 _gather_pages)
 
@@ -428,6 +428,8 @@ if GLUON_AVAILABLE:
         b = gl.program_id(2)
         if TIMELINE:
             t0 = _now(b)
+            if TIMELINE == 2:  # the SM clock beside the timer (see launch_verify_gluon_ws' timeline)
+                c0 = _clock(b)
         tree_len = gl.load(TreeLens + b)
 
         # ---- Q: row copies (as _verify_gluon_kernel), while the producer issues pair 0 --------------
@@ -587,7 +589,10 @@ if GLUON_AVAILABLE:
                     _store_o(zero_o, no_m, no_l, Out, Lse, b, pid_m, slot, T, H, tree_len, stride_ob, stride_ot,
                              stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, st_layout, SINGLE_SPLIT,
                              BLOCK_M, HALF, HALF, False)
-        if TIMELINE:
+        if TIMELINE == 2:
+            c1 = _clock(b)
+            _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, c0, c0, c1, _now(b), BLOCK_M)
+        elif TIMELINE:
             _store_timeline(Lse, b, pid_m, pid_s, stride_lb, stride_lh, stride_ls, t0, t1, t2, t3, _now(b), BLOCK_M)
 
     @gluon.jit
@@ -616,7 +621,7 @@ if GLUON_AVAILABLE:
         PROBE: gl.constexpr = 0,
         COLSPLIT: gl.constexpr = False,
         PDL: gl.constexpr = False,
-        TIMELINE: gl.constexpr = False,
+        TIMELINE: gl.constexpr = 0,
         COALESCED_STORE: gl.constexpr = False,
         Q_ZERO_PAD: gl.constexpr = False,
         STAGE_16BIT: gl.constexpr = False,
@@ -781,13 +786,14 @@ def coalesced_store(l2_prefetch: bool, gather: bool) -> bool:
 
 def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
                            sm_scale, num_splits, colsplit: bool = True, probe: int = 0,
-                           l2_prefetch: bool | None = None, timeline: bool = False, narrow: bool = True):
+                           l2_prefetch: bool | None = None, timeline: int = 0, narrow: bool = True):
     """``launch_verify_gluon(..., seesaw=True)``'s conventions, the warp-specialised kernel (TMA tiles for
     page sizes that are a multiple of 64, row gathers by the producer below 64). ``colsplit``: ``O +=
     P V`` by column halves (what ``verify_mla`` runs; required for row gathers); off: by tiles, as the
     seesaw. ``probe`` (bench only, wrong results, by tiles): see ``_ws_consumer``. ``l2_prefetch``:
     the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``).
-    ``timeline``: as ``launch_verify_gluon``'s (bench only). ``narrow``: a last row block of at most 16 real
+    ``timeline``: as ``launch_verify_gluon``'s (bench only); 2: the stamps are the timer at the start, the SM
+    clock (``%clock``) at the start twice, the SM clock at the end and the timer at the end. ``narrow``: a last row block of at most 16 real
     rows runs narrow (``narrow_rows``; by column halves only), with ``narrow_splits_for`` splits of the
     ``num_splits`` partial slots (the rest written empty). Returns the compiled kernel."""
     _check(q, kv, num_splits)
@@ -823,7 +829,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         L2_PREFETCH=l2_prefetch,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
-        TIMELINE=bool(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
+        TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
