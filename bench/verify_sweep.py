@@ -149,6 +149,8 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
             "tritree-s13": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False),
                             ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
 # (session 16's variants tritree-tail*, tritree-pad* ran the switches of commit 1df0a18, since reverted)
+SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "PTXAS_NARROW", "-O1")],
+                 "tritree-ws-O1-full": [("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")]})
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

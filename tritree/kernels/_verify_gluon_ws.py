@@ -737,6 +737,18 @@ NARROW_COST = float(os.environ.get("TRITREE_NARROW_COST", "0.75"))
 # narrow program there took 0.88 of a full one a pair (0.79 at T=65,H=8).
 NARROW_MIN_BLOCKS = 5
 
+# ptxas options for this kernel's launches with a narrow last row block / without one (None: triton's
+# default, -O3; ``TRITREE_WS_PTXAS_NARROW=`` restores it for the narrow ones). Session 16: the same source
+# comes out of ptxas with a different schedule of the pair loop from build to build, and the schedule costs
+# 1-3 us at T=65,H=8; -O1 gives the narrow launch's full-block loop 742 instructions without local accesses
+# (856 with 4 at -O3). Graph-timed, L=46000 (bench/RESULTS.md, sixteenth session): -O1 for every kernel of
+# the process (call I, three rounds) T=65,H=8 106.7-107.3 us against 108.5-109.2, T=17,H=8 50.1-50.6 against
+# 48.5-48.8; for this kernel alone (call J, three rounds) narrow launches (T=65,H=8) 107.8-108.5 against
+# 109.7-110.8 (and against 108.3-109.5 for the unchanged launch in the next slot), launches without a narrow
+# block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches only.
+PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
+PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
+
 
 def narrow_rows(rows: int) -> int:
     """``NARROW_ROWS`` of a launch over ``rows`` packed rows: 8 or 16 where the last of at least
@@ -833,6 +845,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
+        **({"ptx_options": opts} if (opts := PTXAS_NARROW if nrows else PTXAS_FULL) else {}),
     )
 
 
@@ -898,7 +911,9 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                  "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh", "stride_os")
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+    opts = PTXAS_NARROW if narrow_rows else PTXAS_FULL  # as launched
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": NUM_WARPS, **({"ptx_options": opts} if opts else {})})
 
 
 def _nvdisasm():
