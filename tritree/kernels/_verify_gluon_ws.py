@@ -745,9 +745,18 @@ NARROW_MIN_BLOCKS = 5
 # the process (call I, three rounds) T=65,H=8 106.7-107.3 us against 108.5-109.2, T=17,H=8 50.1-50.6 against
 # 48.5-48.8; for this kernel alone (call J, three rounds) narrow launches (T=65,H=8) 107.8-108.5 against
 # 109.7-110.8 (and against 108.3-109.5 for the unchanged launch in the next slot), launches without a narrow
-# block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches only.
+# block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches over TMA only (row gathers,
+# pages below 64, were not measured with it and keep the default).
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
 PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
+
+
+def _ptx_options(narrow: bool, gather: bool) -> dict:
+    """The compile option that gives a TMA launch with (``narrow``) or without a narrow last row block its
+    ptxas options (``PTXAS_NARROW`` / ``PTXAS_FULL``); empty for triton's default, and for row gathers
+    (pages below 64: not measured with other options)."""
+    opts = None if gather else PTXAS_NARROW if narrow else PTXAS_FULL
+    return {"ptx_options": opts} if opts else {}
 
 
 def narrow_rows(rows: int) -> int:
@@ -845,7 +854,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
-        **({"ptx_options": opts} if (opts := PTXAS_NARROW if nrows else PTXAS_FULL) else {}),
+        **_ptx_options(bool(nrows), gather),
     )
 
 
@@ -911,9 +920,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                  "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh", "stride_os")
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    opts = PTXAS_NARROW if narrow_rows else PTXAS_FULL  # as launched
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": NUM_WARPS, **({"ptx_options": opts} if opts else {})})
+                          options={"num_warps": NUM_WARPS, **_ptx_options(bool(narrow_rows), gather)})
 
 
 def _nvdisasm():
@@ -1029,6 +1037,7 @@ def _main():
         good = int(k.metadata.shared) <= SMEM_LIMIT_SM90
         ok &= good
         print(f"_verify_gluon_ws_kernel sm_90 colsplit splits={'1' if splits == 1 else 'N'} P={P:3d} narrow {nrows:2d} "
+              f"(ptxas {_ptx_options(True, P % BLOCK_N != 0).get('ptx_options', 'default')}) "
               f"rows: shared {int(k.metadata.shared):7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill "
               f"{spill:5d}  {'ok' if good and spill == 0 else ('ok (spills)' if good else 'FAIL')}  "
               f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
