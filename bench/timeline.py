@@ -149,7 +149,8 @@ def graph_timeline_case(T: int, H: int, L: int, calls: int = 12, clock: bool = F
         ghz = torch.cat([((r[:, 3] - r[:, 1]) % (1 << 32)).double() / ((r[:, 4] - r[:, 0]) % (1 << 32)).double()
                          for r in raw])
         info = info | dict(ghz_median=float(ghz.median()), ghz_min=float(ghz.min()), ghz_max=float(ghz.max()))
-    return info | dict(idle_us=idle_us,calls=calls, graph_timed_us=period_timed, unstamped_us=unstamped_us, span_us=statistics.median(spans),
+    return info | dict(idle_us=idle_us, calls=calls, graph_timed_us=period_timed, unstamped_us=unstamped_us,
+                       span_us=statistics.median(spans),
                        spans=spans, gap_us=statistics.median(gaps),
                        period_us=(starts[-1] - starts[0]) / 1e3 / (calls - 1),
                        median={p: statistics.median(c["median"][p] for c in per_call) for p in PARTS},

@@ -111,9 +111,9 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from ._verify_gluon import (_cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail, _new_bar,
-                                _now, _clock, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale, _softmax,
-                                _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
+    from ._verify_gluon import (_clock, _cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail,
+                                _new_bar, _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale,
+                                _softmax, _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
                                 _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
@@ -814,9 +814,10 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     seesaw. ``probe`` (bench only, wrong results, by tiles): see ``_ws_consumer``. ``l2_prefetch``:
     the producer's L2 prefetch of the next pair over TMA (default: the module's ``L2_PREFETCH``).
     ``timeline``: as ``launch_verify_gluon``'s (bench only); 2: the stamps are the timer at the start, the SM
-    clock (``%clock``) at the start twice, the SM clock at the end and the timer at the end. ``narrow``: a last row block of at most 16 real
-    rows runs narrow (``narrow_rows``; by column halves only), with ``narrow_splits_for`` splits of the
-    ``num_splits`` partial slots (the rest written empty). Returns the compiled kernel."""
+    clock (``%clock``) at the start twice, the SM clock at the end and the timer at the end. ``narrow``: a
+    last row block of at most 16 real rows runs narrow (``narrow_rows``; by column halves only), with
+    ``narrow_splits_for`` splits of the ``num_splits`` partial slots (the rest written empty). Launches
+    with a narrow block over TMA are compiled with ``PTXAS_NARROW`` (-O1). Returns the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
     if gather and not colsplit:
