@@ -145,6 +145,14 @@ def graph_timeline_case(T: int, H: int, L: int, calls: int = 12, clock: bool = F
     spans = [(e - s) / 1e3 for s, e in zip(starts, ends)]
     gaps = [(starts[i + 1] - ends[i]) / 1e3 for i in range(calls - 1)]
     per_call = [_summary(r, last_splits) for r in raw]
+    # per split: when its programs finished (us from the call's first start; the full row blocks' latest,
+    # and the last row block's, each a median over calls): which splits set the span
+    full = row_blocks - 1 if info["narrow"] else row_blocks
+    ends = [((r[:, 4] - r[:, 0].min()) % (1 << 32)).double() / 1e3 for r in raw]
+    split_ends = [statistics.median(float(e[:full * info["splits"]].view(full, -1)[:, j].max()) for e in ends)
+                  for j in range(info["splits"])]
+    last_ends = [statistics.median(float(e[full * info["splits"]:][j]) for e in ends)
+                 for j in range(last_splits)] if info["narrow"] else []
     if clock:  # stamps: timer, clock, clock, clock, timer
         ghz = torch.cat([((r[:, 3] - r[:, 1]) % (1 << 32)).double() / ((r[:, 4] - r[:, 0]) % (1 << 32)).double()
                          for r in raw])
@@ -153,6 +161,7 @@ def graph_timeline_case(T: int, H: int, L: int, calls: int = 12, clock: bool = F
                        span_us=statistics.median(spans),
                        spans=spans, gap_us=statistics.median(gaps),
                        period_us=(starts[-1] - starts[0]) / 1e3 / (calls - 1),
+                       split_ends=split_ends, narrow_ends=last_ends,
                        median={p: statistics.median(c["median"][p] for c in per_call) for p in PARTS},
                        last_program={p: statistics.median(c["last_program"][p] for c in per_call) for p in PARTS})
 
@@ -187,6 +196,10 @@ def main(argv=None) -> None:
                       f"{r['period_us']:.1f} = span {r['span_us']:.1f} + gap {r['gap_us']:.1f} | spans "
                       f"{min(r['spans']):.1f}-{max(r['spans']):.1f} | median {fmt(r['median'])} | "
                       f"last to finish {fmt(r['last_program'])}", flush=True)
+                ends = " ".join(f"{e:.1f}" for e in r["split_ends"])
+                narrow = " ".join(f"{e:.1f}" for e in r["narrow_ends"])
+                print(f"    ends by split (full blocks' latest): {ends}" + (f" | narrow block: {narrow}" if narrow else ""),
+                      flush=True)
                 continue
             r = timeline_case(T, H, L, warm=args.warm)
             print(f"T={T:>3} H={H:>2} L={L:>6} {r['kernel']:12s} {r['programs']} programs ({r['splits']} splits, "

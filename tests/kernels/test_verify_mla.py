@@ -605,12 +605,18 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     (33, 4, 128, [50, 0], 3),  # no unmasked pair at all (the tail is the whole chunk), splits with no keys
     (65, 8, 64, [20_000 + 45, 1_000 + 64 - 65], 1),  # one split
     (9, 8, 128, [9_000 + 127, 200], 16),  # tiles at a page's second half; many small chunks
+    (65, 8, 64, [700, 100], 9),  # balanced: the last split's discount over its share, the tree keys in an
+    # earlier split, the last splits empty
 ])
-def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
+@pytest.mark.parametrize("balance", [True, False], ids=["balanced", "pagechunks"])
+def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits, balance, monkeypatch):
     """The ws kernel's masked tail in every shape a chunk gives it (one to four tiles, a prefix ending
-    mid-tile or on a page, chunks that are all tail or empty, one split) against the float64 reference
-    with the unused pool slots NaN, then replayed from a CUDA graph into poisoned outputs with the same
-    bits."""
+    mid-tile or on a page, chunks that are all tail or empty, one split), with the split chunks balanced
+    for the tail (``_verify_gluon_ws.BALANCE``, the default) or equal, against the float64 reference with
+    the unused pool slots NaN, then replayed from a CUDA graph into poisoned outputs with the same bits."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    monkeypatch.setattr(vgws, "BALANCE", balance)
     cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                          seed=T + H + P + len(kv_lens)))

@@ -265,16 +265,34 @@ if GLUON_AVAILABLE:
             return gl.program_id(0), gl.program_id(1), num_splits, False
 
     @gluon.jit
-    def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr):
-        """Keys ``[start, end)`` of split ``pid_s`` (as ``_verify_gluon_kernel``: page-aligned chunks, or
-        64-key-aligned ones for pages below a tile)."""
+    def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, narrow, PAGE_SIZE: gl.constexpr,
+                      BALANCE: gl.constexpr, NARROW_ROWS: gl.constexpr, TAIL_Q4: gl.constexpr,
+                      NARROW_TAIL_Q4: gl.constexpr):
+        """Keys ``[start, end)`` of split ``pid_s``. ``BALANCE``: chunks of whole tile pairs (128 keys), the
+        splits' counts differing by one, the last split ``ceil(tail_tiles * q4 / 4)`` pairs short, ``q4``
+        = ``TAIL_Q4`` (``NARROW_TAIL_Q4`` in the narrow row block): ``tail_tiles`` are the tiles at or past
+        ``kv_len // 64``, which the last split runs one at a time, masked, at more than a pair's cost a
+        tile; else (as ``_verify_gluon_kernel``) equal page-aligned chunks,
+        or 64-key-aligned ones for pages below a tile."""
         n_keys = kv_len + tree_len
-        if PAGE_SIZE < 64:
-            chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), 64) * 64
+        if BALANCE:
+            q4 = TAIL_Q4
+            if NARROW_ROWS > 0:
+                q4 = gl.where(narrow, NARROW_TAIL_Q4, TAIL_Q4)
+            tail_tiles = gl.cdiv(n_keys, 64) - kv_len // 64
+            units = gl.cdiv(n_keys, 128) + (tail_tiles * q4 + 3) // 4
+            base = units // num_splits
+            extra = units - base * num_splits
+            start = gl.minimum((pid_s * base + gl.minimum(pid_s, extra)) * 128, n_keys)
+            stop = start + (base + (pid_s < extra).to(gl.int32)) * 128
+            end = gl.where(pid_s == num_splits - 1, n_keys, gl.minimum(stop, n_keys))
         else:
-            chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
-        start = pid_s * chunk
-        end = gl.minimum(start + chunk, n_keys)
+            if PAGE_SIZE < 64:
+                chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), 64) * 64
+            else:
+                chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
+            start = pid_s * chunk
+            end = gl.minimum(start + chunk, n_keys)
         return start, end
 
     @gluon.jit
@@ -389,7 +407,8 @@ if GLUON_AVAILABLE:
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr):
+                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
+                     BALANCE: gl.constexpr, TAIL_Q4: gl.constexpr, NARROW_TAIL_Q4: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -504,7 +523,8 @@ if GLUON_AVAILABLE:
         b = gl.program_id(2)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, narrow, PAGE_SIZE, BALANCE, NARROW_ROWS,
+                                   TAIL_Q4, NARROW_TAIL_Q4)
         tail_start = start + n_pairs * PAIR_N
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
@@ -626,6 +646,9 @@ if GLUON_AVAILABLE:
         Q_ZERO_PAD: gl.constexpr = False,
         STAGE_16BIT: gl.constexpr = False,
         NARROW_ROWS: gl.constexpr = 0,
+        BALANCE: gl.constexpr = False,
+        TAIL_Q4: gl.constexpr = 4,
+        NARROW_TAIL_Q4: gl.constexpr = 5,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
         (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
@@ -643,7 +666,8 @@ if GLUON_AVAILABLE:
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, narrow, PAGE_SIZE, BALANCE, NARROW_ROWS,
+                                   TAIL_Q4, NARROW_TAIL_Q4)
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
         n_full = (full_end - start) // BLOCK_N
         n_pairs = n_full // 2
@@ -670,7 +694,8 @@ if GLUON_AVAILABLE:
                                 T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, BALANCE, TAIL_Q4,
+                                NARROW_TAIL_Q4)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
@@ -747,6 +772,15 @@ NARROW_MIN_BLOCKS = 5
 # 109.7-110.8 (and against 108.3-109.5 for the unchanged launch in the next slot), launches without a narrow
 # block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches over TMA only (row gathers,
 # pages below 64, were not measured with it and keep the default).
+# Split chunks balanced for the masked tail (``_chunk_bounds``' ``BALANCE``): whole tile pairs, the last
+# split short by ceil(its tail tiles x TAIL_Q4 / 4) pairs (NARROW_TAIL_Q4 in a narrow row block). Session 16's
+# graph-mode timeline at T=65,H=8, L=46000: the median program ran 24 pairs (93.4 us), the last split 23 and
+# the masked tail's two tiles one at a time (89.7 + 10.9 us): a tail tile costs ~1.4 of a full block's pairs
+# (~1.8 of a narrow one's, whose pairs cost 0.79), 0.9 / 1.3 more than its half pair.
+BALANCE = os.environ.get("TRITREE_WS_BALANCE", "1") == "1"
+TAIL_Q4 = int(os.environ.get("TRITREE_WS_TAIL_Q4", "4"))
+NARROW_TAIL_Q4 = int(os.environ.get("TRITREE_WS_NARROW_TAIL_Q4", "5"))
+
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
 PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
 
@@ -853,7 +887,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
-        NARROW_ROWS=nrows,
+        NARROW_ROWS=nrows, BALANCE=BALANCE, TAIL_Q4=TAIL_Q4, NARROW_TAIL_Q4=NARROW_TAIL_Q4,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather),
     )
@@ -913,7 +947,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": pdl, "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
-                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32")}
+                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
+                  "BALANCE": BALANCE, "TAIL_Q4": TAIL_Q4, "NARROW_TAIL_Q4": NARROW_TAIL_Q4}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
