@@ -157,7 +157,13 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  "tritree-ws-tail-light": [("tritree.kernels._verify_gluon_ws", "TAIL_Q4", 2),
                                            ("tritree.kernels._verify_gluon_ws", "NARROW_TAIL_Q4", 3)],
                  "tritree-ws-tail-heavy": [("tritree.kernels._verify_gluon_ws", "TAIL_Q4", 6),
-                                           ("tritree.kernels._verify_gluon_ws", "NARROW_TAIL_Q4", 8)]})
+                                           ("tritree.kernels._verify_gluon_ws", "NARROW_TAIL_Q4", 8)],
+                 # the full blocks' masked tail one tile at a time after the loop (before session 17's
+                 # MASKED_PAIRS), with the chunks balanced for it (session 17 call A) or equal (session 16)
+                 "tritree-ws-onetile": [("tritree.kernels._verify_gluon_ws", "MASKED_PAIRS", False),
+                                        ("tritree.kernels._verify_gluon_ws", "TAIL_Q4", 4)],
+                 "tritree-ws-s16": [("tritree.kernels._verify_gluon_ws", "MASKED_PAIRS", False),
+                                    ("tritree.kernels._verify_gluon_ws", "BALANCE", False)]})
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

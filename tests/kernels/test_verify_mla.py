@@ -605,18 +605,24 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     (33, 4, 128, [50, 0], 3),  # no unmasked pair at all (the tail is the whole chunk), splits with no keys
     (65, 8, 64, [20_000 + 45, 1_000 + 64 - 65], 1),  # one split
     (9, 8, 128, [9_000 + 127, 200], 16),  # tiles at a page's second half; many small chunks
-    (65, 8, 64, [700, 100], 9),  # balanced: the last split's discount over its share, the tree keys in an
-    # earlier split, the last splits empty
+    (65, 8, 64, [700, 100], 9),  # balanced with a discount over its share: the tree keys in an earlier
+    # split, the last splits empty
+    (40, 4, 256, [5_000 + 200, 256 + 63], 4),  # P = 256: the last tile's 64 keys end inside a page
 ])
-@pytest.mark.parametrize("balance", [True, False], ids=["balanced", "pagechunks"])
-def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits, balance, monkeypatch):
+@pytest.mark.parametrize("mode", ["shipped", "onetile", "s16"])
+def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits, mode, monkeypatch):
     """The ws kernel's masked tail in every shape a chunk gives it (one to four tiles, a prefix ending
-    mid-tile or on a page, chunks that are all tail or empty, one split), with the split chunks balanced
-    for the tail (``_verify_gluon_ws.BALANCE``, the default) or equal, against the float64 reference with
-    the unused pool slots NaN, then replayed from a CUDA graph into poisoned outputs with the same bits."""
+    mid-tile or on a page, chunks that are all tail or empty, one split): as masked pairs through the
+    producer's copies, the chunks balanced (what ships: ``_verify_gluon_ws.MASKED_PAIRS``, ``BALANCE``),
+    one tile at a time after the loop with balanced chunks (``onetile``) or equal ones (``s16``, session
+    16), against the float64 reference with the unused pool slots NaN, then replayed from a CUDA graph
+    into poisoned outputs with the same bits."""
     from tritree.kernels import _verify_gluon_ws as vgws
 
-    monkeypatch.setattr(vgws, "BALANCE", balance)
+    if mode != "shipped":
+        monkeypatch.setattr(vgws, "MASKED_PAIRS", False)
+        monkeypatch.setattr(vgws, "TAIL_Q4", 4)
+        monkeypatch.setattr(vgws, "BALANCE", mode == "onetile")
     cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                          seed=T + H + P + len(kv_lens)))
