@@ -607,7 +607,7 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     (9, 8, 128, [9_000 + 127, 200], 16),  # tiles at a page's second half; many small chunks
     (65, 8, 64, [700, 100], 9),  # balanced with a discount over its share: the tree keys in an earlier
     # split, the last splits empty
-    (40, 4, 256, [5_000 + 200, 256 + 63], 4),  # P = 256: the last tile's 64 keys end inside a page
+    (40, 4, 128, [5_180, 128 + 63], 4),  # P = 128: the 64 keys ending at the chunk's end lie in one page
 ])
 @pytest.mark.parametrize("mode", ["shipped", "onetile", "s16"])
 def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits, mode, monkeypatch):
