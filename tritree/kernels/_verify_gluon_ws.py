@@ -432,14 +432,15 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
                      max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
-                     BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False, kv_desc_pg=None, n_total=0, end=0,
+                     BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False, kv_desc_pg=None, end_m=0,
                      MASKED_PAIRS: gl.constexpr = False):
         """Worker partition: all TMA copies of the pair loop. Pair j's slot s is refilled once the
         consumers released pair j-1's slot s (``empty_s`` phase j-1). ``COLSPLIT``: ``empty0`` / ``empty1``
         release the latent column blocks 0..3 / 4..7 and the rope of both slots instead. Pages below a
         tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA.
-        ``MASKED_PAIRS`` (COLSPLIT over TMA): then pairs ``n_pairs .. n_total-1``, the chunk's keys up to
-        ``end`` (``_issue_masked_pair_blocks``)."""
+        ``MASKED_PAIRS`` (COLSPLIT over TMA): then masked pairs over the keys up to ``end_m`` (the chunk's
+        end; where it is the unmasked pairs' end, none: the narrow row block), ``_issue_masked_pair_blocks``.
+        One scalar more than without them, live through the loop (the partition has 24 registers)."""
         if PAGE_SIZE < BLOCK_N:
             gl.static_assert(COLSPLIT, "row gathers: column halves only")
             ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
@@ -482,6 +483,8 @@ if GLUON_AVAILABLE:
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, D_LAT // 128, D_LAT // 64 + 1, D_LAT,
                                    BLOCK_N)
             if MASKED_PAIRS:
+                end = end_m
+                n_total = n_pairs + gl.cdiv(gl.maximum(end - (start + n_pairs * 2 * BLOCK_N), 0), 2 * BLOCK_N)
                 last = gl.maximum(end - 1, 0)
                 pg_end = gl.load(pt + gl.minimum(last // PAGE_SIZE, max_pages - 1))
                 pg_end = gl.minimum(gl.maximum(pg_end, 0), num_pages - 1)
@@ -812,9 +815,9 @@ if GLUON_AVAILABLE:
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
         n_full = (full_end - start) // BLOCK_N
         n_pairs = n_full // 2
-        n_total = n_pairs
-        if MASKED_PAIRS:
-            n_total = _masked_pair_count(start, end, n_pairs, narrow, NARROW_ROWS, 2 * BLOCK_N)
+        end_m = end  # the producer's end of masked pairs: none in the narrow row block
+        if NARROW_ROWS > 0:
+            end_m = gl.where(narrow, start + n_pairs * 2 * BLOCK_N, end)
         pt = PageTable + b.to(gl.int64) * stride_ptb
 
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_LAT], smem_layout)
@@ -842,7 +845,7 @@ if GLUON_AVAILABLE:
                                 NARROW_TAIL_Q4, MASKED_PAIRS)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
-                                kv_desc3, n_total, end, MASKED_PAIRS)),
+                                kv_desc3, end_m, MASKED_PAIRS)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
