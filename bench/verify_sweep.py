@@ -150,20 +150,7 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
                             ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
 # (session 16's variants tritree-tail*, tritree-pad* ran the switches of commit 1df0a18, since reverted)
 SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "PTXAS_NARROW", "-O1")],
-                 "tritree-ws-O1-full": [("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")],
-                 # the ws kernel's split chunks: equal page-aligned ones (before session 17), or balanced with
-                 # a lighter / heavier masked tail (TAIL_Q4, NARROW_TAIL_Q4: quarters of a pair a tail tile)
-                 "tritree-ws-pagechunks": [("tritree.kernels._verify_gluon_ws", "BALANCE", False)],
-                 "tritree-ws-tail-light": [("tritree.kernels._verify_gluon_ws", "TAIL_Q4", 2),
-                                           ("tritree.kernels._verify_gluon_ws", "NARROW_TAIL_Q4", 3)],
-                 "tritree-ws-tail-heavy": [("tritree.kernels._verify_gluon_ws", "TAIL_Q4", 6),
-                                           ("tritree.kernels._verify_gluon_ws", "NARROW_TAIL_Q4", 8)],
-                 # the full blocks' masked tail one tile at a time after the loop (before session 17's
-                 # MASKED_PAIRS), with the chunks balanced for it (session 17 call A) or equal (session 16)
-                 "tritree-ws-onetile": [("tritree.kernels._verify_gluon_ws", "MASKED_PAIRS", False),
-                                        ("tritree.kernels._verify_gluon_ws", "TAIL_Q4", 4)],
-                 "tritree-ws-s16": [("tritree.kernels._verify_gluon_ws", "MASKED_PAIRS", False),
-                                    ("tritree.kernels._verify_gluon_ws", "BALANCE", False)]})
+                 "tritree-ws-O1-full": [("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")]})
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

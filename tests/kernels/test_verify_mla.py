@@ -605,24 +605,14 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     (33, 4, 128, [50, 0], 3),  # no unmasked pair at all (the tail is the whole chunk), splits with no keys
     (65, 8, 64, [20_000 + 45, 1_000 + 64 - 65], 1),  # one split
     (9, 8, 128, [9_000 + 127, 200], 16),  # tiles at a page's second half; many small chunks
-    (65, 8, 64, [700, 100], 9),  # balanced with a discount over its share: the tree keys in an earlier
-    # split, the last splits empty
-    (40, 4, 128, [5_180, 128 + 63], 4),  # P = 128: the 64 keys ending at the chunk's end lie in one page
+    (65, 8, 64, [700, 100], 9),  # short chunks: the tree keys' chunk before the last, the last empty
+    (40, 4, 128, [5_180, 128 + 63], 4),  # P = 128, the tree keys ending in a page's second half
 ])
-@pytest.mark.parametrize("mode", ["shipped", "onetile", "s16"])
-def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits, mode, monkeypatch):
+def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
     """The ws kernel's masked tail in every shape a chunk gives it (one to four tiles, a prefix ending
-    mid-tile or on a page, chunks that are all tail or empty, one split): as masked pairs through the
-    producer's copies, the chunks balanced (what ships: ``_verify_gluon_ws.MASKED_PAIRS``, ``BALANCE``),
-    one tile at a time after the loop with balanced chunks (``onetile``) or equal ones (``s16``, session
-    16), against the float64 reference with the unused pool slots NaN, then replayed from a CUDA graph
-    into poisoned outputs with the same bits."""
-    from tritree.kernels import _verify_gluon_ws as vgws
-
-    if mode != "shipped":
-        monkeypatch.setattr(vgws, "MASKED_PAIRS", False)
-        monkeypatch.setattr(vgws, "TAIL_Q4", 4)
-        monkeypatch.setattr(vgws, "BALANCE", mode == "onetile")
+    mid-tile or on a page, chunks that are all tail or empty, one split) against the float64 reference
+    with the unused pool slots NaN, then replayed from a CUDA graph into poisoned outputs with the same
+    bits."""
     cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                          seed=T + H + P + len(kv_lens)))

@@ -111,8 +111,6 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from ._verify_gluon import (_clock, _cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail,
                                 _new_bar, _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale,
                                 _softmax, _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
@@ -142,88 +140,6 @@ if GLUON_AVAILABLE:
                 _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
-    def _issue_masked_pair_blocks(kv_desc, kv_desc_pg, k_lat, k_pe, cbars, row0, row1, whole0, whole1, pg_end, off_end,
-                                  C0: gl.constexpr, C1: gl.constexpr, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
-        """``_issue_pair_blocks`` for a masked pair (``MASKED_PAIRS``): a tile whose 64 keys all lie before
-        the chunk's end (``whole0`` / ``whole1``) comes from pool rows ``row0`` / ``row1``; the other one
-        is the 64 keys that END at the chunk's end, from ``kv_desc_pg`` (the pool as [pages, P, 576]) at
-        page ``pg_end``, row ``off_end`` (negative where they begin in an earlier page): the rows before
-        that page are out of bounds and land as zeros, so no slot row holds data from past the end or
-        from another page. ``_pair_mask`` hides the rows that are not this tile's keys."""
-        l3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-        lat3 = k_lat._reinterpret(gl.bfloat16, [2 * (D_LAT // 64), BLOCK_N, 64], l3)  # [block c, tile h] at 2c+h
-        pe3 = k_pe._reinterpret(gl.bfloat16, [2, BLOCK_N, 64], l3)
-        for c in gl.static_range(C0, C1):
-            mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
-            if c < D_LAT // 64:
-                if whole0:
-                    _tma_load(kv_desc, [row0, c * 64], cbars[c], k_lat.slice(0, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
-                else:
-                    _tma_load(kv_desc_pg, [pg_end, off_end, c * 64], cbars[c], lat3.slice(2 * c, 1, dim=0))
-                if whole1:
-                    _tma_load(kv_desc, [row1, c * 64], cbars[c],
-                              k_lat.slice(BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
-                else:
-                    _tma_load(kv_desc_pg, [pg_end, off_end, c * 64], cbars[c], lat3.slice(2 * c + 1, 1, dim=0))
-            else:
-                if whole0:
-                    _tma_load(kv_desc, [row0, D_LAT], cbars[c], k_pe.slice(0, BLOCK_N, dim=0))
-                else:
-                    _tma_load(kv_desc_pg, [pg_end, off_end, D_LAT], cbars[c], pe3.slice(0, 1, dim=0))
-                if whole1:
-                    _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
-                else:
-                    _tma_load(kv_desc_pg, [pg_end, off_end, D_LAT], cbars[c], pe3.slice(1, 1, dim=0))
-
-    @gluon.jit
-    def _tile_bits(base, k0, end, kv_len, tree_len, row_ok, row_ptr):
-        """Per row: which of the 64 keys ``base .. base+63`` it sees, as two int32 bit masks (bit r of
-        ``(lo, hi)``: key ``base + r`` (lo) / ``base + 32 + r`` (hi)): prefix keys below ``kv_len``, tree keys by
-        their bit in the row's mask words (``row_ptr``), only keys in ``[k0, end)``, none for rows not
-        ``row_ok``."""
-        r_pre = gl.minimum(gl.maximum(kv_len - base, 0), 64)  # keys base .. base + r_pre - 1 are prefix
-        j0 = gl.maximum(base - kv_len, 0)  # tree index of the tile's first tree key (at row r_pre)
-        w0 = j0 // 32
-        sh = j0 % 32
-        wa = gl.load(row_ptr + w0, mask=row_ok & (w0 * 32 < tree_len), other=0).to(gl.int64) & 0xFFFFFFFF
-        wb = gl.load(row_ptr + w0 + 1, mask=row_ok & ((w0 + 1) * 32 < tree_len), other=0).to(gl.int64) & 0xFFFFFFFF
-        wc = gl.load(row_ptr + w0 + 2, mask=row_ok & ((w0 + 2) * 32 < tree_len), other=0).to(gl.int64) & 0xFFFFFFFF
-        tree = ((wb << 32) | wa) >> sh
-        tree = gl.where(sh > 0, tree | (wc << (64 - gl.maximum(sh, 1))), tree)  # tree bits j0 .. j0+63
-        tree = gl.where(r_pre < 64, tree << gl.minimum(r_pre, 63), 0)
-        ones = gl.full(tree.shape, -1, gl.int64, layout=tree.type.layout)
-        pre = gl.where(r_pre >= 64, ones, (ones << gl.minimum(r_pre, 63)) ^ ones)
-        pre = gl.where(r_pre == 0, 0, pre)
-        lo_r = gl.minimum(gl.maximum(k0 - base, 0), 64)
-        hi_r = gl.minimum(gl.maximum(end - base, 0), 64)
-        below_hi = gl.where(hi_r >= 64, ones, (ones << gl.minimum(hi_r, 63)) ^ ones)
-        below_hi = gl.where(hi_r == 0, 0, below_hi)
-        below_lo = gl.where(lo_r >= 64, ones, (ones << gl.minimum(lo_r, 63)) ^ ones)
-        below_lo = gl.where(lo_r == 0, 0, below_lo)
-        vis = gl.where(row_ok, (pre | tree) & below_hi & ~below_lo, 0)
-        return vis.to(gl.int32), (vis >> 32).to(gl.int32)
-
-    @gluon.jit
-    def _pair_mask(s, a, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt, s_layout: gl.constexpr,
-                   BLOCK_N: gl.constexpr):
-        """Scores ``[rows, 2 BLOCK_N]`` of a masked pair whose tiles nominally start at keys ``a`` and ``a +
-        BLOCK_N``, -inf where invisible (as ``_tail_mask``), where a tile that holds the chunk's end has
-        its rows as the ``BLOCK_N`` keys ending there (``_issue_masked_pair_blocks``), so its keys below
-        the tile's own start (zeros, or keys of the tile before) are hidden too. The visibility is built
-        per row as bit masks (``_tile_bits``), four int32 a row, then read a bit per score."""
-        gl.static_assert(BLOCK_N == 64)
-        base0 = gl.where(a + BLOCK_N <= end, a, end - BLOCK_N)
-        base1 = gl.where(a + 2 * BLOCK_N <= end, a + BLOCK_N, end - BLOCK_N)
-        row_ptr = mask_base + t * stride_mt
-        v0, v1 = _tile_bits(base0, a, end, kv_len, tree_len, row_ok, row_ptr)
-        v2, v3 = _tile_bits(base1, a + BLOCK_N, end, kv_len, tree_len, row_ok, row_ptr)
-        c = gl.expand_dims(gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
-        q = c // 32
-        word = gl.where(q == 0, gl.expand_dims(v0, 1), gl.where(q == 1, gl.expand_dims(v1, 1),
-                        gl.where(q == 2, gl.expand_dims(v2, 1), gl.expand_dims(v3, 1))))
-        return gl.where(((word >> (c % 32)) & 1) != 0, s, float("-inf"))
-
-    @gluon.jit
     def _masked_tail_halves(oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
                             TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H, stride_ptb, max_pages,
                             num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt, sm_scale_log2e,
@@ -249,18 +165,11 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, s2_zero,
-                        sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr, i0=0, MASKED: gl.constexpr = False,
-                        start=0, end=0, kv_len=0, tree_len=0, row_ok=0, t=0, mask_base=0, stride_mt=0,
-                        s2_layout: gl.constexpr = None, BLOCK_N: gl.constexpr = 64):
-        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``): pairs ``i0 .. n_pairs-1``.
-        ``MASKED``: masked pairs of the chunk ``[start, end)`` (``_pair_mask``; the row arguments as
-        ``_tail_rows`` gives them). Returns ``(oa, ob, m_i, l_i)``."""
+                        sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr):
+        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``). Returns ``(oa, ob, m_i, l_i)``."""
         HALF: gl.constexpr = D_LAT // 2
-        for i in range(i0, n_pairs):
+        for i in range(n_pairs):
             s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
-            if MASKED:
-                s = _pair_mask(s, start + i * 2 * BLOCK_N, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt,
-                               s2_layout, BLOCK_N)
             p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
             oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
             ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
@@ -356,44 +265,17 @@ if GLUON_AVAILABLE:
             return gl.program_id(0), gl.program_id(1), num_splits, False
 
     @gluon.jit
-    def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, narrow, PAGE_SIZE: gl.constexpr,
-                      BALANCE: gl.constexpr, NARROW_ROWS: gl.constexpr, TAIL_Q4: gl.constexpr,
-                      NARROW_TAIL_Q4: gl.constexpr):
-        """Keys ``[start, end)`` of split ``pid_s``. ``BALANCE``: chunks of whole tile pairs (128 keys), the
-        splits' counts differing by one, the last split ``ceil(tail_tiles * q4 / 4)`` pairs short, ``q4``
-        = ``TAIL_Q4`` (``NARROW_TAIL_Q4`` in the narrow row block): ``tail_tiles`` are the tiles at or past
-        ``kv_len // 64``, which the last split runs one at a time, masked, at more than a pair's cost a
-        tile; else (as ``_verify_gluon_kernel``) equal page-aligned chunks,
-        or 64-key-aligned ones for pages below a tile."""
+    def _chunk_bounds(kv_len, tree_len, pid_s, num_splits, PAGE_SIZE: gl.constexpr):
+        """Keys ``[start, end)`` of split ``pid_s`` (as ``_verify_gluon_kernel``: page-aligned chunks, or
+        64-key-aligned ones for pages below a tile)."""
         n_keys = kv_len + tree_len
-        if BALANCE:
-            q4 = TAIL_Q4
-            if NARROW_ROWS > 0:
-                q4 = gl.where(narrow, NARROW_TAIL_Q4, TAIL_Q4)
-            tail_tiles = gl.cdiv(n_keys, 64) - kv_len // 64
-            units = gl.cdiv(n_keys, 128) + (tail_tiles * q4 + 3) // 4
-            base = units // num_splits
-            extra = units - base * num_splits
-            start = gl.minimum((pid_s * base + gl.minimum(pid_s, extra)) * 128, n_keys)
-            stop = start + (base + (pid_s < extra).to(gl.int32)) * 128
-            end = gl.where(pid_s == num_splits - 1, n_keys, gl.minimum(stop, n_keys))
+        if PAGE_SIZE < 64:
+            chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), 64) * 64
         else:
-            if PAGE_SIZE < 64:
-                chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), 64) * 64
-            else:
-                chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
-            start = pid_s * chunk
-            end = gl.minimum(start + chunk, n_keys)
+            chunk = gl.cdiv(gl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
+        start = pid_s * chunk
+        end = gl.minimum(start + chunk, n_keys)
         return start, end
-
-    @gluon.jit
-    def _masked_pair_count(start, end, n_pairs, narrow, NARROW_ROWS: gl.constexpr, PAIR_N: gl.constexpr):
-        """``MASKED_PAIRS``: the pairs a program runs in all, the unmasked ``n_pairs`` and then masked ones
-        up to ``end`` (none in a narrow row block, whose tail stays one tile at a time)."""
-        extra = gl.cdiv(gl.maximum(end - (start + n_pairs * PAIR_N), 0), PAIR_N)
-        if NARROW_ROWS > 0:
-            extra = gl.where(narrow, 0, extra)
-        return n_pairs + extra
 
     @gluon.jit
     def _gather_rows(KV, pg0, pg1, stride_kvp, stride_kvs, ld_layout: gl.constexpr, PAGE_SIZE: gl.constexpr,
@@ -432,15 +314,11 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
                      max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
-                     BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False, kv_desc_pg=None, end_m=0,
-                     MASKED_PAIRS: gl.constexpr = False):
+                     BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False):
         """Worker partition: all TMA copies of the pair loop. Pair j's slot s is refilled once the
         consumers released pair j-1's slot s (``empty_s`` phase j-1). ``COLSPLIT``: ``empty0`` / ``empty1``
         release the latent column blocks 0..3 / 4..7 and the rope of both slots instead. Pages below a
-        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA.
-        ``MASKED_PAIRS`` (COLSPLIT over TMA): then masked pairs over the keys up to ``end_m`` (the chunk's
-        end; where it is the unmasked pairs' end, none: the narrow row block), ``_issue_masked_pair_blocks``.
-        One scalar more than without them, live through the loop (the partition has 24 registers)."""
+        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA."""
         if PAGE_SIZE < BLOCK_N:
             gl.static_assert(COLSPLIT, "row gathers: column halves only")
             ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
@@ -482,27 +360,6 @@ if GLUON_AVAILABLE:
                     mbarrier.wait(empty1, (j - 1) & 1)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, D_LAT // 128, D_LAT // 64 + 1, D_LAT,
                                    BLOCK_N)
-            if MASKED_PAIRS:
-                end = end_m
-                n_total = n_pairs + gl.cdiv(gl.maximum(end - (start + n_pairs * 2 * BLOCK_N), 0), 2 * BLOCK_N)
-                last = gl.maximum(end - 1, 0)
-                pg_end = gl.load(pt + gl.minimum(last // PAGE_SIZE, max_pages - 1))
-                pg_end = gl.minimum(gl.maximum(pg_end, 0), num_pages - 1)
-                off_end = last % PAGE_SIZE - (BLOCK_N - 1)
-                for j in range(n_pairs, n_total):
-                    n = start + 2 * j * BLOCK_N
-                    whole0 = n + BLOCK_N <= end
-                    whole1 = n + 2 * BLOCK_N <= end
-                    row0 = _page_row_p(pt, n, max_pages, num_pages, PAGE_SIZE)
-                    row1 = _page_row_p(pt, n + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
-                    if j > 0:
-                        mbarrier.wait(empty0, (j - 1) & 1)
-                    _issue_masked_pair_blocks(kv_desc, kv_desc_pg, k_lat, k_pe, cbars, row0, row1, whole0, whole1,
-                                              pg_end, off_end, 0, D_LAT // 128, D_LAT, BLOCK_N)
-                    if j > 0:
-                        mbarrier.wait(empty1, (j - 1) & 1)
-                    _issue_masked_pair_blocks(kv_desc, kv_desc_pg, k_lat, k_pe, cbars, row0, row1, whole0, whole1,
-                                              pg_end, off_end, D_LAT // 128, D_LAT // 64 + 1, D_LAT, BLOCK_N)
         else:
             if n_pairs > 0:
                 row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
@@ -532,9 +389,7 @@ if GLUON_AVAILABLE:
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
-                     BALANCE: gl.constexpr, TAIL_Q4: gl.constexpr, NARROW_TAIL_Q4: gl.constexpr,
-                     MASKED_PAIRS: gl.constexpr):
+                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -643,28 +498,14 @@ if GLUON_AVAILABLE:
         # ---- masked tail (one tile at a time, rows 0..63 of the pair buffers) ----------------------
         if TIMELINE:
             t2 = _now(b)
+        m_i = gl.convert_layout(m_i, gl.SliceLayout(1, s_layout))
+        l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
         pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
         b = gl.program_id(2)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, narrow, PAGE_SIZE, BALANCE, NARROW_ROWS,
-                                   TAIL_Q4, NARROW_TAIL_Q4)
-        if MASKED_PAIRS:  # the rest of a full block's chunk as masked pairs through the producer's copies
-            n_total = _masked_pair_count(start, end, n_pairs, narrow, NARROW_ROWS, PAIR_N)
-            # the unmasked loop's last pair released nothing (its arrivals wait for a next pair): now
-            mbarrier.arrive(empty0, pred=(n_total > n_pairs) & (n_pairs > 0))
-            mbarrier.arrive(empty1, pred=(n_total > n_pairs) & (n_pairs > 0))
-            s2_zero, t_r, row_ok, mask_base = _tail_rows(TreeMask, b, pid_m, T, H, tree_len, stride_mb, s2_layout,
-                                                         BLOCK_M, PAIR_N)
-            oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0,
-                                               empty1, n_total, s2_zero, sm_scale_log2e, oh_layout, D_LAT, n_pairs,
-                                               True, start, end, kv_len, tree_len, row_ok, t_r, mask_base, stride_mt,
-                                               s2_layout, BLOCK_N)
-            tail_start = start + n_total * PAIR_N
-        else:
-            tail_start = start + n_pairs * PAIR_N
-        m_i = gl.convert_layout(m_i, gl.SliceLayout(1, s_layout))
-        l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
+        tail_start = start + n_pairs * PAIR_N
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
         tail_blocks = k_lat._reinterpret(gl.bfloat16, [D_LAT // 64, PAIR_N, 64], smem_layout)
@@ -785,17 +626,9 @@ if GLUON_AVAILABLE:
         Q_ZERO_PAD: gl.constexpr = False,
         STAGE_16BIT: gl.constexpr = False,
         NARROW_ROWS: gl.constexpr = 0,
-        BALANCE: gl.constexpr = False,
-        TAIL_Q4: gl.constexpr = 4,
-        NARROW_TAIL_Q4: gl.constexpr = 5,
-        MASKED_PAIRS: gl.constexpr = False,
     ):
-        """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition. ``kv_desc3``: with
-        ``MASKED_PAIRS``, the pool as ``[pages, P, 576]`` in boxes of ``[1, 64, 64]``
-        (``kv_descriptor_paged``); else unused (kept so that the positional arguments are the same).
-        ``PROBE``: see ``_ws_consumer``."""
-        if MASKED_PAIRS:
-            gl.static_assert(COLSPLIT and (PAGE_SIZE % BLOCK_N == 0), "masked pairs: column halves over TMA")
+        """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
+        (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "P (BLOCK_M x 2 BLOCK_N) lives in the rope buffers")
         # TMA tiles (P % 64 == 0), or row gathers by the producer (pages below a tile, COLSPLIT only).
@@ -810,14 +643,10 @@ if GLUON_AVAILABLE:
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, narrow, PAGE_SIZE, BALANCE, NARROW_ROWS,
-                                   TAIL_Q4, NARROW_TAIL_Q4)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
         full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
         n_full = (full_end - start) // BLOCK_N
         n_pairs = n_full // 2
-        end_m = end  # the producer's end of masked pairs: none in the narrow row block
-        if NARROW_ROWS > 0:
-            end_m = gl.where(narrow, start + n_pairs * 2 * BLOCK_N, end)
         pt = PageTable + b.to(gl.int64) * stride_ptb
 
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_LAT], smem_layout)
@@ -841,11 +670,9 @@ if GLUON_AVAILABLE:
                                 T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, BALANCE, TAIL_Q4,
-                                NARROW_TAIL_Q4, MASKED_PAIRS)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
-                                stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
-                                kv_desc3, end_m, MASKED_PAIRS)),
+                                stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
@@ -920,23 +747,6 @@ NARROW_MIN_BLOCKS = 5
 # 109.7-110.8 (and against 108.3-109.5 for the unchanged launch in the next slot), launches without a narrow
 # block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches over TMA only (row gathers,
 # pages below 64, were not measured with it and keep the default).
-# Split chunks balanced for the masked tail (``_chunk_bounds``' ``BALANCE``): whole tile pairs, the last
-# split short by ceil(its tail tiles x TAIL_Q4 / 4) pairs (NARROW_TAIL_Q4 in a narrow row block). Session 16's
-# graph-mode timeline at T=65,H=8, L=46000: the median program ran 24 pairs (93.4 us), the last split 23 and
-# the masked tail's two tiles one at a time (89.7 + 10.9 us): a tail tile costs ~1.4 of a full block's pairs
-# (~1.8 of a narrow one's, whose pairs cost 0.79), 0.9 / 1.3 more than its half pair.
-BALANCE = os.environ.get("TRITREE_WS_BALANCE", "1") == "1"
-# (0 since the full blocks' tail runs as masked pairs, ``MASKED_PAIRS``: about a pair's cost a pair)
-TAIL_Q4 = int(os.environ.get("TRITREE_WS_TAIL_Q4", "0"))
-NARROW_TAIL_Q4 = int(os.environ.get("TRITREE_WS_NARROW_TAIL_Q4", "5"))
-
-# The masked tail of a full row block's chunk (the keys after its unmasked pairs: an odd prefix tile, the
-# tree keys) as masked pairs through the producer's TMA copies (``MASKED_PAIRS``, COLSPLIT over TMA; the
-# tile that holds the chunk's end is the 64 keys ending there, from ``kv_descriptor_paged``), instead of
-# one tile at a time by the consumers' cp.async after the loop (session 16: 10.9 us for T=65,H=8's two
-# tail tiles, ~2.8 pairs' time). The narrow row block and row gathers keep the one-tile tail.
-MASKED_PAIRS = os.environ.get("TRITREE_WS_MASKED_PAIRS", "1") == "1"
-
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
 PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
 
@@ -1023,13 +833,11 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     if nrows:  # the full blocks' programs, then the narrow block's (``_program``)
         grid = ((grid[0] - 1) * int(num_splits) + narrow_splits, 1, B)
     desc = kv_descriptor(kv)
-    masked_pairs = MASKED_PAIRS and colsplit and not gather and not probe
-    desc_pg = kv_descriptor_paged(kv) if masked_pairs else desc
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
     l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
     return _verify_gluon_ws_kernel[grid](
-        q, kv, desc, desc_pg, page_table, kv_lens, tree_mask, tree_lens,
+        q, kv, desc, desc, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
@@ -1045,18 +853,10 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
-        NARROW_ROWS=nrows, BALANCE=BALANCE, TAIL_Q4=TAIL_Q4, NARROW_TAIL_Q4=NARROW_TAIL_Q4, MASKED_PAIRS=masked_pairs,
+        NARROW_ROWS=nrows,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather),
     )
-
-
-def kv_descriptor_paged(kv: torch.Tensor):
-    """Host TMA descriptor of the pool as ``[pages, P, 576]`` (P % 64 == 0), boxes of ``[1, 64, 64]``: a box
-    at a negative row or past the page's end lands zeros for those rows (the masked pairs' last tile)."""
-    num_pages, P, D = kv.shape
-    return TensorDescriptor(kv, [num_pages, P, D], [kv.stride(0), kv.stride(1), 1], [1, BLOCK_N, 64],
-                            _verify_gluon._kv_smem3_layout())
 
 
 def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, num_splits=1, out=None,
@@ -1098,10 +898,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     fn = _verify_gluon_ws_kernel
     layout = _kv_smem_layout()
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
-    masked_pairs = MASKED_PAIRS and colsplit and not gather
-    desc_pg = f"tensordesc<bf16[1,{BLOCK_N},64],{_verify_gluon._kv_smem3_layout()!r}>" if masked_pairs else desc
     sig = {
-        "Q": "*bf16", "KV": "*bf16", "kv_desc": desc, "kv_desc3": desc_pg,
+        "Q": "*bf16", "KV": "*bf16", "kv_desc": desc, "kv_desc3": desc,
         "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32",
         "Out": "*bf16" if num_splits == 1 else f"*{partial_dtype}", "Lse": "*fp32", "sm_scale_log2e": "fp32",
     }
@@ -1115,9 +913,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": pdl, "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
-                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
-                  "BALANCE": BALANCE, "TAIL_Q4": TAIL_Q4, "NARROW_TAIL_Q4": NARROW_TAIL_Q4,
-                  "MASKED_PAIRS": masked_pairs}
+                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32")}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
