@@ -118,7 +118,7 @@ if GLUON_AVAILABLE:
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
 PRODUCER_WARPS = 4
-PRODUCER_REGS = 24
+PRODUCER_REGS = int(os.environ.get("TRITREE_WS_PRODUCER_REGS", "24"))
 # ... when it gathers rows (pages below a tile): row addresses for 4 rows x 2 tiles per thread.
 GATHER_PRODUCER_REGS = 40
 
