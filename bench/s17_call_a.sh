@@ -1,4 +1,6 @@
 # Session 17, call A (one H200, ~8 device minutes): the ws kernel's split chunks balanced for the masked tail
+# Ran commit 6e67cd3; its switches (BALANCE, TAIL_Q4, NARROW_TAIL_Q4, MASKED_PAIRS and their sweep variants) were
+# removed after session 17 (commit 7d1706c restored session 16's kernel): check that commit out to rerun.
 # (_verify_gluon_ws.BALANCE: whole tile pairs, the last split ceil(tail tiles x TAIL_Q4 / 4) pairs short,
 # NARROW_TAIL_Q4 in the narrow row block). Session 16's graph timeline at T=65,H=8 had the full blocks' last
 # split end ~7 us after the median program (23 pairs + two tail tiles one at a time, 89.7 + 10.9 us). The

@@ -1,4 +1,6 @@
 # Session 17, call B (one H200, ~7 device minutes): the full row blocks' masked tail as masked pairs through
+# Ran commit b4b2261 (with 6a14ba9's test fix); its switches (BALANCE, TAIL_Q4, NARROW_TAIL_Q4, MASKED_PAIRS and their sweep variants) were
+# removed after session 17 (commit 7d1706c restored session 16's kernel): check that commit out to rerun.
 # the producer's TMA copies (_verify_gluon_ws.MASKED_PAIRS; the tile holding the chunk's end is the 64 keys
 # ending there, from the [pages, P, 576] descriptor, out-of-bounds rows zero), the chunks balanced without
 # a discount for it (TAIL_Q4 = 0). Call A: balancing alone moved the critical path from the last split

@@ -1,4 +1,6 @@
 # Session 17, call C (one H200, ~4 device minutes): call B's masked pairs were correct but every program's
+# Ran commit 409ddfa; its switches (BALANCE, TAIL_Q4, NARROW_TAIL_Q4, MASKED_PAIRS and their sweep variants) were
+# removed after session 17 (commit 7d1706c restored session 16's kernel): check that commit out to rerun.
 # pair loop ran ~6 us slower (timeline median 98.8 vs 92.5 us): the loop's PTX is the same line for line,
 # so ptxas; the producer partition (24 registers) had 7 local accesses in its loop (4 before). Now it keeps
 # one scalar more than before through its loop, not two (3 local accesses). Tests of the tails and narrow
