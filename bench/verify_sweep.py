@@ -152,7 +152,9 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
 SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "PTXAS_NARROW", "-O1")],
                  "tritree-ws-O1-full": [("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")],
                  # the ws kernel's producer partition (TMA copies) with 32 registers, the consumers then 232
-                 "tritree-ws-preg32": [("tritree.kernels._verify_gluon_ws", "PRODUCER_REGS", 32)]})
+                 "tritree-ws-preg32": [("tritree.kernels._verify_gluon_ws", "PRODUCER_REGS", 32)],
+                 # a pair's tiles as two 64-row boxes per column block even where they are adjacent (session 16)
+                 "tritree-ws-boxes64": [("tritree.kernels._verify_gluon_ws", "WIDE_COPIES", False)]})
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

@@ -111,6 +111,8 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
     from ._verify_gluon import (_clock, _cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail,
                                 _new_bar, _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale,
                                 _softmax, _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
@@ -126,18 +128,32 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, C0: gl.constexpr, C1: gl.constexpr,
-                           D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
+                           D_LAT: gl.constexpr, BLOCK_N: gl.constexpr, kv_desc2=None, WIDE: gl.constexpr = False):
         """COLSPLIT: TMA of column blocks ``C0 .. C1-1`` (block 8 = rope) of both tiles of a pair (rows
-        ``row0`` / ``row1`` of the pool into slots 0 / 1), each block's barrier armed for its two boxes."""
-        for c in gl.static_range(C0, C1):
-            mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
-            if c < D_LAT // 64:
-                _tma_load(kv_desc, [row0, c * 64], cbars[c], k_lat.slice(0, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
-                _tma_load(kv_desc, [row1, c * 64], cbars[c],
-                          k_lat.slice(BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
-            else:
-                _tma_load(kv_desc, [row0, D_LAT], cbars[c], k_pe.slice(0, BLOCK_N, dim=0))
-                _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
+        ``row0`` / ``row1`` of the pool into slots 0 / 1), each block's barrier armed for its two boxes.
+        ``WIDE``: where the two tiles are consecutive pool rows (``row1 == row0 + 64``: one page of 128 or
+        more, or two adjacent pages), each block is one 128-row box of ``kv_desc2``: half the copies."""
+        wide = False
+        if WIDE:
+            wide = row1 == row0 + BLOCK_N
+        if wide:
+            for c in gl.static_range(C0, C1):
+                mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
+                if c < D_LAT // 64:
+                    _tma_load(kv_desc2, [row0, c * 64], cbars[c], k_lat.slice(c * 64, 64, dim=1))
+                else:
+                    _tma_load(kv_desc2, [row0, D_LAT], cbars[c], k_pe)
+        else:
+            for c in gl.static_range(C0, C1):
+                mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
+                if c < D_LAT // 64:
+                    _tma_load(kv_desc, [row0, c * 64], cbars[c],
+                              k_lat.slice(0, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
+                    _tma_load(kv_desc, [row1, c * 64], cbars[c],
+                              k_lat.slice(BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
+                else:
+                    _tma_load(kv_desc, [row0, D_LAT], cbars[c], k_pe.slice(0, BLOCK_N, dim=0))
+                    _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
     def _masked_tail_halves(oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
@@ -314,7 +330,8 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
                      max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
-                     BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False):
+                     BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False, kv_desc2=None,
+                     WIDE: gl.constexpr = False):
         """Worker partition: all TMA copies of the pair loop. Pair j's slot s is refilled once the
         consumers released pair j-1's slot s (``empty_s`` phase j-1). ``COLSPLIT``: ``empty0`` / ``empty1``
         release the latent column blocks 0..3 / 4..7 and the rope of both slots instead. Pages below a
@@ -355,11 +372,12 @@ if GLUON_AVAILABLE:
                         _prefetch_tile_l2(KV, row0, stride_kvs, num_pages * PAGE_SIZE, 127)
                         _prefetch_tile_l2(KV, row1, stride_kvs, num_pages * PAGE_SIZE, 127)
                     mbarrier.wait(empty0, (j - 1) & 1)
-                _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, 0, D_LAT // 128, D_LAT, BLOCK_N)
+                _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, 0, D_LAT // 128, D_LAT, BLOCK_N, kv_desc2,
+                                   WIDE)
                 if j > 0:
                     mbarrier.wait(empty1, (j - 1) & 1)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, D_LAT // 128, D_LAT // 64 + 1, D_LAT,
-                                   BLOCK_N)
+                                   BLOCK_N, kv_desc2, WIDE)
         else:
             if n_pairs > 0:
                 row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
@@ -626,9 +644,11 @@ if GLUON_AVAILABLE:
         Q_ZERO_PAD: gl.constexpr = False,
         STAGE_16BIT: gl.constexpr = False,
         NARROW_ROWS: gl.constexpr = 0,
+        WIDE_COPIES: gl.constexpr = False,
     ):
-        """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3`` is unused
-        (kept so that the positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
+        """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
+        ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor_wide``), else unused (kept so that the
+        positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "P (BLOCK_M x 2 BLOCK_N) lives in the rope buffers")
         # TMA tiles (P % 64 == 0), or row gathers by the producer (pages below a tile, COLSPLIT only).
@@ -672,7 +692,8 @@ if GLUON_AVAILABLE:
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
                                 COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
-                                stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT)),
+                                stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
+                                kv_desc3, WIDE_COPIES)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
@@ -747,6 +768,14 @@ NARROW_MIN_BLOCKS = 5
 # 109.7-110.8 (and against 108.3-109.5 for the unchanged launch in the next slot), launches without a narrow
 # block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches over TMA only (row gathers,
 # pages below 64, were not measured with it and keep the default).
+# A pair's two tiles as one 128-row box per column block where they are consecutive pool rows (one page
+# of 128 or more, or two adjacent pages): 9 TMA copies and 9 of the producer's partition barriers a pair
+# instead of 18 (``_issue_pair_blocks``' ``WIDE``). Session 17: the kernel is latency-bound (ncu) and the
+# producer runs ~100 instructions and a barrier per copy between a slot's release and its refill. Only in
+# launches with a narrow last row block (compiled -O1, where the consumers' loops come out as without it;
+# at -O3 the full-block pair loop went from 2 to 20 local accesses, ahead of time).
+WIDE_COPIES = os.environ.get("TRITREE_WS_WIDE_COPIES", "1") == "1"
+
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
 PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
 
@@ -833,11 +862,13 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     if nrows:  # the full blocks' programs, then the narrow block's (``_program``)
         grid = ((grid[0] - 1) * int(num_splits) + narrow_splits, 1, B)
     desc = kv_descriptor(kv)
+    wide = WIDE_COPIES and colsplit and not gather and bool(nrows)
+    desc2 = kv_descriptor_wide(kv) if wide else desc
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
     l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
     return _verify_gluon_ws_kernel[grid](
-        q, kv, desc, desc, page_table, kv_lens, tree_mask, tree_lens,
+        q, kv, desc, desc2, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
@@ -853,10 +884,18 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
-        NARROW_ROWS=nrows,
+        NARROW_ROWS=nrows, WIDE_COPIES=wide,
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather),
     )
+
+
+def kv_descriptor_wide(kv: torch.Tensor):
+    """Host TMA descriptor of the pool viewed as ``[num_pages * P, 576]`` (P % 64 == 0), boxes of 128 x 64:
+    both tiles of a pair in one copy where they are consecutive rows (``WIDE_COPIES``)."""
+    num_pages, P, D = kv.shape
+    flat = kv.as_strided((num_pages * P, D), (kv.stride(1), 1))
+    return TensorDescriptor(flat, [num_pages * P, D], [kv.stride(1), 1], [2 * BLOCK_N, 64], _kv_smem_layout())
 
 
 def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, num_splits=1, out=None,
@@ -898,8 +937,10 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     fn = _verify_gluon_ws_kernel
     layout = _kv_smem_layout()
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
+    wide = WIDE_COPIES and colsplit and not gather and bool(narrow_rows)
     sig = {
-        "Q": "*bf16", "KV": "*bf16", "kv_desc": desc, "kv_desc3": desc,
+        "Q": "*bf16", "KV": "*bf16", "kv_desc": desc,
+        "kv_desc3": f"tensordesc<bf16[{2 * BLOCK_N},64],{layout!r}>" if wide else desc,
         "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32",
         "Out": "*bf16" if num_splits == 1 else f"*{partial_dtype}", "Lse": "*fp32", "sm_scale_log2e": "fp32",
     }
@@ -913,7 +954,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": pdl, "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
-                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32")}
+                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
+                  "WIDE_COPIES": wide}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
