@@ -13,3 +13,6 @@ for round in 1 2 3; do
   timeout 60 python3 -m bench.verify_sweep --grid engine --filter "T == 65" --variant tritree --variant tritree-ws-boxes64 \
     --ceilings /tmp/ceil.json --out /tmp/s17h.jsonl 2>&1 | grep "L=\|Error" | tee -a $OUT/s17h_engine.txt
 done
+# Then, as a separate inline command on the warm machine (~40 s):
+#   timeout 110 python3 -m tritree bench decode --ctx 46000 --budgets 64 --out /tmp/d.jsonl 2>&1 | tail -4 \
+#     | tee $OUT/s17h_decode.txt

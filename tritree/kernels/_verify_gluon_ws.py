@@ -771,9 +771,11 @@ NARROW_MIN_BLOCKS = 5
 # A pair's two tiles as one 128-row box per column block where they are consecutive pool rows (one page
 # of 128 or more, or two adjacent pages): 9 TMA copies and 9 of the producer's partition barriers a pair
 # instead of 18 (``_issue_pair_blocks``' ``WIDE``). Session 17: the kernel is latency-bound (ncu) and the
-# producer runs ~100 instructions and a barrier per copy between a slot's release and its refill. Only in
-# launches with a narrow last row block (compiled -O1, where the consumers' loops come out as without it;
-# at -O3 the full-block pair loop went from 2 to 20 local accesses, ahead of time).
+# producer runs ~100 instructions and a barrier per copy between a slot's release and its refill (~40
+# with these copies). Session 17 call H, graph-timed, L=46000, P=64: T=65,H=8 104.4-105.9 us against
+# 107.6-108.8 (3 of 3 rounds); ``TRITREE_WS_WIDE_COPIES=0`` (sweep variant ``tritree-ws-boxes64``) turns it
+# off. Only in launches with a narrow last row block (compiled -O1, where the consumers' loops come out as
+# without it; at -O3 the full-block pair loop went from 2 to 20 local accesses, ahead of time).
 WIDE_COPIES = os.environ.get("TRITREE_WS_WIDE_COPIES", "1") == "1"
 
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
