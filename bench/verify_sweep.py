@@ -154,7 +154,11 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  # the ws kernel's producer partition (TMA copies) with 32 registers, the consumers then 232
                  "tritree-ws-preg32": [("tritree.kernels._verify_gluon_ws", "PRODUCER_REGS", 32)],
                  # a pair's tiles as two 64-row boxes per column block even where they are adjacent (session 16)
-                 "tritree-ws-boxes64": [("tritree.kernels._verify_gluon_ws", "WIDE_COPIES", False)]})
+                 "tritree-ws-boxes64": [("tritree.kernels._verify_gluon_ws", "WIDE_COPIES", False)],
+                 # ... one box where adjacent in launches without a narrow block too, with or without -O1
+                 "tritree-ws-wide-full": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", True)],
+                 "tritree-ws-wide-full-O1": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", True),
+                                             ("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")]})
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

@@ -777,6 +777,10 @@ NARROW_MIN_BLOCKS = 5
 # off. Only in launches with a narrow last row block (compiled -O1, where the consumers' loops come out as
 # without it; at -O3 the full-block pair loop went from 2 to 20 local accesses, ahead of time).
 WIDE_COPIES = os.environ.get("TRITREE_WS_WIDE_COPIES", "1") == "1"
+# ... and in launches without a narrow block too (off: not measured yet; at -O1, ``PTXAS_FULL``, their
+# consumers' pair loop keeps 749 instructions without local accesses, ahead of time; sweep variant
+# ``tritree-ws-wide-full``).
+WIDE_FULL = os.environ.get("TRITREE_WS_WIDE_FULL", "0") == "1"
 
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
 PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
@@ -864,7 +868,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     if nrows:  # the full blocks' programs, then the narrow block's (``_program``)
         grid = ((grid[0] - 1) * int(num_splits) + narrow_splits, 1, B)
     desc = kv_descriptor(kv)
-    wide = WIDE_COPIES and colsplit and not gather and bool(nrows)
+    wide = WIDE_COPIES and colsplit and not gather and (bool(nrows) or WIDE_FULL)
     desc2 = kv_descriptor_wide(kv) if wide else desc
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
@@ -939,7 +943,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     fn = _verify_gluon_ws_kernel
     layout = _kv_smem_layout()
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
-    wide = WIDE_COPIES and colsplit and not gather and bool(narrow_rows)
+    wide = WIDE_COPIES and colsplit and not gather and (bool(narrow_rows) or WIDE_FULL)
     sig = {
         "Q": "*bf16", "KV": "*bf16", "kv_desc": desc,
         "kv_desc3": f"tensordesc<bf16[{2 * BLOCK_N},64],{layout!r}>" if wide else desc,
