@@ -133,27 +133,32 @@ if GLUON_AVAILABLE:
         ``row0`` / ``row1`` of the pool into slots 0 / 1), each block's barrier armed for its two boxes.
         ``WIDE``: where the two tiles are consecutive pool rows (``row1 == row0 + 64``: one page of 128 or
         more, or two adjacent pages), each block is one 128-row box of ``kv_desc2``: half the copies."""
-        wide = False
         if WIDE:
-            wide = row1 == row0 + BLOCK_N
-        if wide:
-            for c in gl.static_range(C0, C1):
-                mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
-                if c < D_LAT // 64:
-                    _tma_load(kv_desc2, [row0, c * 64], cbars[c], k_lat.slice(c * 64, 64, dim=1))
-                else:
-                    _tma_load(kv_desc2, [row0, D_LAT], cbars[c], k_pe)
+            if row1 == row0 + BLOCK_N:
+                for c in gl.static_range(C0, C1):
+                    mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
+                    if c < D_LAT // 64:
+                        _tma_load(kv_desc2, [row0, c * 64], cbars[c], k_lat.slice(c * 64, 64, dim=1))
+                    else:
+                        _tma_load(kv_desc2, [row0, D_LAT], cbars[c], k_pe)
+            else:
+                _issue_pair_boxes(kv_desc, k_lat, k_pe, cbars, row0, row1, C0, C1, D_LAT, BLOCK_N)
         else:
-            for c in gl.static_range(C0, C1):
-                mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
-                if c < D_LAT // 64:
-                    _tma_load(kv_desc, [row0, c * 64], cbars[c],
-                              k_lat.slice(0, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
-                    _tma_load(kv_desc, [row1, c * 64], cbars[c],
-                              k_lat.slice(BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
-                else:
-                    _tma_load(kv_desc, [row0, D_LAT], cbars[c], k_pe.slice(0, BLOCK_N, dim=0))
-                    _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
+            _issue_pair_boxes(kv_desc, k_lat, k_pe, cbars, row0, row1, C0, C1, D_LAT, BLOCK_N)
+
+    @gluon.jit
+    def _issue_pair_boxes(kv_desc, k_lat, k_pe, cbars, row0, row1, C0: gl.constexpr, C1: gl.constexpr,
+                          D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
+        """``_issue_pair_blocks`` by two 64-row boxes a block (one per tile)."""
+        for c in gl.static_range(C0, C1):
+            mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
+            if c < D_LAT // 64:
+                _tma_load(kv_desc, [row0, c * 64], cbars[c], k_lat.slice(0, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
+                _tma_load(kv_desc, [row1, c * 64], cbars[c],
+                          k_lat.slice(BLOCK_N, BLOCK_N, dim=0).slice(c * 64, 64, dim=1))
+            else:
+                _tma_load(kv_desc, [row0, D_LAT], cbars[c], k_pe.slice(0, BLOCK_N, dim=0))
+                _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
     def _masked_tail_halves(oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
