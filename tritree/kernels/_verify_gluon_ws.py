@@ -763,16 +763,6 @@ NARROW_COST = float(os.environ.get("TRITREE_NARROW_COST", "0.75"))
 # narrow program there took 0.88 of a full one a pair (0.79 at T=65,H=8).
 NARROW_MIN_BLOCKS = 5
 
-# ptxas options for this kernel's launches with a narrow last row block / without one (None: triton's
-# default, -O3; ``TRITREE_WS_PTXAS_NARROW=`` restores it for the narrow ones). Session 16: the same source
-# comes out of ptxas with a different schedule of the pair loop from build to build, and the schedule costs
-# 1-3 us at T=65,H=8; -O1 gives the narrow launch's full-block loop 742 instructions without local accesses
-# (856 with 4 at -O3). Graph-timed, L=46000 (bench/RESULTS.md, sixteenth session): -O1 for every kernel of
-# the process (call I, three rounds) T=65,H=8 106.7-107.3 us against 108.5-109.2, T=17,H=8 50.1-50.6 against
-# 48.5-48.8; for this kernel alone (call J, three rounds) narrow launches (T=65,H=8) 107.8-108.5 against
-# 109.7-110.8 (and against 108.3-109.5 for the unchanged launch in the next slot), launches without a narrow
-# block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches over TMA only (row gathers,
-# pages below 64, were not measured with it and keep the default).
 # A pair's two tiles as one 128-row box per column block where they are consecutive pool rows (one page
 # of 128 or more, or two adjacent pages): 9 TMA copies and 9 of the producer's partition barriers a pair
 # instead of 18 (``_issue_pair_blocks``' ``WIDE``). Session 17: the kernel is latency-bound (ncu) and the
@@ -787,6 +777,16 @@ WIDE_COPIES = os.environ.get("TRITREE_WS_WIDE_COPIES", "1") == "1"
 # ``tritree-ws-wide-full``).
 WIDE_FULL = os.environ.get("TRITREE_WS_WIDE_FULL", "0") == "1"
 
+# ptxas options for this kernel's launches with a narrow last row block / without one (None: triton's
+# default, -O3; ``TRITREE_WS_PTXAS_NARROW=`` restores it for the narrow ones). Session 16: the same source
+# comes out of ptxas with a different schedule of the pair loop from build to build, and the schedule costs
+# 1-3 us at T=65,H=8; -O1 gives the narrow launch's full-block loop 742 instructions without local accesses
+# (856 with 4 at -O3). Graph-timed, L=46000 (bench/RESULTS.md, sixteenth session): -O1 for every kernel of
+# the process (call I, three rounds) T=65,H=8 106.7-107.3 us against 108.5-109.2, T=17,H=8 50.1-50.6 against
+# 48.5-48.8; for this kernel alone (call J, three rounds) narrow launches (T=65,H=8) 107.8-108.5 against
+# 109.7-110.8 (and against 108.3-109.5 for the unchanged launch in the next slot), launches without a narrow
+# block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches over TMA only (row gathers,
+# pages below 64, were not measured with it and keep the default).
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
 PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
 
@@ -857,7 +857,9 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     clock (``%clock``) at the start twice, the SM clock at the end and the timer at the end. ``narrow``: a
     last row block of at most 16 real rows runs narrow (``narrow_rows``; by column halves only), with
     ``narrow_splits_for`` splits of the ``num_splits`` partial slots (the rest written empty). Launches
-    with a narrow block over TMA are compiled with ``PTXAS_NARROW`` (-O1). Returns the compiled kernel."""
+    with a narrow block over TMA are compiled with ``PTXAS_NARROW`` (-O1) and copy a pair's adjacent tiles
+    as one box a column block (``WIDE_COPIES``; without a narrow block only with ``WIDE_FULL``). Returns
+    the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
     if gather and not colsplit:
