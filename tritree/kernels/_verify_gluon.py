@@ -886,14 +886,15 @@ def _kv_smem3_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 
 
-def kv_descriptor(kv: torch.Tensor):
-    """Host TMA descriptor of the pool viewed as ``[num_pages * P, 576]``, boxes of 64 x 64."""
+def kv_descriptor(kv: torch.Tensor, block_rows: int = BLOCK_N):
+    """Host TMA descriptor of the pool viewed as ``[num_pages * P, 576]``, boxes of ``block_rows`` x 64 (64;
+    the ws kernel's ``WIDE_COPIES``: 128, both tiles of a pair where they are consecutive rows)."""
     num_pages, P, D = kv.shape
     if P % BLOCK_N:  # gather path: never read; slot 0 of each page keeps the view inside the storage
         flat = kv.as_strided((num_pages, D), (kv.stride(0), 1))
         return TensorDescriptor(flat, [num_pages, D], [kv.stride(0), 1], [BLOCK_N, 64], _kv_smem_layout())
     flat = kv.as_strided((num_pages * P, D), (kv.stride(1), 1))
-    return TensorDescriptor(flat, [num_pages * P, D], [kv.stride(1), 1], [BLOCK_N, 64], _kv_smem_layout())
+    return TensorDescriptor(flat, [num_pages * P, D], [kv.stride(1), 1], [block_rows, 64], _kv_smem_layout())
 
 
 def kv_descriptor3(kv: torch.Tensor):

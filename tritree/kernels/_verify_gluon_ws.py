@@ -111,8 +111,6 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from ._verify_gluon import (_clock, _cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail,
                                 _new_bar, _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale,
                                 _softmax, _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
@@ -652,7 +650,7 @@ if GLUON_AVAILABLE:
         WIDE_COPIES: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
-        ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor_wide``), else unused (kept so that the
+        ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor(kv, 128)``), else unused (kept so that the
         positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "P (BLOCK_M x 2 BLOCK_N) lives in the rope buffers")
@@ -876,7 +874,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         grid = ((grid[0] - 1) * int(num_splits) + narrow_splits, 1, B)
     desc = kv_descriptor(kv)
     wide = WIDE_COPIES and colsplit and not gather and (bool(nrows) or WIDE_FULL)
-    desc2 = kv_descriptor_wide(kv) if wide else desc
+    desc2 = kv_descriptor(kv, 2 * BLOCK_N) if wide else desc
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
     l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
@@ -901,14 +899,6 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather),
     )
-
-
-def kv_descriptor_wide(kv: torch.Tensor):
-    """Host TMA descriptor of the pool viewed as ``[num_pages * P, 576]`` (P % 64 == 0), boxes of 128 x 64:
-    both tiles of a pair in one copy where they are consecutive rows (``WIDE_COPIES``)."""
-    num_pages, P, D = kv.shape
-    flat = kv.as_strided((num_pages * P, D), (kv.stride(1), 1))
-    return TensorDescriptor(flat, [num_pages * P, D], [kv.stride(1), 1], [2 * BLOCK_N, 64], _kv_smem_layout())
 
 
 def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, num_splits=1, out=None,
