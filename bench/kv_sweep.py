@@ -39,8 +39,8 @@ def run(smoke: bool, out_path: str | None):
     timer = _timer(smoke)
     copy_gbps = float("nan")
     if not smoke:
-        from tritree.roofline import measure_ceilings
-        copy_gbps = measure_ceilings().copy_gbps
+        from tritree.roofline import device_ceilings
+        copy_gbps = device_ceilings().copy_gbps
     layers, E = (2, 576) if smoke else (61, 576)
     rows = []
 

@@ -18,7 +18,7 @@ from tritree import tree_mask_from_parents, verify_mla
 from tritree.bench_decode import _random_params
 from tritree.model import kimi_k2
 from tritree.model.config import kimi_k26
-from tritree.roofline import append_jsonl, graph_time_us, measure_ceilings, verify_mla_counts
+from tritree.roofline import append_jsonl, device_ceilings, graph_time_us, verify_mla_counts
 from tritree.testing import random_trees
 
 
@@ -29,7 +29,7 @@ def main(argv=None):
     ap.add_argument("--compile", action="store_true", help="torch.compile each timed block")
     ap.add_argument("--views", default="TP8,TP1", help="comma-separated subset of TP8,TP1")
     args = ap.parse_args(argv)
-    ceil = measure_ceilings()
+    ceil = device_ceilings()
     print(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
     rows = []
     dev, dt, L, P = "cuda", torch.bfloat16, args.ctx, 64

@@ -49,7 +49,15 @@ def main(argv=None):
     ap.add_argument("--no-prefetch", action="store_true", help="Gluon seesaw without its L2 prefetch")
     ap.add_argument("--combine", default="",
                     help="MIN_PROGRAMS,CHUNK_VALUES[,WARPS8_VALUES] of the split merge (combine_config)")
+    ap.add_argument("--variant", default="", help="a verify_sweep SWITCHES name: its module switches set")
     args = ap.parse_args(argv)
+    if args.variant:
+        import importlib
+
+        from .verify_sweep import SWITCHES
+
+        for module, name, value in SWITCHES[args.variant]:
+            setattr(importlib.import_module(module), name, value)
     if args.combine:
         from tritree.kernels import _splitkv
 
@@ -69,6 +77,7 @@ def main(argv=None):
             total = sum(k.values())
             parts = "  ".join(f"{name} {us:.1f}" for name, us in sorted(k.items(), key=lambda x: -x[1]))
             tag = c + (" no-prefetch" if args.no_prefetch else "") + (f" combine {args.combine}" if args.combine else "")
+            tag += f" {args.variant}" if args.variant else ""
             print(f"T={T:>3} H={H:>2} P={args.page_size:>2} [{tag}] total {total:.1f} us: {parts}", flush=True)
 
 

@@ -14,8 +14,8 @@ CASES = [(1, 8, 8, 46000, 64), (1, 16, 8, 46000, 64), (1, 64, 8, 46000, 64), (1,
 
 @pytest.fixture(scope="module")
 def ceilings():
-    from tritree.roofline import measure_ceilings
-    return measure_ceilings()
+    from tritree.roofline import device_ceilings
+    return device_ceilings()
 
 
 @pytest.mark.parametrize("variant", ["tritree", "torch"])

@@ -45,8 +45,8 @@ def main(argv=None):
         grid_accept = [16, 64]
     else:
         from tritree.roofline import graph_time_us as timer
-        from tritree.roofline import measure_ceilings, rotation_count as sets
-        copy_gbps, V = measure_ceilings().copy_gbps, 163_840
+        from tritree.roofline import device_ceilings, rotation_count as sets
+        copy_gbps, V = device_ceilings().copy_gbps, 163_840
         dtypes = args.dtype or ["bf16"]
         grid_build = [(B, budget, D, dt) for dt in dtypes
                       for B, budget, D in itertools.product([1, 8, 32], [16, 64, 256, 1024], [7, 15])]

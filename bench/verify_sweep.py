@@ -29,7 +29,7 @@ from tritree import tree_mask_from_parents, verify_mla
 from tritree.kernels.configs import AttnConfig
 from tritree.testing import paged_layout, random_trees
 
-from tritree.roofline import (Ceilings, cached_ceilings, graph_time_us, rotation_count,
+from tritree.roofline import (Ceilings, cached_ceilings, ceilings_source, graph_time_us, rotation_count,
                               verify_mla_counts, versions)
 
 SM_SCALE = 192**-0.5 * (1 + 0.1 * math.log(64)) ** 2
@@ -158,7 +158,16 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  # ... one box where adjacent in launches without a narrow block too, with or without -O1
                  "tritree-ws-wide-full": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", True)],
                  "tritree-ws-wide-full-O1": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", True),
-                                             ("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")]})
+                                             ("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")],
+                 # the split merge of 16-bit partials: up to 16 splits a chunk (one round of loads at 9-16
+                 # splits), with 512- or 256-column programs
+                 "tritree-merge16": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 16)],
+                 "tritree-merge16-256": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 16),
+                                         ("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
+                 "tritree-merge8-256": [("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
+                 # the merge by programmatic dependent launch, signalled after each program's partial store
+                 "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
+                                     ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)]})
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):
@@ -268,7 +277,8 @@ def main(argv=None):
     if "tritree-sm120" in variants and (os.environ.get("DISABLE_MMA_V3") != "1" or os.environ.get("TRITREE_ARCH") != "sm_120"):
         sys.exit("tritree-sm120 needs DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 in the environment")
     ceil = cached_ceilings(args.ceilings)
-    print(f"# {versions()}; copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
+    print(f"# {versions()}; copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s "
+          f"({'from ' + args.ceilings if args.ceilings else ceilings_source()})", flush=True)
     configs = [None]
     if args.configs:
         configs = [parse_config(c) for c in args.configs.split(";")]

@@ -130,7 +130,7 @@ def without_collectives(tp: TPGroup) -> TPGroup:
 
 
 def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None) -> dict:
-    from .roofline import graph_time_us, measure_ceilings, rotation_count, verify_mla_counts
+    from .roofline import ceilings_source, device_ceilings, graph_time_us, rotation_count, verify_mla_counts
 
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp)
     mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
@@ -191,7 +191,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
             attn["one call a replay"] = graph_time_us(fns[:1])
         del fns
     attn_us = attn[False]
-    ceil = measure_ceilings()
+    ceil = device_ceilings()
     nbytes, flops = verify_mla_counts(batch, T, tcfg.heads, ctx)
     floor_us, bound = ceil.floor_us(nbytes, flops)
     return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
@@ -199,7 +199,8 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
                 phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_fragmented_us=attn[True],
                 verify_attention_one_replay_us=attn["one call a replay"],
                 verify_attention_floor_us=floor_us,
-                floor_bound=bound)
+                floor_bound=bound, matmul_tflops=ceil.matmul_tflops, copy_gbps=ceil.copy_gbps,
+                ceilings=ceilings_source())
 
 
 def main(args, tp=None) -> int:
@@ -233,7 +234,7 @@ def main(args, tp=None) -> int:
         say(f"budget {budget:>3}: one more MoE layer costs {moe_layer:.3f} ms; 61-layer step ~ {est61:.1f} ms "
             f"({where}); verify attention {b['verify_attention_us']:.1f} us/layer vs floor "
             f"{b['verify_attention_floor_us']:.1f} us ({b['verify_attention_us'] / b['verify_attention_floor_us']:.2f}x, "
-            f"{b['floor_bound']}; fragmented pool {b['verify_attention_fragmented_us']:.1f} us; one call a graph "
+            f"{b['floor_bound']}, matmul {b['matmul_tflops']:.0f} TFLOP/s {b['ceilings']}; fragmented pool {b['verify_attention_fragmented_us']:.1f} us; one call a graph "
             f"replay {b['verify_attention_one_replay_us']:.1f} us), {verify_share:.1f} ms "
             f"over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
             f"= {100 * non_target / est61:.1f}% of the extrapolated step (eager phases)", flush=True)

@@ -66,9 +66,9 @@ def demo(args) -> int:
     print(f"check against the float64 reference: relative error {err:.2e} (tolerance {tol:.0e}) "
           f"{'OK' if ok else 'FAILED'}")
     if gpu:
-        from .roofline import graph_time_us, measure_ceilings, verify_mla_counts
+        from .roofline import ceilings_source, device_ceilings, graph_time_us, verify_mla_counts
 
-        ceil = measure_ceilings()
+        ceil = device_ceilings()
         o = torch.empty_like(out)
         lse = torch.empty(out.shape[:3], dtype=torch.float32, device=device)
         us = graph_time_us([lambda: verify_mla(*call, sm_scale=sm_scale, out=o, lse=lse)])
@@ -76,7 +76,7 @@ def demo(args) -> int:
         floor_us, bound = ceil.floor_us(nbytes, flops)
         print(f"time: {us:.1f} us per call (CUDA graph replay, median; one input set, so L2 may help) | "
               f"floor {floor_us:.1f} us ({bound}-bound, copy {ceil.copy_gbps:.0f} GB/s, matmul "
-              f"{ceil.matmul_tflops:.0f} TFLOP/s measured now) | {nbytes / us / 1e3:.0f} GB/s, "
+              f"{ceil.matmul_tflops:.0f} TFLOP/s {ceilings_source()}) | {nbytes / us / 1e3:.0f} GB/s, "
               f"{flops / us / 1e6:.1f} TFLOP/s")
     else:
         print("time: not measured (no GPU); see bench/RESULTS.md for H200 numbers")

@@ -58,6 +58,61 @@ def measure_ceilings(device="cuda") -> Ceilings:
     return Ceilings(copy_gbps, 2 * 8192**3 / (ms * 1e-3) / 1e12)
 
 
+def _burst_rate(fn, per_burst: int, bursts: int) -> list[float]:
+    """Seconds per call of ``fn`` from ``bursts`` timings of ``per_burst`` calls back to back (the GPU
+    busy between the events, as in a decode step), after one untimed burst."""
+    for _ in range(per_burst):
+        fn()
+    out = []
+    for _ in range(bursts):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(per_burst):
+            fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e-3 / per_burst)
+    return out
+
+
+def measure_ceilings_sustained(device="cuda", bursts: int = 10, per_burst: int = 20) -> dict:
+    """The two ceilings under sustained load: bf16 8192^3 matmuls and 1 GiB device copies, ``per_burst``
+    back to back per timing, median and best over ``bursts`` timings. What ``RECORDED_CEILINGS`` holds
+    (``python -m tritree.roofline``, run in several processes; the highest median is recorded)."""
+    n = 1 << 30
+
+    def copy_rates():  # the buffers freed on return
+        src = torch.randn(n // 4, device=device)
+        dst = torch.empty_like(src)
+        return [2 * n / t / 1e9 for t in _burst_rate(lambda: dst.copy_(src), per_burst // 4 or 1, bursts)]
+
+    copy = copy_rates()
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    mm = [2 * 8192**3 / t / 1e12 for t in _burst_rate(lambda: a @ b, per_burst, bursts)]
+    return dict(copy_gbps_median=statistics.median(copy), copy_gbps_best=max(copy),
+                matmul_tflops_median=statistics.median(mm), matmul_tflops_best=max(mm))
+
+
+# The ceilings each floor of this project is computed from, measured once per GPU model (METHOD.md: "measure
+# the two ceilings once on the device machine ... and use those"), by device name. A reading taken in each
+# benchmark process moved the matmul ceiling by up to 10% between processes (session 17: 724-805 TFLOP/s), and
+# with it every floor and ratio; see bench/RESULTS.md, eighteenth session, for how these were measured.
+RECORDED_CEILINGS: dict[str, Ceilings] = {}
+
+
+def device_ceilings(device="cuda") -> Ceilings:
+    """``RECORDED_CEILINGS`` for this GPU model where recorded, else a reading now (``measure_ceilings``)."""
+    name = torch.cuda.get_device_name(device)
+    return RECORDED_CEILINGS[name] if name in RECORDED_CEILINGS else measure_ceilings(device)
+
+
+def ceilings_source(device="cuda") -> str:
+    """Where ``device_ceilings`` takes its numbers from, for the benchmarks' headers."""
+    name = torch.cuda.get_device_name(device)
+    return f"recorded for {name}" if name in RECORDED_CEILINGS else "measured now"
+
+
 def graph_time_us(fns, reps: int = 20) -> float:
     """Median time of one call, from CUDA-graph replays of ``fns`` (a list of calls over rotating
     input sets, captured back to back). Warms every call before capture."""
@@ -99,7 +154,7 @@ def versions() -> str:
 
 
 def cached_ceilings(path: str | None = None) -> Ceilings:
-    """The ceilings stored in the JSON file ``path`` if it exists, else measured now (and stored
+    """The ceilings stored in the JSON file ``path`` if it exists, else ``device_ceilings()`` (and stored
     there when ``path`` is given), so the sweeps of one device call share one measurement."""
     import json
     import os
@@ -107,7 +162,7 @@ def cached_ceilings(path: str | None = None) -> Ceilings:
     if path and os.path.exists(path):
         with open(path) as f:
             return Ceilings(**json.load(f))
-    c = measure_ceilings()
+    c = device_ceilings()
     if path:
         with open(path, "w") as f:
             json.dump(c.__dict__, f)
@@ -123,3 +178,9 @@ def append_jsonl(path: str | None, rows) -> None:
     with open(path, "a") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps({"device": torch.cuda.get_device_name(), **measure_ceilings_sustained()}))

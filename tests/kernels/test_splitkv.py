@@ -56,15 +56,18 @@ def test_combine_matches_float64_merge(B, T, H, S, D, chunk_values, empty, seed)
 
 
 @pytest.mark.parametrize("M,S,D", [(136, 11, 512), (520, 14, 512), (130, 3, 256), (20, 5, 512)])
-@pytest.mark.parametrize("by_columns", [True, False])
-def test_combine_of_16bit_partials(M, S, D, by_columns, monkeypatch):
+@pytest.mark.parametrize("by_columns,max_chunk,wide", [(True, 8, True), (True, 16, True), (True, 16, False),
+                                                       (False, 8, True)])
+def test_combine_of_16bit_partials(M, S, D, by_columns, max_chunk, wide, monkeypatch):
     """bf16 partials (``PARTIALS_16BIT``) merged by column warps (``COMBINE_16BIT_BY_COLUMNS``: 256 or
-    512-column blocks, the splits summed in registers, several chunks) or as fp32 partials are, against
-    the float64 merge of the same bf16 values."""
+    512-column blocks, the splits summed in registers, one or several chunks of up to ``max_chunk``) or as
+    fp32 partials are, against the float64 merge of the same bf16 values."""
     monkeypatch.setattr(_splitkv, "COMBINE_16BIT_BY_COLUMNS", by_columns)
+    monkeypatch.setattr(_splitkv, "_COMBINE_16BIT_MAX_CHUNK", max_chunk)
+    monkeypatch.setattr(_splitkv, "_COMBINE_16BIT_WIDE", wide)
     block_d, chunk, warps = combine_config(M, S, D, elem_bytes=2)
     if by_columns and M * D // 256 >= _splitkv._COMBINE_16BIT_MIN_PROGRAMS:
-        assert block_d in (256, 512) and warps == block_d // 256 and chunk <= 8
+        assert block_d in ((256, 512) if wide else (256,)) and warps == block_d // 256 and chunk <= max_chunk
     g = torch.Generator().manual_seed(M + S)
     part_o = torch.randn(1, S, M, D, generator=g).to(torch.bfloat16)
     part_lse = torch.randn(1, S, M, generator=g) * 8.0

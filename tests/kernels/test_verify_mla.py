@@ -447,16 +447,21 @@ def check_switch_changes_no_bit(case, cfg, monkeypatch, module, name, **kw):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-ws", 64), ("gluon-ws-noprefetch", 64),
-                                      ("gluon-ws", 1), ("triton", 64)])
-def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, monkeypatch):
+@pytest.mark.parametrize("kernel,P,T,at_end", [("gluon", 64, 19, False), ("gluon-seesaw", 64, 19, False),
+                                               ("gluon-ws", 64, 19, False), ("gluon-ws-noprefetch", 64, 19, False),
+                                               ("gluon-ws", 1, 19, False), ("triton", 64, 19, False),
+                                               ("gluon-ws", 64, 19, True), ("gluon-ws", 64, 65, True)])
+def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, T, at_end, monkeypatch):
     """``TRITREE_MERGE_PDL``: the split merge launched while the split kernel runs (which signals it
-    early) gives the same bits as the plain launch, eagerly and replayed from a CUDA graph into
-    poisoned outputs."""
+    early; ``at_end``: the ws kernel signals after each program's partial store, ``PDL_AT_END``; T = 65
+    with its narrow last row block) gives the same bits as the plain launch, eagerly and replayed from a
+    CUDA graph into poisoned outputs."""
     import tritree.kernels._splitkv as splitkv
+    import tritree.kernels._verify_gluon_ws as ws
 
+    monkeypatch.setattr(ws, "PDL_AT_END", at_end)
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
-    case = poison_unused_slots(make_case(2, 19, 8, P, [30_000, 1_000 + 5], [19, 11], ("random", "chain"),
+    case = poison_unused_slots(make_case(2, T, 8, P, [30_000, 1_000 + 5], [T, 11], ("random", "chain"),
                                          torch.bfloat16, seed=P + len(kernel)))
     check_switch_changes_no_bit(case, cfg, monkeypatch, splitkv, "MERGE_PDL")
     assert splitkv.merge_pdl(8, case["q"].device)

@@ -246,6 +246,10 @@ _COMBINE_WARPS8_VALUES = 8192
 # bf16 by columns): T=65,H=8 4.5 / 3.4 (bf16 the old way: 12.4), T=64,H=8 4.7 / 3.8, T=16,H=64 4.0 / 3.1.
 COMBINE_16BIT_BY_COLUMNS = os.environ.get("TRITREE_COMBINE_16BIT_BY_COLUMNS", "1") == "1"
 _COMBINE_16BIT_MIN_PROGRAMS = 256
+# By columns: at most this many splits a chunk (8: <= 64 values a thread, two dependent rounds of loads
+# at 9-16 splits), and 512-column programs (two warps) where there are rows enough, else 256 (one warp).
+_COMBINE_16BIT_MAX_CHUNK = int(os.environ.get("TRITREE_COMBINE_16BIT_MAX_CHUNK", "8"))
+_COMBINE_16BIT_WIDE = os.environ.get("TRITREE_COMBINE_16BIT_WIDE", "1") == "1"
 
 
 def combine_config(rows: int, splits: int, D: int, elem_bytes: int = 4) -> tuple[int, int, int]:
@@ -255,9 +259,9 @@ def combine_config(rows: int, splits: int, D: int, elem_bytes: int = 4) -> tuple
     ``COMBINE_16BIT_BY_COLUMNS``: where there are enough rows, whole 256-column warps side by side."""
     if (elem_bytes == 2 and COMBINE_16BIT_BY_COLUMNS and D % 256 == 0
             and rows * (D // 256) >= _COMBINE_16BIT_MIN_PROGRAMS):
-        wide = D % 512 == 0 and rows * (D // 512) >= 2 * _COMBINE_16BIT_MIN_PROGRAMS
+        wide = _COMBINE_16BIT_WIDE and D % 512 == 0 and rows * (D // 512) >= 2 * _COMBINE_16BIT_MIN_PROGRAMS
         block_d = 512 if wide else 256
-        chunk = max(1, min(triton.next_power_of_2(splits), 8))  # <= 64 values a thread
+        chunk = max(1, min(triton.next_power_of_2(splits), _COMBINE_16BIT_MAX_CHUNK))
         return block_d, chunk, block_d // 256
     block_d = D
     while block_d > 32 and block_d % 2 == 0 and rows * (D // block_d) < _COMBINE_MIN_PROGRAMS:

@@ -641,7 +641,7 @@ if GLUON_AVAILABLE:
         D_PE: gl.constexpr = 64,
         PROBE: gl.constexpr = 0,
         COLSPLIT: gl.constexpr = False,
-        PDL: gl.constexpr = False,
+        PDL: gl.constexpr = 0,
         TIMELINE: gl.constexpr = 0,
         COALESCED_STORE: gl.constexpr = False,
         Q_ZERO_PAD: gl.constexpr = False,
@@ -651,7 +651,7 @@ if GLUON_AVAILABLE:
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
         ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor(kv, 128)``), else unused (kept so that the
-        positional arguments are the same). ``PROBE``: see ``_ws_consumer``."""
+        positional arguments are the same). ``PROBE``: see ``_ws_consumer``. ``PDL``: 1 / 2, see ``PDL_AT_END``."""
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "P (BLOCK_M x 2 BLOCK_N) lives in the rope buffers")
         # TMA tiles (P % 64 == 0), or row gathers by the producer (pages below a tile, COLSPLIT only).
@@ -662,7 +662,7 @@ if GLUON_AVAILABLE:
 
         pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
         b = gl.program_id(2)
-        if PDL:  # the merge may be placed now (one wave of programs: all of them have started)
+        if PDL == 1:  # the merge may be placed now (one wave of programs: all of them have started)
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
         tree_len = gl.load(TreeLens + b)
@@ -701,6 +701,8 @@ if GLUON_AVAILABLE:
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
         )
+        if PDL == 2:  # after the join: every partial row of this program is stored
+            _launch_dependents(gl.program_id(0))
 
 
 # Default of ``launch_verify_gluon_ws(..., l2_prefetch=None)`` and of the AOT check.
@@ -774,6 +776,13 @@ WIDE_COPIES = os.environ.get("TRITREE_WS_WIDE_COPIES", "1") == "1"
 # consumers' pair loop keeps 749 instructions without local accesses, ahead of time; sweep variant
 # ``tritree-ws-wide-full``).
 WIDE_FULL = os.environ.get("TRITREE_WS_WIDE_FULL", "0") == "1"
+
+# With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
+# program's partial store instead of at its start. Signalled at the start, the merge's small programs fill
+# the SMs of the first programs to finish and then run there crowded (session 16 call E: slower); after
+# the store, the merge grid is placed once every program has stored, over every SM, its launch latency
+# under the split kernel's end. Sweep variant ``tritree-pdl-end``.
+PDL_AT_END = os.environ.get("TRITREE_WS_PDL_AT_END", "0") == "1"
 
 # ptxas options for this kernel's launches with a narrow last row block / without one (None: triton's
 # default, -O3; ``TRITREE_WS_PTXAS_NARROW=`` restores it for the narrow ones). Session 16: the same source
@@ -896,7 +905,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows, WIDE_COPIES=wide,
-        num_warps=NUM_WARPS, **({"PDL": True} if merge_pdl(int(num_splits), q.device) else {}),
+        num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather),
     )
 
@@ -924,7 +933,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str | None = None,
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
-                        pdl: bool = False, timeline: bool = False, coalesced: bool | None = None,
+                        pdl: int = 0, timeline: bool = False, coalesced: bool | None = None,
                         narrow_rows: int = 0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -955,7 +964,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "L2_PREFETCH": l2_prefetch, "NARROW_ROWS": int(narrow_rows),
                   "PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": producer_regs, "BLOCK_M": BLOCK_M,
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
-                  "PDL": pdl, "TIMELINE": timeline,
+                  "PDL": int(pdl), "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
                   "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
                   "WIDE_COPIES": wide}
@@ -1087,12 +1096,13 @@ def _main():
               f"rows: shared {int(k.metadata.shared):7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill "
               f"{spill:5d}  {'ok' if good and spill == 0 else ('ok (spills)' if good else 'FAIL')}  "
               f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
-    for P, l2_prefetch in ((64, True), (64, False), (1, True)):  # programmatic dependent launch of the merge
-        k = compile_for_sm90_ws(2, P, l2_prefetch=l2_prefetch, pdl=True)
+    for P, l2_prefetch, pdl in ((64, True, 1), (64, False, 1), (1, True, 1), (64, True, 2)):  # PDL merge
+        k = compile_for_sm90_ws(2, P, l2_prefetch=l2_prefetch, pdl=pdl)
         use = resource_usage(k.asm["cubin"])
         has = "griddepcontrol.launch_dependents" in k.asm["ptx"]
         ok &= has and int(k.metadata.shared) <= SMEM_LIMIT_SM90
-        print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits=N P={P:3d} PDL: "
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit{'' if l2_prefetch else '-nopf'} splits=N P={P:3d} PDL"
+              f"{' after the store' if pdl == 2 else ''}: "
               f"launch_dependents {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
               f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
     if not ok:
