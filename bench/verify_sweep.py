@@ -159,12 +159,13 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  "tritree-ws-wide-full": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", True)],
                  "tritree-ws-wide-full-O1": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", True),
                                              ("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")],
-                 # the split merge of 16-bit partials: up to 16 splits a chunk (one round of loads at 9-16
-                 # splits), with 512- or 256-column programs
-                 "tritree-merge16": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 16)],
+                 # the split merge of 16-bit partials: up to 8 splits a chunk (before session 18), and
+                 # 256-column programs with up to 16 or 8
+                 "tritree-merge8": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 8)],
                  "tritree-merge16-256": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 16),
                                          ("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
-                 "tritree-merge8-256": [("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
+                 "tritree-merge8-256": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 8),
+                                        ("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
                  # the merge by programmatic dependent launch, signalled after each program's partial store
                  "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
                                      ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)]})

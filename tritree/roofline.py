@@ -98,7 +98,11 @@ def measure_ceilings_sustained(device="cuda", bursts: int = 10, per_burst: int =
 # the two ceilings once on the device machine ... and use those"), by device name. A reading taken in each
 # benchmark process moved the matmul ceiling by up to 10% between processes (session 17: 724-805 TFLOP/s), and
 # with it every floor and ratio; see bench/RESULTS.md, eighteenth session, for how these were measured.
-RECORDED_CEILINGS: dict[str, Ceilings] = {}
+# NVIDIA H200: session 18 call A (2026-11-30), ``measure_ceilings_sustained`` in three processes: the best
+# burst of each, matmul 800.3 / 762.4 / 747.8 TFLOP/s and copy 4238 / 4232 / 4240 GB/s; the highest of each is
+# recorded (a floor is a lower bound: the fastest rate seen). The burst medians were lower (matmul 684-687,
+# copy 4178-4226): held for 20 matmuls back to back the clocks drop.
+RECORDED_CEILINGS: dict[str, Ceilings] = {"NVIDIA H200": Ceilings(copy_gbps=4240.0, matmul_tflops=800.3)}
 
 
 def device_ceilings(device="cuda") -> Ceilings:

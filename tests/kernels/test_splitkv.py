@@ -88,8 +88,11 @@ def test_combine_config_bounds(rows, splits, D, elem_bytes):
     block_d, chunk, num_warps = combine_config(rows, splits, D, elem_bytes)
     assert D % block_d == 0 and block_d >= 32
     assert chunk & (chunk - 1) == 0 and 1 <= chunk <= triton_next_pow2(splits)
-    assert chunk * block_d <= max(_splitkv._COMBINE_CHUNK_VALUES, block_d)
-    assert chunk * block_d // (32 * num_warps) <= 64  # values per thread
+    if elem_bytes == 2 and block_d >= 256 and num_warps == block_d // 256:  # 16-bit partials by column warps
+        assert chunk <= _splitkv._COMBINE_16BIT_MAX_CHUNK
+    else:
+        assert chunk * block_d <= max(_splitkv._COMBINE_CHUNK_VALUES, block_d)
+    assert chunk * block_d // (32 * num_warps) <= (128 if elem_bytes == 2 else 64)  # values (16-bit: 64 regs) a thread
     # Narrowed only while there are too few programs.
     if block_d < D and elem_bytes == 4:
         assert rows * (D // (2 * block_d)) < _splitkv._COMBINE_MIN_PROGRAMS

@@ -246,9 +246,12 @@ _COMBINE_WARPS8_VALUES = 8192
 # bf16 by columns): T=65,H=8 4.5 / 3.4 (bf16 the old way: 12.4), T=64,H=8 4.7 / 3.8, T=16,H=64 4.0 / 3.1.
 COMBINE_16BIT_BY_COLUMNS = os.environ.get("TRITREE_COMBINE_16BIT_BY_COLUMNS", "1") == "1"
 _COMBINE_16BIT_MIN_PROGRAMS = 256
-# By columns: at most this many splits a chunk (8: <= 64 values a thread, two dependent rounds of loads
-# at 9-16 splits), and 512-column programs (two warps) where there are rows enough, else 256 (one warp).
-_COMBINE_16BIT_MAX_CHUNK = int(os.environ.get("TRITREE_COMBINE_16BIT_MAX_CHUNK", "8"))
+# By columns: at most this many splits a chunk (16: <= 128 bf16 values, 64 registers, a thread; one round
+# of loads up to 16 splits), and 512-column programs (two warps) where there are rows enough, else 256 (one
+# warp). Session 18 call A, the merge alone (profiler, us), 8 -> 16 splits a chunk: T=17,H=8 (44 splits)
+# 5.2 -> 4.3, T=65,H=8 (15) 3.4 -> 3.2, T=16,H=64 (14) 3.1 -> 3.1; graph-timed T=17,H=8 49.0 / 48.9 -> 48.1 /
+# 48.1 us, T=65,H=8 104.8 / 104.3 -> 104.8 / 105.8 (within its spread); 256-column programs: no better.
+_COMBINE_16BIT_MAX_CHUNK = int(os.environ.get("TRITREE_COMBINE_16BIT_MAX_CHUNK", "16"))
 _COMBINE_16BIT_WIDE = os.environ.get("TRITREE_COMBINE_16BIT_WIDE", "1") == "1"
 
 
