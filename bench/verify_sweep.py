@@ -155,10 +155,10 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  "tritree-ws-preg32": [("tritree.kernels._verify_gluon_ws", "PRODUCER_REGS", 32)],
                  # a pair's tiles as two 64-row boxes per column block even where they are adjacent (session 16)
                  "tritree-ws-boxes64": [("tritree.kernels._verify_gluon_ws", "WIDE_COPIES", False)],
-                 # ... one box where adjacent in launches without a narrow block too, with or without -O1
-                 "tritree-ws-wide-full": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", True)],
-                 "tritree-ws-wide-full-O1": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", True),
-                                             ("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")],
+                 # ... one box where adjacent in launches without a narrow block too (session 18: shipped at -O1
+                 # where the rows fill the last block): two boxes there (before session 18), one box at -O3
+                 "tritree-ws-boxes64-full": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", False)],
+                 "tritree-ws-wide-full-O3": [("tritree.kernels._verify_gluon_ws", "PTXAS_WIDE_FULL", None)],
                  # the split merge of 16-bit partials: up to 8 splits a chunk (before session 18), and
                  # 256-column programs with up to 16 or 8
                  "tritree-merge8": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 8)],

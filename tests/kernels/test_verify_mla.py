@@ -222,6 +222,27 @@ def test_narrow_last_row_block_split_counts(monkeypatch):
     assert vgws.narrow_rows(520) == 0
 
 
+def test_which_launches_copy_wide(monkeypatch):
+    """``copies_wide``: a pair's adjacent tiles as one box a column block with a narrow last row block
+    (T=65,H=8) and without one where the rows fill the last block (T=16,H=8, T=64,H=8, T=16,H=64), not
+    where the last block is part-filled without being narrow (T=17,H=8) nor for row gathers or by tiles;
+    the switches turn it off, and the ptxas options follow (-O1 for the one-box launches)."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    monkeypatch.setattr(vgws, "WIDE_COPIES", True)
+    monkeypatch.setattr(vgws, "WIDE_FULL", True)
+    wide = lambda rows, colsplit=True, gather=False: vgws.copies_wide(rows, vgws.narrow_rows(rows), colsplit, gather)
+    assert [wide(r) for r in (520, 128, 512, 1024, 136, 192, 1040, 264)] == [True, True, True, True, False, True,
+                                                                           True, True]
+    assert not wide(512, gather=True) and not wide(520, colsplit=False)
+    assert vgws._ptx_options(False, False, True) == {"ptx_options": vgws.PTXAS_WIDE_FULL}
+    assert vgws._ptx_options(False, True, True) == {}  # row gathers: triton's default
+    monkeypatch.setattr(vgws, "WIDE_FULL", False)
+    assert wide(520) and not wide(512)
+    monkeypatch.setattr(vgws, "WIDE_COPIES", False)
+    assert not wide(520)
+
+
 def test_one_node_trees_all_padding_and_mixed():
     case = make_case(3, 4, 2, 2, [10, 0, 33], [1, 0, 4], ("random",), torch.float32, seed=3)
     out = check_against_reference(case, torch.float32, config=SMALL, num_splits=3)
@@ -628,17 +649,17 @@ def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,P,layout", [(65, 8, 64, "contiguous"), (65, 8, 64, "mixed"), (129, 8, 64, "mixed"),
                                           (65, 16, 64, "contiguous"), (33, 8, 128, "fragmented"),
-                                          (17, 8, 64, "mixed"), (16, 64, 64, "contiguous")])
+                                          (16, 8, 64, "mixed"), (16, 64, 64, "contiguous")])
 def test_gpu_ws_wide_copies_give_the_same_bits(T, H, P, layout, monkeypatch):
-    """``_verify_gluon_ws.WIDE_COPIES`` (launches with a narrow last row block; without one, ``WIDE_FULL``): a
-    pair's two tiles copied as one 128-row box per column block where they are consecutive pool rows
-    (adjacent pages, or one page of 128), two boxes elsewhere. Page tables contiguous, mixed (adjacent runs
-    broken by swapped pages) and fragmented, unused pool slots NaN: against the reference, and bit-equal to
-    two boxes a block, eagerly and from a CUDA graph."""
+    """``_verify_gluon_ws.WIDE_COPIES`` (launches with a narrow last row block; without one, ``WIDE_FULL``, where
+    the rows fill the last block): a pair's two tiles copied as one 128-row box per column block where they are
+    consecutive pool rows (adjacent pages, or one page of 128), two boxes elsewhere. Page tables contiguous,
+    mixed (adjacent runs broken by swapped pages) and fragmented, unused pool slots NaN: against the
+    reference, and bit-equal to two boxes a block, eagerly and from a CUDA graph."""
     from tritree.kernels import _verify_gluon_ws as vgws
 
-    if vgws.narrow_rows(T * H) == 0:
-        monkeypatch.setattr(vgws, "WIDE_FULL", True)
+    monkeypatch.setattr(vgws, "WIDE_FULL", True)
+    assert vgws.copies_wide(T * H, vgws.narrow_rows(T * H), True, P % 64 != 0)
     case = make_case(2, T, H, P, [30_000 + 45, 3_000 + 7], [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                      seed=T + H + P, fragmented=layout == "fragmented")
     if layout == "mixed":  # swap page pairs: some tile pairs straddle a break in the run, some do not

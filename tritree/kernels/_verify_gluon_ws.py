@@ -772,10 +772,16 @@ NARROW_MIN_BLOCKS = 5
 # off. Only in launches with a narrow last row block (compiled -O1, where the consumers' loops come out as
 # without it; at -O3 the full-block pair loop went from 2 to 20 local accesses, ahead of time).
 WIDE_COPIES = os.environ.get("TRITREE_WS_WIDE_COPIES", "1") == "1"
-# ... and in launches without a narrow block too (off: not measured yet; at -O1, ``PTXAS_FULL``, their
-# consumers' pair loop keeps 749 instructions without local accesses, ahead of time; sweep variant
-# ``tritree-ws-wide-full``).
-WIDE_FULL = os.environ.get("TRITREE_WS_WIDE_FULL", "0") == "1"
+# ... and in launches without a narrow block whose rows fill their last row block, compiled with
+# ``PTXAS_WIDE_FULL`` (-O1: their consumers' pair loop 749 instructions without local accesses, ahead of
+# time; at -O3 it has 20). Session 18 call B, graph-timed, L=46000, P=64, two rounds, us (two boxes at -O3 /
+# one box at -O3 / one box at -O1): T=8,H=64 101.5 101.5 / 108.2 108.7 / 98.3 99.3; T=16,H=8 41.9 41.7 /
+# 45.5 44.9 / 40.0 40.5; T=16,H=64 186.4 186.6 / 195.0 196.1 / 178.3 185.5; T=64,H=8 105.5 103.7 / 110.1
+# 108.7 / 101.5 99.7; T=64,H=64 708.3 724.4 / 771.7 771.6 / 699.4 708.5; but T=17,H=8 (136 rows: the last
+# of three blocks holds 8) 47.4 48.6 / 54.8 54.8 / 49.1 49.3, as -O1 alone had cost it in session 16: there
+# the two boxes at -O3 stay. Sweep variants ``tritree-ws-boxes64-full`` (two boxes everywhere without a
+# narrow block), ``tritree-ws-wide-full-O3``.
+WIDE_FULL = os.environ.get("TRITREE_WS_WIDE_FULL", "1") == "1"
 
 # With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
 # program's partial store instead of at its start. Signalled at the start, the merge's small programs fill
@@ -794,15 +800,31 @@ PDL_AT_END = os.environ.get("TRITREE_WS_PDL_AT_END", "0") == "1"
 # 109.7-110.8 (and against 108.3-109.5 for the unchanged launch in the next slot), launches without a narrow
 # block (T=17,H=8) 49.8-50.4 against 48.6-49.4: -O1 for the narrow launches over TMA only (row gathers,
 # pages below 64, were not measured with it and keep the default).
+# Session 18 (ahead of time): ptxas 12.8 and 13.0 at -O1 give this kernel's narrow launch a different schedule
+# of the narrow block's own pair loop on every run of the same PTX (six runs, six schedules; the full blocks'
+# and the producer's loops the same each time); -O2 / -O3 and the launches without a narrow block at -O1 are
+# deterministic. So a narrow launch's build is one draw: its narrow programs (not the last to finish at
+# T=65,H=8) may run faster or slower from one compile to the next.
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
 PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
+PTXAS_WIDE_FULL = os.environ.get("TRITREE_WS_PTXAS_WIDE_FULL", "-O1") or None
 
 
-def _ptx_options(narrow: bool, gather: bool) -> dict:
+def copies_wide(rows: int, narrow: int, colsplit: bool, gather: bool) -> bool:
+    """Whether a launch over ``rows`` packed rows (``narrow``: its ``narrow_rows``) copies a pair's adjacent
+    tiles as one box a column block: ``WIDE_COPIES`` with a narrow last row block, ``WIDE_FULL`` without one
+    where the rows fill the last block; TMA tiles by column halves only."""
+    if not WIDE_COPIES or not colsplit or gather:
+        return False
+    return bool(narrow) or (WIDE_FULL and rows % BLOCK_M == 0)
+
+
+def _ptx_options(narrow: bool, gather: bool, wide: bool = False) -> dict:
     """The compile option that gives a TMA launch with (``narrow``) or without a narrow last row block its
-    ptxas options (``PTXAS_NARROW`` / ``PTXAS_FULL``); empty for triton's default, and for row gathers
-    (pages below 64: not measured with other options)."""
-    opts = None if gather else PTXAS_NARROW if narrow else PTXAS_FULL
+    ptxas options (``PTXAS_NARROW``; without one ``PTXAS_WIDE_FULL`` where it copies ``wide``, else
+    ``PTXAS_FULL``); empty for triton's default, and for row gathers (pages below 64: not measured with
+    other options)."""
+    opts = None if gather else PTXAS_NARROW if narrow else PTXAS_WIDE_FULL if wide else PTXAS_FULL
     return {"ptx_options": opts} if opts else {}
 
 
@@ -865,7 +887,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     last row block of at most 16 real rows runs narrow (``narrow_rows``; by column halves only), with
     ``narrow_splits_for`` splits of the ``num_splits`` partial slots (the rest written empty). Launches
     with a narrow block over TMA are compiled with ``PTXAS_NARROW`` (-O1) and copy a pair's adjacent tiles
-    as one box a column block (``WIDE_COPIES``; without a narrow block only with ``WIDE_FULL``). Returns
+    as one box a column block (``WIDE_COPIES``; without a narrow block ``WIDE_FULL``: ``copies_wide``). Returns
     the compiled kernel."""
     _check(q, kv, num_splits)
     gather = kv.shape[1] % BLOCK_N != 0
@@ -882,7 +904,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     if nrows:  # the full blocks' programs, then the narrow block's (``_program``)
         grid = ((grid[0] - 1) * int(num_splits) + narrow_splits, 1, B)
     desc = kv_descriptor(kv)
-    wide = WIDE_COPIES and colsplit and not gather and (bool(nrows) or WIDE_FULL)
+    wide = copies_wide(M, nrows, colsplit, gather)
     desc2 = kv_descriptor(kv, 2 * BLOCK_N) if wide else desc
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
@@ -906,7 +928,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows, WIDE_COPIES=wide,
         num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
-        **_ptx_options(bool(nrows), gather),
+        **_ptx_options(bool(nrows), gather, wide),
     )
 
 
@@ -934,7 +956,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str | None = None,
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
                         pdl: int = 0, timeline: bool = False, coalesced: bool | None = None,
-                        narrow_rows: int = 0):
+                        narrow_rows: int = 0, full_rows: bool = True):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -949,7 +971,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     fn = _verify_gluon_ws_kernel
     layout = _kv_smem_layout()
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
-    wide = WIDE_COPIES and colsplit and not gather and (bool(narrow_rows) or WIDE_FULL)
+    # full_rows: the rows fill the last row block (what copies_wide asks of launches without a narrow block)
+    wide = copies_wide(BLOCK_M if full_rows else BLOCK_M + 8, narrow_rows, colsplit, gather)
     sig = {
         "Q": "*bf16", "KV": "*bf16", "kv_desc": desc,
         "kv_desc3": f"tensordesc<bf16[{2 * BLOCK_N},64],{layout!r}>" if wide else desc,
@@ -976,7 +999,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": NUM_WARPS, **_ptx_options(bool(narrow_rows), gather)})
+                          options={"num_warps": NUM_WARPS, **_ptx_options(bool(narrow_rows), gather, wide)})
 
 
 def _nvdisasm():
@@ -1085,6 +1108,17 @@ def _main():
                         f.write(rc["_text"])
                 print(f"  reference seesaw      {tag} shared {int(r.metadata.shared):7d} regs {ruse.get('REG', 0):3d} "
                       f"spill {ruse.get('LOCAL', 0) + ruse.get('STACK', 0):5d}  {_fmt_counts(rc)}", flush=True)
+    for splits in (2, 1):  # no narrow block, the last row block part-filled (T=17,H=8): two boxes a block
+        k = compile_for_sm90_ws(splits, 64, full_rows=False)
+        use = resource_usage(k.asm["cubin"])
+        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
+        good = int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        ok &= good
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits={'1' if splits == 1 else 'N'} P= 64 last block part-filled "
+              f"(ptxas {_ptx_options(False, False, False).get('ptx_options', 'default')}): shared "
+              f"{int(k.metadata.shared):7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill {spill:5d}  "
+              f"{'ok' if good and spill == 0 else ('ok (spills)' if good else 'FAIL')}  "
+              f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
     for splits, P, nrows in ((2, 64, 8), (1, 64, 8), (2, 128, 16), (2, 1, 8)):  # a narrow last row block
         k = compile_for_sm90_ws(splits, P, narrow_rows=nrows)
         use = resource_usage(k.asm["cubin"])
