@@ -150,6 +150,8 @@ SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
                             ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
 # (session 16's variants tritree-tail*, tritree-pad* ran the switches of commit 1df0a18, since reverted)
 SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "PTXAS_NARROW", "-O1")],
+                 # the narrow launches at triton's default (-O3: the same build every compile; -O1 is not)
+                 "tritree-ws-O3-narrow": [("tritree.kernels._verify_gluon_ws", "PTXAS_NARROW", None)],
                  "tritree-ws-O1-full": [("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")],
                  # the ws kernel's producer partition (TMA copies) with 32 registers, the consumers then 232
                  "tritree-ws-preg32": [("tritree.kernels._verify_gluon_ws", "PRODUCER_REGS", 32)],
