@@ -168,6 +168,8 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                                          ("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
                  "tritree-merge8-256": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 8),
                                         ("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
+                 # the ws pair loop's softmax by triton's cross-warp reductions (before session 18)
+                 "tritree-ws-xwg-off": [("tritree.kernels._verify_gluon_ws", "XWG_SOFTMAX", False)],
                  # the merge by programmatic dependent launch, signalled after each program's partial store
                  "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
                                      ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)]})

@@ -673,6 +673,23 @@ def test_gpu_ws_wide_copies_give_the_same_bits(T, H, P, layout, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("xwg", [True, False])
+@pytest.mark.parametrize("T,H,P", [(65, 8, 64), (16, 64, 64), (17, 8, 64), (19, 8, 1)])
+def test_gpu_ws_softmax_exchange(T, H, P, xwg, monkeypatch):
+    """``_verify_gluon_ws.XWG_SOFTMAX`` on and off (the pair loop's row maxima exchanged once between the
+    warpgroups, the row sums kept per warpgroup; or triton's cross-warp reductions): against the reference,
+    then from a CUDA graph into poisoned outputs, over narrow, full and part-filled row blocks and row
+    gathers, with a chain tree and a short second request."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    monkeypatch.setattr(vgws, "XWG_SOFTMAX", xwg)
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
+    case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 3_000 + 7], [T, T // 2 + 1], ("random", "chain"),
+                                         torch.bfloat16, seed=T + H + P + xwg))
+    check_reference_then_graph_replay(case, config=cfg)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_gpu_small_pages_table_in_a_graph(P):
     """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the

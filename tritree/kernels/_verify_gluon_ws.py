@@ -183,13 +183,56 @@ if GLUON_AVAILABLE:
         return oa, ob, m_i, l_i
 
     @gluon.jit
+    def _softmax_xwg(s, m_i, l_w, sm_scale_log2e, xbuf, s3_layout: gl.constexpr, both_layout: gl.constexpr):
+        """``_softmax`` of a pair's scores ``s: [64, 128]`` (warpgroup w holds keys 64 w .. 64 w + 63) with one
+        exchange between the warpgroups: each one's row maxima through ``xbuf`` (``[64, 2]`` fp32) and one
+        partition barrier, instead of the generic cross-warp reductions (three barriers for the max, two for
+        the sum). The row sums stay apart: ``l_w[r, w]`` sums warpgroup w's keys (the same ``alpha`` scales
+        both); their total is taken once, after the loop. ``s3_layout``: ``s`` viewed as ``[64, 2, 64]``
+        (row, warpgroup, key); ``both_layout``: ``[64, 2]`` with both warpgroups' values in each thread."""
+        BM: gl.constexpr = s.shape[0]
+        HALF_N: gl.constexpr = s.shape[1] // 2
+        s = s * sm_scale_log2e
+        m_w = gl.max(gl.convert_layout(gl.reshape(s, [BM, 2, HALF_N]), s3_layout, assert_trivial=True), 2)
+        xbuf.store(m_w)
+        _cta_barrier()  # both warpgroups' maxima written (the next store is after this pair's P barrier)
+        m_cur = gl.convert_layout(gl.max(xbuf.load(both_layout), 1), m_i.type.layout, assert_trivial=True)
+        m_new = gl.maximum(m_i, m_cur)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+        l_part = gl.sum(gl.convert_layout(gl.reshape(p, [BM, 2, HALF_N]), s3_layout, assert_trivial=True), 2)
+        alpha_w = gl.convert_layout(alpha, gl.SliceLayout(1, gl.SliceLayout(2, s3_layout)), assert_trivial=True)
+        return p.to(gl.bfloat16), alpha, m_new, l_w * gl.expand_dims(alpha_w, 1) + l_part
+
+    @gluon.jit
     def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, s2_zero,
-                        sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr):
-        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``). Returns ``(oa, ob, m_i, l_i)``."""
+                        sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr, xbuf=None,
+                        XWG_SOFTMAX: gl.constexpr = False):
+        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``). Returns ``(oa, ob, m_i, l_i)``.
+        ``XWG_SOFTMAX``: the softmax by ``_softmax_xwg`` (``xbuf``: its exchange buffer)."""
         HALF: gl.constexpr = D_LAT // 2
+        if XWG_SOFTMAX:
+            # The accumulator layout of the scores (NVMMA v3, warps [4, 2], n64 a warpgroup) as linear bases,
+            # viewed as [64 rows, 2 warpgroups, 64 keys]; checked against the compiler by assert_trivial.
+            s3_layout: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
+                lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+                warp_bases=[[16, 0, 0], [32, 0, 0], [0, 1, 0]], block_bases=[], shape=[64, 2, 64])
+            both_layout: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[8, 0], [0, 1]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+                warp_bases=[[16, 0], [32, 0], [0, 0]], block_bases=[], shape=[64, 2])
+            w_layout: gl.constexpr = gl.SliceLayout(2, s3_layout)
+            # l_i (this block's sum so far) as warpgroup 0's part
+            first = gl.expand_dims(gl.arange(0, 2, layout=gl.SliceLayout(0, w_layout)), 0) == 0
+            l_in = gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, w_layout), assert_trivial=True), 1)
+            l_w = gl.where(first, l_in, 0.0)
         for i in range(n_pairs):
             s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+            if XWG_SOFTMAX:
+                p, alpha, m_i, l_w = _softmax_xwg(s, m_i, l_w, sm_scale_log2e, xbuf, s3_layout, both_layout)
+            else:
+                p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
             oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
             ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
             oa = warpgroup_mma(p2_smem, k_lat.slice(0, HALF, dim=1), oa, is_async=True)
@@ -201,6 +244,8 @@ if GLUON_AVAILABLE:
             ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
             _cta_barrier()  # ... and with blocks 4..7 and the rope rows (P)
             mbarrier.arrive(empty1, pred=more)
+        if XWG_SOFTMAX:
+            l_i = gl.convert_layout(gl.sum(l_w, 1), l_i.type.layout)
         return oa, ob, m_i, l_i
 
     @gluon.jit
@@ -406,11 +451,12 @@ if GLUON_AVAILABLE:
                      stride_qb, stride_qt, stride_qh, stride_kvp, stride_kvs, stride_ptb, max_pages, num_pages,
                      stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
                      T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
-                     q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
+                     q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf,
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
-                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr):
+                     Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
+                     XWG_SOFTMAX: gl.constexpr):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -484,10 +530,11 @@ if GLUON_AVAILABLE:
                 else:
                     oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars,
                                                        empty0, empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout,
-                                                       D_LAT)
+                                                       D_LAT, xbuf, XWG_SOFTMAX)
             else:
                 oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0,
-                                                   empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout, D_LAT)
+                                                   empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout, D_LAT, xbuf,
+                                                   XWG_SOFTMAX)
         else:  # by tiles (and the probes)
             for i in range(n_pairs):
                 if PROBE == 1:
@@ -648,6 +695,7 @@ if GLUON_AVAILABLE:
         STAGE_16BIT: gl.constexpr = False,
         NARROW_ROWS: gl.constexpr = 0,
         WIDE_COPIES: gl.constexpr = False,
+        XWG_SOFTMAX: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
         ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor(kv, 128)``), else unused (kept so that the
@@ -681,6 +729,8 @@ if GLUON_AVAILABLE:
                  _new_bar())
         empty0 = _new_bar()
         empty1 = _new_bar()
+        # the consumers' exchange of row maxima (XWG_SOFTMAX)
+        xbuf = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 2], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         fence_async_shared()
         _cta_barrier()
 
@@ -691,9 +741,9 @@ if GLUON_AVAILABLE:
                                 num_pages, stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb,
                                 stride_lt, stride_lh, stride_ls,
                                 T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
-                                q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
+                                q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, XWG_SOFTMAX)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
                                 kv_desc3, WIDE_COPIES)),
@@ -782,6 +832,12 @@ WIDE_COPIES = os.environ.get("TRITREE_WS_WIDE_COPIES", "1") == "1"
 # the two boxes at -O3 stay. Sweep variants ``tritree-ws-boxes64-full`` (two boxes everywhere without a
 # narrow block), ``tritree-ws-wide-full-O3``.
 WIDE_FULL = os.environ.get("TRITREE_WS_WIDE_FULL", "1") == "1"
+
+# The by-column-halves pair loop's softmax with one exchange of row maxima between the two warpgroups (one
+# partition barrier) and the row sums kept per warpgroup (``_softmax_xwg``), instead of triton's cross-warp
+# reductions (the full blocks' pair loop had 9 partition barriers a pair: 3 for the row max, 2 for the row
+# sum, 1 for P, 2 for the slot releases, 1 at the top). Sweep variant ``tritree-ws-xwg-off``.
+XWG_SOFTMAX = os.environ.get("TRITREE_WS_XWG_SOFTMAX", "1") == "1"
 
 # With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
 # program's partial store instead of at its start. Signalled at the start, the merge's small programs fill
@@ -926,7 +982,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
-        NARROW_ROWS=nrows, WIDE_COPIES=wide,
+        NARROW_ROWS=nrows, WIDE_COPIES=wide, XWG_SOFTMAX=XWG_SOFTMAX and bool(colsplit),
         num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather, wide),
     )
@@ -990,7 +1046,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "PDL": int(pdl), "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
                   "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
-                  "WIDE_COPIES": wide}
+                  "WIDE_COPIES": wide, "XWG_SOFTMAX": XWG_SOFTMAX and bool(colsplit)}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
