@@ -836,7 +836,10 @@ WIDE_FULL = os.environ.get("TRITREE_WS_WIDE_FULL", "1") == "1"
 # The by-column-halves pair loop's softmax with one exchange of row maxima between the two warpgroups (one
 # partition barrier) and the row sums kept per warpgroup (``_softmax_xwg``), instead of triton's cross-warp
 # reductions (the full blocks' pair loop had 9 partition barriers a pair: 3 for the row max, 2 for the row
-# sum, 1 for P, 2 for the slot releases, 1 at the top). Sweep variant ``tritree-ws-xwg-off``.
+# sum, 1 for P, 2 for the slot releases, 1 at the top; now 5, and 727 instructions instead of 742). Session 18
+# calls E (graph-timed, L=46000, P=64, us, on / off): T=65,H=8 100.1 / 103.9, 100.9 / 103.7, 101.3 / 103.2;
+# T=17,H=8 46.9 / 47.9, 45.8 / 47.7, 46.6 / 49.3; T=8,H=64 94.4 / 98.9; T=16,H=8 38.8 / 40.6; T=16,H=64 172.4 /
+# 186.5; T=64,H=8 96.4 / 100.2; T=64,H=64 664.4 / 674.1. Sweep variant ``tritree-ws-xwg-off``.
 XWG_SOFTMAX = os.environ.get("TRITREE_WS_XWG_SOFTMAX", "1") == "1"
 
 # With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
