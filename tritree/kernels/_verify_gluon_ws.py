@@ -1167,26 +1167,18 @@ def _main():
                         f.write(rc["_text"])
                 print(f"  reference seesaw      {tag} shared {int(r.metadata.shared):7d} regs {ruse.get('REG', 0):3d} "
                       f"spill {ruse.get('LOCAL', 0) + ruse.get('STACK', 0):5d}  {_fmt_counts(rc)}", flush=True)
-    for splits in (2, 1):  # no narrow block, the last row block part-filled (T=17,H=8): two boxes a block
-        k = compile_for_sm90_ws(splits, 64, full_rows=False)
+    # no narrow block with the last row block part-filled (T=17,H=8: two boxes a block), then a narrow last
+    # row block (8 or 16 rows)
+    for splits, P, nrows in ((2, 64, 0), (1, 64, 0), (2, 64, 8), (1, 64, 8), (2, 128, 16), (2, 1, 8)):
+        k = compile_for_sm90_ws(splits, P, narrow_rows=nrows, full_rows=bool(nrows))
         use = resource_usage(k.asm["cubin"])
         spill = use.get("LOCAL", 0) + use.get("STACK", 0)
         good = int(k.metadata.shared) <= SMEM_LIMIT_SM90
         ok &= good
-        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits={'1' if splits == 1 else 'N'} P= 64 last block part-filled "
-              f"(ptxas {_ptx_options(False, False, False).get('ptx_options', 'default')}): shared "
-              f"{int(k.metadata.shared):7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill {spill:5d}  "
-              f"{'ok' if good and spill == 0 else ('ok (spills)' if good else 'FAIL')}  "
-              f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
-    for splits, P, nrows in ((2, 64, 8), (1, 64, 8), (2, 128, 16), (2, 1, 8)):  # a narrow last row block
-        k = compile_for_sm90_ws(splits, P, narrow_rows=nrows)
-        use = resource_usage(k.asm["cubin"])
-        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
-        good = int(k.metadata.shared) <= SMEM_LIMIT_SM90
-        ok &= good
-        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits={'1' if splits == 1 else 'N'} P={P:3d} narrow {nrows:2d} "
-              f"(ptxas {_ptx_options(True, P % BLOCK_N != 0).get('ptx_options', 'default')}) "
-              f"rows: shared {int(k.metadata.shared):7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill "
+        ptxas = _ptx_options(bool(nrows), P % BLOCK_N != 0).get("ptx_options", "default")
+        what = f"narrow {nrows:2d} (ptxas {ptxas}) rows:" if nrows else f"last block part-filled (ptxas {ptxas}):"
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits={'1' if splits == 1 else 'N'} P={P:3d} {what} "
+              f"shared {int(k.metadata.shared):7d}/{SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} spill "
               f"{spill:5d}  {'ok' if good and spill == 0 else ('ok (spills)' if good else 'FAIL')}  "
               f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
     for P, l2_prefetch, pdl in ((64, True, 1), (64, False, 1), (1, True, 1), (64, True, 2)):  # PDL merge
