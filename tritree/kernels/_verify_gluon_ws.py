@@ -27,7 +27,8 @@ Partitions (``gl.warp_specialize``; 12 warps per CTA):
 
 * default partition (the kernel's 8 warps = 2 consumer warpgroups, ``setmaxnreg`` 240 registers): Q
   load (cp.async), the pair loop (streamed scores, softmax with the cross-warpgroup exchange, P over
-  the rope rows, ``O += P V``), the masked one-tile tail (cp.async into rows 0..63) and the store. It
+  the rope rows, ``O += P V``; by column halves the row maxima cross the warpgroups in one exchange,
+  ``_softmax_xwg``), the masked one-tile tail (cp.async into rows 0..63) and the store. It
   never issues a TMA copy. COLSPLIT: O is two accumulators ``oa`` / ``ob`` (columns 0..255 / 256..511,
   each warpgroup 128 columns of each, 64 registers each).
 * worker partition ``_ws_producer`` (``PRODUCER_WARPS`` = 4 warps, ``PRODUCER_REGS`` = 24 registers):
@@ -58,7 +59,8 @@ before that pair's scores, so by the tail no copy is in flight. n_pairs = 0: the
 nothing, the consumers run the tail only.
 
 Shared memory: Q 73,728 + pair buffer 147,456 (P 64 x 128 bf16 over the rope rows) + tail P 8,192 +
-reduction scratch / capture area + 11 mbarriers = 230,060 B of the 232,448.
+the warpgroups' exchange of row maxima 512 (``XWG_SOFTMAX``) + reduction scratch / capture area + 11
+mbarriers = 230,572 B of the 232,448.
 
 Row gathers (pages below a tile, COLSPLIT only): the producer (``GATHER_PRODUCER_REGS`` = 40
 registers, the consumers then get 232) copies each column block of both tiles by cp.async row
