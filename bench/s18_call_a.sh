@@ -3,6 +3,8 @@
 # chunk (one round of loads at 9-16 splits) and with 256-column programs, the merge alone (profiler) and
 # graph-timed; (3) the merge by programmatic dependent launch signalled after each program's partial store
 # (tritree-pdl-end). Tests first.
+# (After this call the 16-split chunks became the default: its "tritree-merge16" is now "tritree", and the
+# old default is "tritree-merge8"; "tritree-merge8-256" now sets 8 explicitly.)
 source bench/device_prelude.sh
 timeout 150 python3 -m pytest -q -x -rfE -p no:logging tests/kernels/test_verify_mla.py tests/kernels/test_splitkv.py \
   -k "programmatic_dependent_launch or 16bit" 2>&1 | grep -v Warn | tail -4 | tee $OUT/s18a_tests.txt

@@ -6,6 +6,9 @@
 # without a narrow block (WIDE_FULL), at -O3 and at -O1 (their loop then 749 instructions, no local
 # accesses), against what ships: the wide-copy tests with WIDE_FULL, then graph-timed, interleaved, two
 # rounds over the compute-bound targets and T=17,H=8.
+# (After this call WIDE_FULL became the default where the rows fill the last block, at -O1: its
+# "tritree-ws-wide-full-O1" is now "tritree" there, "tritree-ws-wide-full" is "tritree-ws-wide-full-O3", and
+# the old default is "tritree-ws-boxes64-full".)
 source bench/device_prelude.sh
 timeout 150 python3 -m pytest -q -x -rfE -p no:logging -m gpu tests/kernels/test_verify_mla.py -k "wide_copies" 2>&1 \
   | grep -v Warn | tail -4 | tee $OUT/s18b_tests.txt
