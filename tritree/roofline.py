@@ -28,18 +28,25 @@ class Ceilings:
 RTX_PRO_6000 = Ceilings(copy_gbps=1790.0, matmul_tflops=504.0)
 
 
-def _median_event_time(fn, reps: int, warmup: int = 3) -> float:
+def _event_times_ms(fn, reps: int, warmup: int, per_timing: int = 1) -> list[float]:
+    """``reps`` CUDA-event timings of ``per_timing`` calls of ``fn`` back to back, in ms per call, after
+    ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(per_timing):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+        times.append(a.elapsed_time(b) / per_timing)
+    return times
+
+
+def _median_event_time(fn, reps: int, warmup: int = 3) -> float:
+    return statistics.median(_event_times_ms(fn, reps, warmup))
 
 
 def _copy_ms(n: int, device) -> float:
@@ -61,18 +68,7 @@ def measure_ceilings(device="cuda") -> Ceilings:
 def _burst_rate(fn, per_burst: int, bursts: int) -> list[float]:
     """Seconds per call of ``fn`` from ``bursts`` timings of ``per_burst`` calls back to back (the GPU
     busy between the events, as in a decode step), after one untimed burst."""
-    for _ in range(per_burst):
-        fn()
-    out = []
-    for _ in range(bursts):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(per_burst):
-            fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e-3 / per_burst)
-    return out
+    return [t * 1e-3 for t in _event_times_ms(fn, bursts, per_burst, per_burst)]
 
 
 def measure_ceilings_sustained(device="cuda", bursts: int = 10, per_burst: int = 20) -> dict:
