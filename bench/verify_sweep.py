@@ -170,6 +170,8 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                                         ("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
                  # the ws pair loop's softmax by triton's cross-warp reductions (before session 18)
                  "tritree-ws-xwg-off": [("tritree.kernels._verify_gluon_ws", "XWG_SOFTMAX", False)],
+                 # the pair buffers released by a partition barrier and an mbarrier arrival (before session 19)
+                 "tritree-ws-named-off": [("tritree.kernels._verify_gluon_ws", "NAMED_RELEASE", False)],
                  # the merge by programmatic dependent launch, signalled after each program's partial store
                  "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
                                      ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)]})

@@ -690,6 +690,25 @@ def test_gpu_ws_softmax_exchange(T, H, P, xwg, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,H,P,kv_lens", [(65, 8, 64, [30_000 + 45, 3_000 + 7]), (16, 64, 64, [30_000 + 45, 130]),
+                                           (17, 8, 64, [20_000 + 3, 3_000 + 7]), (19, 8, 1, [20_000 + 45, 70]),
+                                           (64, 8, 128, [30_000 + 45, 3_000 + 7])])
+def test_gpu_ws_named_release_gives_the_same_bits(T, H, P, kv_lens, monkeypatch):
+    """``_verify_gluon_ws.NAMED_RELEASE`` (the pair buffers handed back to the producer by hardware-barrier
+    arrivals of every consumer thread instead of a partition barrier and an mbarrier arrival) changes only
+    the synchronisation: against the reference, and bit-equal to the mbarrier release, eagerly and from a
+    CUDA graph, over narrow, full and part-filled row blocks, row gathers, and requests with at most one pair
+    a split."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
+    case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
+                                         seed=T + H + P + 7))
+    monkeypatch.setattr(vgws, "NAMED_RELEASE", False)
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "NAMED_RELEASE")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_gpu_small_pages_table_in_a_graph(P):
     """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the

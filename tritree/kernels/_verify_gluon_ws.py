@@ -50,6 +50,12 @@ Barriers (all ``count=1``, each its own allocation, initialised before the fork)
   consumer ``wgmma_wait`` -> partition barrier (both warpgroups' wgmmas reading it are done) ->
   ``mbarrier.arrive`` (one thread). Producer, before refilling them for pair j >= 1: ``wait(empty*,
   (j - 1) & 1)``. No arrival for the last pair (arrivals == waits).
+  ``NAMED_RELEASE`` (by column halves, the default): hardware barriers ``RELEASE_BAR0`` / ``RELEASE_BAR1``
+  (14 / 15, 384 threads) instead: every consumer thread ``bar.arrive``s after its own warpgroup's
+  ``wgmma_wait`` (no partition barrier), the producer's 128 threads ``bar.sync`` before the refill. A
+  phase cannot be overtaken: a consumer thread arrives for pair i+1 only after the copies the producer
+  issued behind its sync for pair i have landed. After the loop one partition barrier (the tail reuses the
+  buffers).
 * The consumers' ``gl.thread_barrier`` / ``gl.barrier`` compile to ``bar.sync 0, 256`` (partition
   local); the membar barriers between the producer's TMA issues are ``bar.sync 2, 128``; barrier 1
   (all 384 threads) is the region's fork / join only.
@@ -60,7 +66,7 @@ nothing, the consumers run the tail only.
 
 Shared memory: Q 73,728 + pair buffer 147,456 (P 64 x 128 bf16 over the rope rows) + tail P 8,192 +
 the warpgroups' exchange of row maxima 512 (``XWG_SOFTMAX``) + reduction scratch / capture area + 11
-mbarriers = 230,572 B of the 232,448.
+mbarriers = 230,540 B of the 232,448.
 
 Row gathers (pages below a tile, COLSPLIT only): the producer (``GATHER_PRODUCER_REGS`` = 40
 registers, the consumers then get 232) copies each column block of both tiles by cp.async row
@@ -125,6 +131,48 @@ PRODUCER_REGS = int(os.environ.get("TRITREE_WS_PRODUCER_REGS", "24"))
 GATHER_PRODUCER_REGS = 40
 
 if GLUON_AVAILABLE:
+    # NAMED_RELEASE: the hardware barriers (of 16; triton takes 0..2 here) that release the two halves of
+    # the pair buffers, each completed by the 256 consumer arrivals and the producer's 128 threads.
+    RELEASE_BAR0 = gl.constexpr(14)
+    RELEASE_BAR1 = gl.constexpr(15)
+    RELEASE_THREADS = gl.constexpr((NUM_WARPS + PRODUCER_WARPS) * 32)
+
+    @gluon.constexpr_function
+    def _bar_asm(op, bar, count):
+        return ("{ .reg .pred p; setp.ne.b32 p, $1, 0; @p bar." + op + " " + str(bar) + ", " + str(count)
+                + "; mov.b32 $0, 0; }")
+
+    @gluon.jit
+    def _named_barrier(BAR: gl.constexpr, COUNT: gl.constexpr, pred, SYNC: gl.constexpr):
+        """``bar.sync`` (``SYNC``) or ``bar.arrive`` on hardware barrier ``BAR`` for ``COUNT`` threads, by
+        every thread of the calling partition where ``pred`` (warp-uniform) holds. Inline asm: triton's
+        barrier analysis sees no shared-memory access in it, so it neither needs nor adds a partition barrier."""
+        NT: gl.constexpr = gl.num_warps() * 32
+        one_each: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        flag = gl.full([NT], 1, gl.int32, layout=one_each) * pred.to(gl.int32)
+        gl.inline_asm_elementwise(_bar_asm("sync" if SYNC else "arrive", BAR, COUNT), "=r,r", [flag],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _release(empty, BAR: gl.constexpr, more, NAMED: gl.constexpr):
+        """Consumers: hand the buffers ``empty`` / hardware barrier ``BAR`` guards back to the producer
+        (after this thread's ``warpgroup_mma_wait`` on the wgmmas reading them). ``NAMED``: each thread
+        arrives on ``BAR`` (no wait); else a partition barrier (both warpgroups done) and one arrival on
+        ``empty``. ``more``: the producer refills them (not after the last pair)."""
+        if NAMED:
+            _named_barrier(BAR, RELEASE_THREADS, more, False)
+        else:
+            _cta_barrier()
+            mbarrier.arrive(empty, pred=more)
+
+    @gluon.jit
+    def _acquire(empty, BAR: gl.constexpr, phase, NAMED: gl.constexpr):
+        """Producer: wait until the consumers released the buffers of ``_release`` (release number
+        ``phase``, counted from 0; parity for the mbarrier)."""
+        if NAMED:
+            _named_barrier(BAR, RELEASE_THREADS, phase >= 0, True)
+        else:
+            mbarrier.wait(empty, phase & 1)
 
     @gluon.jit
     def _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, C0: gl.constexpr, C1: gl.constexpr,
@@ -194,15 +242,17 @@ if GLUON_AVAILABLE:
         (row, warpgroup, key); ``both_layout``: ``[64, 2]`` with both warpgroups' values in each thread."""
         BM: gl.constexpr = s.shape[0]
         HALF_N: gl.constexpr = s.shape[1] // 2
-        s = s * sm_scale_log2e
+        # The maxima of the raw scores, then scaled (the scale is positive, and rounding is monotonic: the
+        # same value): the exponents below are then one FMA each, with no scaled copy of the scores.
         m_w = gl.max(gl.convert_layout(gl.reshape(s, [BM, 2, HALF_N]), s3_layout, assert_trivial=True), 2)
+        m_w = m_w * sm_scale_log2e
         xbuf.store(m_w)
         _cta_barrier()  # both warpgroups' maxima written (the next store is after this pair's P barrier)
         m_cur = gl.convert_layout(gl.max(xbuf.load(both_layout), 1), m_i.type.layout, assert_trivial=True)
         m_new = gl.maximum(m_i, m_cur)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+        p = gl.exp2(s * sm_scale_log2e - gl.expand_dims(m_safe, 1))
         l_part = gl.sum(gl.convert_layout(gl.reshape(p, [BM, 2, HALF_N]), s3_layout, assert_trivial=True), 2)
         alpha_w = gl.convert_layout(alpha, gl.SliceLayout(1, gl.SliceLayout(2, s3_layout)), assert_trivial=True)
         return p.to(gl.bfloat16), alpha, m_new, l_w * gl.expand_dims(alpha_w, 1) + l_part
@@ -210,9 +260,10 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, s2_zero,
                         sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr, xbuf=None,
-                        XWG_SOFTMAX: gl.constexpr = False):
+                        XWG_SOFTMAX: gl.constexpr = False, NAMED: gl.constexpr = False):
         """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``). Returns ``(oa, ob, m_i, l_i)``.
-        ``XWG_SOFTMAX``: the softmax by ``_softmax_xwg`` (``xbuf``: its exchange buffer)."""
+        ``XWG_SOFTMAX``: the softmax by ``_softmax_xwg`` (``xbuf``: its exchange buffer). ``NAMED``: the
+        buffers released by ``_release``'s hardware barriers (``NAMED_RELEASE``)."""
         HALF: gl.constexpr = D_LAT // 2
         if XWG_SOFTMAX:
             # The accumulator layout of the scores (NVMMA v3, warps [4, 2], n64 a warpgroup) as linear bases,
@@ -241,11 +292,11 @@ if GLUON_AVAILABLE:
             ob = warpgroup_mma(p2_smem, k_lat.slice(HALF, HALF, dim=1), ob, is_async=True)
             more = i + 1 < n_pairs
             oa = warpgroup_mma_wait(num_outstanding=1, deps=[oa])
-            _cta_barrier()  # both warpgroups are done with column blocks 0..3 of both slots ...
-            mbarrier.arrive(empty0, pred=more)
+            _release(empty0, RELEASE_BAR0, more, NAMED)  # column blocks 0..3 of both slots read ...
             ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
-            _cta_barrier()  # ... and with blocks 4..7 and the rope rows (P)
-            mbarrier.arrive(empty1, pred=more)
+            _release(empty1, RELEASE_BAR1, more, NAMED)  # ... and blocks 4..7 and the rope rows (P)
+        if NAMED:
+            _cta_barrier()  # both warpgroups' last wgmmas done before the tail refills the buffers
         if XWG_SOFTMAX:
             l_i = gl.convert_layout(gl.sum(l_w, 1), l_i.type.layout)
         return oa, ob, m_i, l_i
@@ -253,7 +304,7 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _narrow_pairs(q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, n_pairs, sm_scale_log2e,
                       oh_layout: gl.constexpr, row_s_layout: gl.constexpr, NR: gl.constexpr, D_LAT: gl.constexpr,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NAMED: gl.constexpr = False):
         """The pair loop of a row block whose real rows are its first ``NR`` (8 or 16), transposed so that
         the rows are the MMAs' N: ``S^T = K Q^T`` (m128 nNR: warpgroup w computes tile w's 64 keys) and
         ``O^T += V^T P^T`` by column halves (m256 nNR k128; V^T straight from the tiles, an MN-major A),
@@ -288,11 +339,11 @@ if GLUON_AVAILABLE:
                                  is_async=True)
             more = i + 1 < n_pairs
             oa_t = warpgroup_mma_wait(num_outstanding=1, deps=[oa_t])
-            _cta_barrier()  # column blocks 0..3 of both slots read ...
-            mbarrier.arrive(empty0, pred=more)
+            _release(empty0, RELEASE_BAR0, more, NAMED)  # column blocks 0..3 of both slots read ...
             ob_t = warpgroup_mma_wait(num_outstanding=0, deps=[ob_t])
-            _cta_barrier()  # ... blocks 4..7 (and the rope rows, read by the scores)
-            mbarrier.arrive(empty1, pred=more)
+            _release(empty1, RELEASE_BAR1, more, NAMED)  # ... blocks 4..7 (and the rope rows, read by the scores)
+        if NAMED:
+            _cta_barrier()  # both warpgroups' last wgmmas done before the buffers are reused
         # back to rows: O^T through the dead pair buffers, m and l through p_smem
         stage_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -381,7 +432,7 @@ if GLUON_AVAILABLE:
     def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
                      max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
                      BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False, kv_desc2=None,
-                     WIDE: gl.constexpr = False):
+                     WIDE: gl.constexpr = False, NAMED: gl.constexpr = False):
         """Worker partition: all TMA copies of the pair loop. Pair j's slot s is refilled once the
         consumers released pair j-1's slot s (``empty_s`` phase j-1). ``COLSPLIT``: ``empty0`` / ``empty1``
         release the latent column blocks 0..3 / 4..7 and the rope of both slots instead. Pages below a
@@ -398,7 +449,7 @@ if GLUON_AVAILABLE:
                 pg1 = _gather_pages(pt, n + BLOCK_N, max_pages, num_pages, ld_layout, PAGE_SIZE, BLOCK_N)
                 tok0, tok1, d = _gather_rows(KV, pg0, pg1, stride_kvp, stride_kvs, ld_layout, PAGE_SIZE, BLOCK_N)
                 if j > 0:
-                    mbarrier.wait(empty0, (j - 1) & 1)
+                    _acquire(empty0, RELEASE_BAR0, j - 1, NAMED)
                 for c in gl.static_range(0, D_LAT // 128):
                     _gather_block(tok0, tok1, d, g_blocks, k_pe, c, D_LAT, BLOCK_N)
                 # Blocks 4..8 issued as soon as their space is free, each issue followed by the arrival
@@ -406,7 +457,7 @@ if GLUON_AVAILABLE:
                 # and the whole second issue, nor the second issue for the first half's landing (that
                 # order was 7-10% slower at P = 1, session 7, call B).
                 if j > 0:
-                    mbarrier.wait(empty1, (j - 1) & 1)
+                    _acquire(empty1, RELEASE_BAR1, j - 1, NAMED)
                 for c in gl.static_range(D_LAT // 128, D_LAT // 64 + 1):
                     _gather_block(tok0, tok1, d, g_blocks, k_pe, c, D_LAT, BLOCK_N)
                     _gather_landed(cbars, c - D_LAT // 128, D_LAT // 128)
@@ -421,11 +472,11 @@ if GLUON_AVAILABLE:
                     if L2_PREFETCH:
                         _prefetch_tile_l2(KV, row0, stride_kvs, num_pages * PAGE_SIZE, 127)
                         _prefetch_tile_l2(KV, row1, stride_kvs, num_pages * PAGE_SIZE, 127)
-                    mbarrier.wait(empty0, (j - 1) & 1)
+                    _acquire(empty0, RELEASE_BAR0, j - 1, NAMED)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, 0, D_LAT // 128, D_LAT, BLOCK_N, kv_desc2,
                                    WIDE)
                 if j > 0:
-                    mbarrier.wait(empty1, (j - 1) & 1)
+                    _acquire(empty1, RELEASE_BAR1, j - 1, NAMED)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, D_LAT // 128, D_LAT // 64 + 1, D_LAT,
                                    BLOCK_N, kv_desc2, WIDE)
         else:
@@ -458,7 +509,7 @@ if GLUON_AVAILABLE:
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
                      Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
-                     XWG_SOFTMAX: gl.constexpr):
+                     XWG_SOFTMAX: gl.constexpr, NAMED_RELEASE: gl.constexpr = False):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -528,15 +579,15 @@ if GLUON_AVAILABLE:
                 if narrow:  # the last row block: NARROW_ROWS real rows
                     oa, ob, m_i, l_i = _narrow_pairs(q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1,
                                                      n_pairs, sm_scale_log2e, oh_layout, row_s_layout, NARROW_ROWS,
-                                                     D_LAT, BLOCK_M, BLOCK_N)
+                                                     D_LAT, BLOCK_M, BLOCK_N, NAMED_RELEASE)
                 else:
                     oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars,
                                                        empty0, empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout,
-                                                       D_LAT, xbuf, XWG_SOFTMAX)
+                                                       D_LAT, xbuf, XWG_SOFTMAX, NAMED_RELEASE)
             else:
                 oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0,
                                                    empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout, D_LAT, xbuf,
-                                                   XWG_SOFTMAX)
+                                                   XWG_SOFTMAX, NAMED_RELEASE)
         else:  # by tiles (and the probes)
             for i in range(n_pairs):
                 if PROBE == 1:
@@ -698,6 +749,7 @@ if GLUON_AVAILABLE:
         NARROW_ROWS: gl.constexpr = 0,
         WIDE_COPIES: gl.constexpr = False,
         XWG_SOFTMAX: gl.constexpr = False,
+        NAMED_RELEASE: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
         ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor(kv, 128)``), else unused (kept so that the
@@ -745,10 +797,10 @@ if GLUON_AVAILABLE:
                                 T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, XWG_SOFTMAX)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, XWG_SOFTMAX, NAMED_RELEASE)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
-                                kv_desc3, WIDE_COPIES)),
+                                kv_desc3, WIDE_COPIES, NAMED_RELEASE and COLSPLIT)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
@@ -843,6 +895,14 @@ WIDE_FULL = os.environ.get("TRITREE_WS_WIDE_FULL", "1") == "1"
 # T=17,H=8 46.9 / 47.9, 45.8 / 47.7, 46.6 / 49.3; T=8,H=64 94.4 / 98.9; T=16,H=8 38.8 / 40.6; T=16,H=64 172.4 /
 # 186.5; T=64,H=8 96.4 / 100.2; T=64,H=64 664.4 / 674.1. Sweep variant ``tritree-ws-xwg-off``.
 XWG_SOFTMAX = os.environ.get("TRITREE_WS_XWG_SOFTMAX", "1") == "1"
+
+# The by-column-halves loops' two releases of the pair buffers by hardware barriers (``_release``: each
+# consumer thread ``bar.arrive``s after its own warpgroup's wgmma wait, the producer ``bar.sync``s with
+# them) instead of a partition barrier and one thread's mbarrier arrival each. Also drops the barrier that
+# triton's analysis put at the top of the loop (an mbarrier arrival, or a chain of waits on one mbarrier,
+# across the back edge without a barrier between them): 2 partition barriers a pair instead of 5.
+# Sweep variant ``tritree-ws-named-off``.
+NAMED_RELEASE = os.environ.get("TRITREE_WS_NAMED_RELEASE", "1") == "1"
 
 # With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
 # program's partial store instead of at its start. Signalled at the start, the merge's small programs fill
@@ -988,7 +1048,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows, WIDE_COPIES=wide, XWG_SOFTMAX=XWG_SOFTMAX and bool(colsplit),
-        num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
+        NAMED_RELEASE=NAMED_RELEASE and bool(colsplit), num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather, wide),
     )
 
@@ -1051,7 +1111,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "PDL": int(pdl), "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
                   "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
-                  "WIDE_COPIES": wide, "XWG_SOFTMAX": XWG_SOFTMAX and bool(colsplit)}
+                  "WIDE_COPIES": wide, "XWG_SOFTMAX": XWG_SOFTMAX and bool(colsplit),
+                  "NAMED_RELEASE": NAMED_RELEASE and bool(colsplit)}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
