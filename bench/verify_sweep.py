@@ -172,6 +172,8 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  "tritree-ws-xwg-off": [("tritree.kernels._verify_gluon_ws", "XWG_SOFTMAX", False)],
                  # the pair buffers released by a partition barrier and an mbarrier arrival (before session 19)
                  "tritree-ws-named-off": [("tritree.kernels._verify_gluon_ws", "NAMED_RELEASE", False)],
+                 # the masked tail's tree-mask words loaded after each tile's scores (before session 19)
+                 "tritree-ws-early-mask-off": [("tritree.kernels._verify_gluon_ws", "EARLY_TAIL_MASK", False)],
                  # the merge by programmatic dependent launch, signalled after each program's partial store
                  "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
                                      ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)]})

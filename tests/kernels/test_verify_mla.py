@@ -709,6 +709,23 @@ def test_gpu_ws_named_release_gives_the_same_bits(T, H, P, kv_lens, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,H,P,kv_lens", [(65, 8, 64, [30_000 + 45, 3_000 + 7]), (17, 8, 64, [20_000 + 3, 130]),
+                                           (19, 8, 1, [20_000 + 45, 70]), (16, 64, 128, [30_000 + 45, 0])])
+def test_gpu_ws_early_tail_mask_gives_the_same_bits(T, H, P, kv_lens, monkeypatch):
+    """``_verify_gluon_ws.EARLY_TAIL_MASK`` (the masked tail's tree-mask words loaded before each tile's copy)
+    applies the same mask to the same scores: against the reference, and bit-equal to the mask loaded after
+    the scores, eagerly and from a CUDA graph; narrow, part-filled and full row blocks, row gathers, a request
+    that is all tail, an empty one."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
+    case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
+                                         seed=T + H + P + 17))
+    monkeypatch.setattr(vgws, "EARLY_TAIL_MASK", False)
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "EARLY_TAIL_MASK")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 16])
 def test_gpu_small_pages_table_in_a_graph(P):
     """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the

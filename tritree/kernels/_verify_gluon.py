@@ -256,17 +256,32 @@ if GLUON_AVAILABLE:
         """-inf where key ``n + c`` is past ``end`` or is a tree key whose ancestor bit is clear. A tile's
         ``BLOCK_N`` tree keys span at most ``BLOCK_N / 32 + 1`` mask words: that many row-vector loads,
         not one pointer per score."""
+        words = _tail_mask_words(n, kv_len, tree_len, row_ok, t, mask_base, stride_mt, BLOCK_N)
+        return _tail_mask_apply(s, words, n, end, kv_len, row_ok, s_layout, BLOCK_N)
+
+    @gluon.jit
+    def _tail_mask_words(n, kv_len, tree_len, row_ok, t, mask_base, stride_mt, BLOCK_N: gl.constexpr):
+        """The tree-mask words ``_tail_mask`` needs for keys ``n .. n+63``: ``BLOCK_N / 32 + 1`` row vectors,
+        loaded (and not yet used: a caller can issue them ahead of the tile's copy and scores)."""
+        w0 = gl.maximum(n - kv_len, 0) // 32
+        row_ptr = mask_base + t * stride_mt + w0
+        words = (gl.load(row_ptr, mask=row_ok & (w0 * 32 < tree_len), other=0),)
+        for k in gl.static_range(1, BLOCK_N // 32 + 1):
+            words = words + (gl.load(row_ptr + k, mask=row_ok & ((w0 + k) * 32 < tree_len), other=0),)
+        return words
+
+    @gluon.jit
+    def _tail_mask_apply(s, words, n, end, kv_len, row_ok, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+        """``_tail_mask`` with its words loaded (``_tail_mask_words``)."""
         keys = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         k_ok = keys < end
         j = gl.maximum(keys - kv_len, 0)
         w0 = gl.maximum(n - kv_len, 0) // 32
         jw = gl.expand_dims(j // 32 - w0, 0)
-        row_ptr = mask_base + t * stride_mt + w0
-        words = gl.expand_dims(gl.load(row_ptr, mask=row_ok & (w0 * 32 < tree_len), other=0), 1)
+        word = gl.expand_dims(words[0], 1)
         for k in gl.static_range(1, BLOCK_N // 32 + 1):
-            w_k = gl.expand_dims(gl.load(row_ptr + k, mask=row_ok & ((w0 + k) * 32 < tree_len), other=0), 1)
-            words = gl.where(jw == k, w_k, words)
-        bit = (words >> gl.expand_dims(j % 32, 0)) & 1
+            word = gl.where(jw == k, gl.expand_dims(words[k], 1), word)
+        bit = (word >> gl.expand_dims(j % 32, 0)) & 1
         in_tree = gl.expand_dims((keys >= kv_len) & k_ok, 0)
         visible = (gl.expand_dims((keys < kv_len) & k_ok, 0) | (in_tree & (bit != 0))) & gl.expand_dims(row_ok, 1)
         return gl.where(visible, s, float("-inf"))
@@ -435,10 +450,12 @@ if GLUON_AVAILABLE:
     def _tail_tile_p(n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
                      kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages, stride_kvp, stride_kvs,
                      stride_mt, sm_scale_log2e, s_zero, s_layout: gl.constexpr, ld_layout: gl.constexpr,
-                     SEESAW: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
+                     SEESAW: gl.constexpr, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr,
+                     EARLY_MASK: gl.constexpr = False):
         """One tile of the masked tail up to its P: keys ``n .. n+63`` copied (masked) into the tail slot,
         scores, mask, softmax. Returns ``(p, alpha, m_i, l_i, tail_lat)``; the caller publishes P and
-        adds ``P V`` (V = ``tail_lat``)."""
+        adds ``P V`` (V = ``tail_lat``). ``EARLY_MASK``: the tree-mask words are loaded before the tile's
+        copy is issued, so that their latency passes under the copy's instead of after the scores."""
         # The tail's buffers are picked by a runtime index (the two slots alternate; SEESAW: rows
         # 0..63 via an index that is 0 at run time): wgmma descriptors of a loop-invariant buffer
         # are hoisted out of the loop by triton 3.6 and spilled there.
@@ -448,13 +465,18 @@ if GLUON_AVAILABLE:
             ts = ((n - tail_start) // BLOCK_N) % 2
         tail_lat = tail_lat_v.index(ts).slice(0, BLOCK_N, dim=0)
         tail_pe = tail_pe_v.index(ts).slice(0, BLOCK_N, dim=0)
+        if EARLY_MASK:
+            words = _tail_mask_words(n, kv_len, tree_len, row_ok, t, mask_base, stride_mt, BLOCK_N)
         _load_tail_tile(KV, PageTable, b.to(gl.int64) * stride_ptb, n, end, max_pages, num_pages,
                         stride_kvp, stride_kvs, tail_blocks, ts * (D_LAT // 64), tail_pe, ld_layout, PAGE_SIZE,
                         D_LAT, BLOCK_N)
         fence_async_shared()
         _cta_barrier()
         s = _qk(q_lat, q_pe, tail_lat, tail_pe, s_zero, False)
-        s = _tail_mask(s, n, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt, s_layout, BLOCK_N)
+        if EARLY_MASK:
+            s = _tail_mask_apply(s, words, n, end, kv_len, row_ok, s_layout, BLOCK_N)
+        else:
+            s = _tail_mask(s, n, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt, s_layout, BLOCK_N)
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
         return p, alpha, m_i, l_i, tail_lat
 

@@ -28,7 +28,8 @@ Partitions (``gl.warp_specialize``; 12 warps per CTA):
 * default partition (the kernel's 8 warps = 2 consumer warpgroups, ``setmaxnreg`` 240 registers): Q
   load (cp.async), the pair loop (streamed scores, softmax with the cross-warpgroup exchange, P over
   the rope rows, ``O += P V``; by column halves the row maxima cross the warpgroups in one exchange,
-  ``_softmax_xwg``), the masked one-tile tail (cp.async into rows 0..63) and the store. It
+  ``_softmax_xwg``), the masked one-tile tail (cp.async into rows 0..63; ``EARLY_TAIL_MASK``: each tile's
+  tree-mask words loaded before its copy) and the store. It
   never issues a TMA copy. COLSPLIT: O is two accumulators ``oa`` / ``ob`` (columns 0..255 / 256..511,
   each warpgroup 128 columns of each, 64 registers each).
 * worker partition ``_ws_producer`` (``PRODUCER_WARPS`` = 4 warps, ``PRODUCER_REGS`` = 24 registers):
@@ -214,9 +215,9 @@ if GLUON_AVAILABLE:
                             num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt, sm_scale_log2e,
                             s_layout: gl.constexpr, oh_layout: gl.constexpr, ld_layout: gl.constexpr,
                             PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr, BLOCK_M: gl.constexpr,
-                            BLOCK_N: gl.constexpr):
+                            BLOCK_N: gl.constexpr, EARLY_MASK: gl.constexpr = False):
         """``_masked_tail`` (SEESAW buffers) with O as two column halves ``oa`` / ``ob`` (COLSPLIT).
-        Returns ``(oa, ob, m_i, l_i)``."""
+        ``EARLY_MASK``: ``_tail_tile_p``'s. Returns ``(oa, ob, m_i, l_i)``."""
         HALF: gl.constexpr = D_LAT // 2
         s_zero, t, row_ok, mask_base = _tail_rows(TreeMask, b, pid_m, T, H, tree_len, stride_mb, s_layout, BLOCK_M,
                                                   BLOCK_N)
@@ -224,7 +225,7 @@ if GLUON_AVAILABLE:
             p, alpha, m_i, l_i, tail_lat = _tail_tile_p(
                 n, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, KV, PageTable, b, tail_start, end,
                 kv_len, tree_len, row_ok, t, mask_base, stride_ptb, max_pages, num_pages, stride_kvp, stride_kvs,
-                stride_mt, sm_scale_log2e, s_zero, s_layout, ld_layout, True, PAGE_SIZE, D_LAT, BLOCK_N)
+                stride_mt, sm_scale_log2e, s_zero, s_layout, ld_layout, True, PAGE_SIZE, D_LAT, BLOCK_N, EARLY_MASK)
             oa = _publish_p(p, alpha, oa, p_smem, oh_layout)
             ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
             oa = warpgroup_mma(p_smem, tail_lat.slice(0, HALF, dim=1), oa)
@@ -509,7 +510,8 @@ if GLUON_AVAILABLE:
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
                      Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
-                     XWG_SOFTMAX: gl.constexpr, NAMED_RELEASE: gl.constexpr = False):
+                     XWG_SOFTMAX: gl.constexpr, NAMED_RELEASE: gl.constexpr = False,
+                     EARLY_TAIL_MASK: gl.constexpr = False):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -635,7 +637,8 @@ if GLUON_AVAILABLE:
                                                    p_smem, KV, PageTable, TreeMask, b, pid_m, tail_start, end, kv_len,
                                                    tree_len, T, H, stride_ptb, max_pages, num_pages, stride_kvp,
                                                    stride_kvs, stride_mb, stride_mt, sm_scale_log2e, s_layout,
-                                                   oh_layout, ld_layout, PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N)
+                                                   oh_layout, ld_layout, PAGE_SIZE, D_LAT, BLOCK_M, BLOCK_N,
+                                                   EARLY_TAIL_MASK)
         else:
             o, m_i, l_i = _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV,
                                        PageTable, TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H,
@@ -750,6 +753,7 @@ if GLUON_AVAILABLE:
         WIDE_COPIES: gl.constexpr = False,
         XWG_SOFTMAX: gl.constexpr = False,
         NAMED_RELEASE: gl.constexpr = False,
+        EARLY_TAIL_MASK: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
         ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor(kv, 128)``), else unused (kept so that the
@@ -797,7 +801,8 @@ if GLUON_AVAILABLE:
                                 T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
-                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, XWG_SOFTMAX, NAMED_RELEASE)),
+                                COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, XWG_SOFTMAX, NAMED_RELEASE,
+                                EARLY_TAIL_MASK)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
                                 kv_desc3, WIDE_COPIES, NAMED_RELEASE and COLSPLIT)),
@@ -903,6 +908,12 @@ XWG_SOFTMAX = os.environ.get("TRITREE_WS_XWG_SOFTMAX", "1") == "1"
 # across the back edge without a barrier between them): 2 partition barriers a pair instead of 5.
 # Sweep variant ``tritree-ws-named-off``.
 NAMED_RELEASE = os.environ.get("TRITREE_WS_NAMED_RELEASE", "1") == "1"
+
+# The masked tail's tree-mask words loaded before each tile's copy is issued (``_tail_tile_p``'s
+# ``EARLY_MASK``; by column halves), their latency under the copy's instead of after the tile's scores: the
+# full blocks' last split, the launch's last program at T=65,H=8, spends ~4 us a tail tile against ~1.75 a
+# tile in the pair loop. Sweep variant ``tritree-ws-early-mask-off``.
+EARLY_TAIL_MASK = os.environ.get("TRITREE_WS_EARLY_TAIL_MASK", "1") == "1"
 
 # With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
 # program's partial store instead of at its start. Signalled at the start, the merge's small programs fill
@@ -1048,7 +1059,8 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows, WIDE_COPIES=wide, XWG_SOFTMAX=XWG_SOFTMAX and bool(colsplit),
-        NAMED_RELEASE=NAMED_RELEASE and bool(colsplit), num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
+        NAMED_RELEASE=NAMED_RELEASE and bool(colsplit), EARLY_TAIL_MASK=EARLY_TAIL_MASK and bool(colsplit),
+        num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather, wide),
     )
 
@@ -1112,7 +1124,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
                   "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
                   "WIDE_COPIES": wide, "XWG_SOFTMAX": XWG_SOFTMAX and bool(colsplit),
-                  "NAMED_RELEASE": NAMED_RELEASE and bool(colsplit)}
+                  "NAMED_RELEASE": NAMED_RELEASE and bool(colsplit),
+                  "EARLY_TAIL_MASK": EARLY_TAIL_MASK and bool(colsplit)}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
