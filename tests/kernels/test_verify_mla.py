@@ -689,40 +689,35 @@ def test_gpu_ws_softmax_exchange(T, H, P, xwg, monkeypatch):
     check_reference_then_graph_replay(case, config=cfg)
 
 
+# Switches of the warp-specialised kernel that change only how it synchronises or when it loads, each with
+# the shapes that reach the code it changes, and a seed offset.
+_SAME_BITS_SWITCHES = {
+    # the pair buffers handed back by hardware-barrier arrivals of every consumer thread instead of a
+    # partition barrier and an mbarrier arrival: narrow, full and part-filled row blocks, row gathers, P = 128,
+    # requests with at most one pair a split
+    "NAMED_RELEASE": ([(65, 8, 64, [30_000 + 45, 3_000 + 7]), (16, 64, 64, [30_000 + 45, 130]),
+                       (17, 8, 64, [20_000 + 3, 3_000 + 7]), (19, 8, 1, [20_000 + 45, 70]),
+                       (64, 8, 128, [30_000 + 45, 3_000 + 7])], 7),
+    # the masked tail's tree-mask words loaded before each tile's copy: narrow, part-filled and full row
+    # blocks, row gathers, a request that is all tail, an empty one
+    "EARLY_TAIL_MASK": ([(65, 8, 64, [30_000 + 45, 3_000 + 7]), (17, 8, 64, [20_000 + 3, 130]),
+                         (19, 8, 1, [20_000 + 45, 70]), (16, 64, 128, [30_000 + 45, 0])], 17),
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,H,P,kv_lens", [(65, 8, 64, [30_000 + 45, 3_000 + 7]), (16, 64, 64, [30_000 + 45, 130]),
-                                           (17, 8, 64, [20_000 + 3, 3_000 + 7]), (19, 8, 1, [20_000 + 45, 70]),
-                                           (64, 8, 128, [30_000 + 45, 3_000 + 7])])
-def test_gpu_ws_named_release_gives_the_same_bits(T, H, P, kv_lens, monkeypatch):
-    """``_verify_gluon_ws.NAMED_RELEASE`` (the pair buffers handed back to the producer by hardware-barrier
-    arrivals of every consumer thread instead of a partition barrier and an mbarrier arrival) changes only
-    the synchronisation: against the reference, and bit-equal to the mbarrier release, eagerly and from a
-    CUDA graph, over narrow, full and part-filled row blocks, row gathers, and requests with at most one pair
-    a split."""
+@pytest.mark.parametrize("switch,T,H,P,kv_lens", [(name, *shape) for name, (shapes, _) in _SAME_BITS_SWITCHES.items()
+                                                  for shape in shapes])
+def test_gpu_ws_switch_gives_the_same_bits(switch, T, H, P, kv_lens, monkeypatch):
+    """``_verify_gluon_ws.NAMED_RELEASE`` / ``EARLY_TAIL_MASK`` (``_SAME_BITS_SWITCHES``) on: against the
+    reference, and bit-equal to the switch off, eagerly and from a CUDA graph into poisoned outputs."""
     from tritree.kernels import _verify_gluon_ws as vgws
 
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
-                                         seed=T + H + P + 7))
-    monkeypatch.setattr(vgws, "NAMED_RELEASE", False)
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "NAMED_RELEASE")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T,H,P,kv_lens", [(65, 8, 64, [30_000 + 45, 3_000 + 7]), (17, 8, 64, [20_000 + 3, 130]),
-                                           (19, 8, 1, [20_000 + 45, 70]), (16, 64, 128, [30_000 + 45, 0])])
-def test_gpu_ws_early_tail_mask_gives_the_same_bits(T, H, P, kv_lens, monkeypatch):
-    """``_verify_gluon_ws.EARLY_TAIL_MASK`` (the masked tail's tree-mask words loaded before each tile's copy)
-    applies the same mask to the same scores: against the reference, and bit-equal to the mask loaded after
-    the scores, eagerly and from a CUDA graph; narrow, part-filled and full row blocks, row gathers, a request
-    that is all tail, an empty one."""
-    from tritree.kernels import _verify_gluon_ws as vgws
-
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
-    case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
-                                         seed=T + H + P + 17))
-    monkeypatch.setattr(vgws, "EARLY_TAIL_MASK", False)
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "EARLY_TAIL_MASK")
+                                         seed=T + H + P + _SAME_BITS_SWITCHES[switch][1]))
+    monkeypatch.setattr(vgws, switch, False)
+    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, switch)
 
 
 @pytest.mark.gpu
