@@ -171,7 +171,7 @@ if GLUON_AVAILABLE:
         """Producer: wait until the consumers released the buffers of ``_release`` (release number
         ``phase``, counted from 0; parity for the mbarrier)."""
         if NAMED:
-            _named_barrier(BAR, RELEASE_THREADS, phase >= 0, True)
+            _named_barrier(BAR, RELEASE_THREADS, phase >= 0, True)  # always true, as a tensor predicate
         else:
             mbarrier.wait(empty, phase & 1)
 
