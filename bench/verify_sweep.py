@@ -174,6 +174,8 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  "tritree-ws-named-off": [("tritree.kernels._verify_gluon_ws", "NAMED_RELEASE", False)],
                  # the masked tail's tree-mask words loaded after each tile's scores (before session 19)
                  "tritree-ws-early-mask-off": [("tritree.kernels._verify_gluon_ws", "EARLY_TAIL_MASK", False)],
+                 # the full blocks' masked tiles one at a time by the consumers' copies (before session 20)
+                 "tritree-ws-masked-pairs-off": [("tritree.kernels._verify_gluon_ws", "MASKED_PAIRS", False)],
                  # the merge by programmatic dependent launch, signalled after each program's partial store
                  "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
                                      ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)]})

@@ -633,6 +633,13 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     (9, 8, 128, [9_000 + 127, 200], 16),  # tiles at a page's second half; many small chunks
     (65, 8, 64, [700, 100], 9),  # short chunks: the tree keys' chunk before the last, the last empty
     (40, 4, 128, [5_180, 128 + 63], 4),  # P = 128, the tree keys ending in a page's second half
+    # MASKED_PAIRS (launches with a narrow block or full row blocks): the tile in which the keys end copied from
+    # before its start (the slot below 0 at P = 64: zeros; at slot 64 of a page of 128 earlier keys of its
+    # page), a pair's second tile past the end
+    (65, 8, 64, [46_000 + 63, 1], None),  # 1 and 63 keys of the last tile before the tree's 65 / 33
+    (16, 8, 128, [10_000 + 48, 256], 3),  # P = 128: the last tile at slot 64 of a page, moved back 48 slots
+    (8, 16, 64, [64 + 3, 64 - 8 + 1], 1),  # a prefix tile, then 3 prefix keys and the tree's 8 (53 rows of zeros
+    # in front of them); the second request in one tile (the tile tail)
 ])
 def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
     """The ws kernel's masked tail in every shape a chunk gives it (one to four tiles, a prefix ending

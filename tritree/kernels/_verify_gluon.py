@@ -919,6 +919,15 @@ def kv_descriptor(kv: torch.Tensor, block_rows: int = BLOCK_N):
     return TensorDescriptor(flat, [num_pages * P, D], [kv.stride(1), 1], [block_rows, 64], _kv_smem_layout())
 
 
+def kv_descriptor_pages(kv: torch.Tensor):
+    """Host TMA descriptor of the pool as it is stored, ``[num_pages, P, 576]``, boxes ``[1, 64, 64]`` (P a
+    multiple of 64): a box whose slot coordinate runs below 0 or past P lands zeros there (the ws kernel's
+    ``MASKED_PAIRS``)."""
+    num_pages, P, D = kv.shape
+    return TensorDescriptor(kv, [num_pages, P, D], [kv.stride(0), kv.stride(1), 1], [1, BLOCK_N, 64],
+                            _kv_smem3_layout())
+
+
 def kv_descriptor3(kv: torch.Tensor):
     """Host TMA descriptor of the pool viewed as ``[9 column blocks, num_pages * P rows, 64]`` (strides
     ``[64, row stride, 1]`` elements), box ``[8, 64, 64]``: one copy moves a tile's whole latent part

@@ -28,8 +28,9 @@ Partitions (``gl.warp_specialize``; 12 warps per CTA):
 * default partition (the kernel's 8 warps = 2 consumer warpgroups, ``setmaxnreg`` 240 registers): Q
   load (cp.async), the pair loop (streamed scores, softmax with the cross-warpgroup exchange, P over
   the rope rows, ``O += P V``; by column halves the row maxima cross the warpgroups in one exchange,
-  ``_softmax_xwg``), the masked one-tile tail (cp.async into rows 0..63; ``EARLY_TAIL_MASK``: each tile's
-  tree-mask words loaded before its copy) and the store. It
+  ``_softmax_xwg``), the masked tiles (``MASKED_PAIRS``, full row blocks with more than one: as masked pairs
+  of the producer's stream, ``_pair_mask``; else the one-tile tail, cp.async into rows 0..63,
+  ``EARLY_TAIL_MASK``: each tile's tree-mask words loaded before its copy) and the store. It
   never issues a TMA copy. COLSPLIT: O is two accumulators ``oa`` / ``ob`` (columns 0..255 / 256..511,
   each warpgroup 128 columns of each, 64 registers each).
 * worker partition ``_ws_producer`` (``PRODUCER_WARPS`` = 4 warps, ``PRODUCER_REGS`` = 24 registers):
@@ -50,7 +51,8 @@ Barriers (all ``count=1``, each its own allocation, initialised before the fork)
   blocks 4..7 and the rope rows of both slots. Pair i (i + 1 < n_pairs) completes phase i of each:
   consumer ``wgmma_wait`` -> partition barrier (both warpgroups' wgmmas reading it are done) ->
   ``mbarrier.arrive`` (one thread). Producer, before refilling them for pair j >= 1: ``wait(empty*,
-  (j - 1) & 1)``. No arrival for the last pair (arrivals == waits).
+  (j - 1) & 1)``. No arrival for the last pair (arrivals == waits); with ``MASKED_PAIRS`` the full blocks'
+  consumers release every pair and the producer waits for the last one's releases before it exits.
   ``NAMED_RELEASE`` (by column halves, the default): hardware barriers ``RELEASE_BAR0`` / ``RELEASE_BAR1``
   (14 / 15, 384 threads) instead: every consumer thread ``bar.arrive``s after its own warpgroup's
   ``wgmma_wait`` (no partition barrier), the producer's 128 threads ``bar.sync`` before the refill. A
@@ -61,13 +63,13 @@ Barriers (all ``count=1``, each its own allocation, initialised before the fork)
   local); the membar barriers between the producer's TMA issues are ``bar.sync 2, 128``; barrier 1
   (all 384 threads) is the region's fork / join only.
 
-Tail / exit: every TMA copy belongs to some pair < n_pairs and the consumers wait for all of them
-before that pair's scores, so by the tail no copy is in flight. n_pairs = 0: the producer issues
+Tail / exit: every TMA copy belongs to some pair (< n_pairs, or a masked pair after them) and the
+consumers wait for all of them before that pair's scores, so by the tail no copy is in flight. n_pairs = 0: the producer issues
 nothing, the consumers run the tail only.
 
 Shared memory: Q 73,728 + pair buffer 147,456 (P 64 x 128 bf16 over the rope rows) + tail P 8,192 +
 the warpgroups' exchange of row maxima 512 (``XWG_SOFTMAX``) + reduction scratch / capture area + 11
-mbarriers = 230,540 B of the 232,448.
+mbarriers = 230,540 B of the 232,448 (launches with a narrow block; 222,348 without, ahead of time).
 
 Row gathers (pages below a tile, COLSPLIT only): the producer (``GATHER_PRODUCER_REGS`` = 40
 registers, the consumers then get 232) copies each column block of both tiles by cp.async row
@@ -111,7 +113,7 @@ from . import _verify_gluon
 from ._splitkv import merge_pdl
 from .configs import num_sms
 from ._verify_gluon import (BLOCK_M, BLOCK_N, D_LAT, D_PE, GLUON_AVAILABLE, LOG2E, NUM_WARPS, SMEM_LIMIT_SM90, _check,
-                            _IMPORT_ERROR, _kv_smem_layout, kv_descriptor)
+                            _IMPORT_ERROR, _kv_smem3_layout, _kv_smem_layout, kv_descriptor, kv_descriptor_pages)
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -210,6 +212,96 @@ if GLUON_AVAILABLE:
                 _tma_load(kv_desc, [row1, D_LAT], cbars[c], k_pe.slice(BLOCK_N, BLOCK_N, dim=0))
 
     @gluon.jit
+    def _tile_page_slot(pt, n, n_keys, max_pages, num_pages, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr):
+        """MASKED_PAIRS: the paged-view coordinates ``(page, slot)`` of the tile of keys ``n .. n+63`` (``n`` a
+        multiple of 64), moved back by ``_tile_shift`` where the request's keys end inside it: its 64 rows are
+        then keys of the request (or zeros, where the slot goes below 0), never a stale slot past the end."""
+        col = gl.minimum(n // PAGE_SIZE, max_pages - 1)
+        page = gl.minimum(gl.maximum(gl.load(pt + col), 0), num_pages - 1)
+        return page, n % PAGE_SIZE - _tile_shift(n, n_keys, BLOCK_N)
+
+    @gluon.jit
+    def _tile_shift(n, n_keys, BLOCK_N: gl.constexpr):
+        """How far the tile of keys ``n .. n+63`` is copied from before ``n``: ``n + 64 - n_keys`` if the
+        request's ``n_keys`` keys end inside it, else 0. Row r of the copy then holds key ``n - shift + r``."""
+        return gl.where((n < n_keys) & (n_keys < n + BLOCK_N), n + BLOCK_N - n_keys, 0)
+
+    @gluon.jit
+    def _issue_pair_pages(kv_desc_pages, k_lat, k_pe, cbars, pg0, sl0, pg1, sl1, C0: gl.constexpr,
+                          C1: gl.constexpr, D_LAT: gl.constexpr, BLOCK_N: gl.constexpr):
+        """``_issue_pair_boxes`` over the pool's paged view ``[pages, P, 576]`` (``kv_descriptor_pages``, box
+        ``[1, 64, 64]``): tile w from ``(page, slot)`` = ``(pg_w, sl_w)``, where ``sl_w`` may be negative
+        (rows below slot 0 land as zeros) and rows past the page's end too."""
+        smem3_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+        # [column block c, tile w] of the pair buffer as index 2 c + w (the rank-2 [128, 512] buffer is
+        # 8 column blocks of 128 rows, each 64 wide)
+        lat3 = k_lat._reinterpret(gl.bfloat16, [2 * (D_LAT // 64), BLOCK_N, 64], smem3_layout)
+        pe3 = k_pe._reinterpret(gl.bfloat16, [2, BLOCK_N, 64], smem3_layout)
+        for c in gl.static_range(C0, C1):
+            mbarrier.expect(cbars[c], 2 * BLOCK_N * 64 * 2)
+            if c < D_LAT // 64:
+                _tma_load(kv_desc_pages, [pg0, sl0, c * 64], cbars[c], lat3.slice(2 * c, 1, dim=0))
+                _tma_load(kv_desc_pages, [pg1, sl1, c * 64], cbars[c], lat3.slice(2 * c + 1, 1, dim=0))
+            else:
+                _tma_load(kv_desc_pages, [pg0, sl0, D_LAT], cbars[c], pe3.slice(0, 1, dim=0))
+                _tma_load(kv_desc_pages, [pg1, sl1, D_LAT], cbars[c], pe3.slice(1, 1, dim=0))
+
+    @gluon.jit
+    def _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits, n_pairs, NARROW_ROWS: gl.constexpr,
+                     BLOCK_M: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr):
+        """After the pair loop, from kernel parameters (nothing kept live across it): ``(kv_len, tree_len,
+        start, end, n_masked)``: this split's keys and its MASKED_PAIRS count (pairs of tiles from the end
+        of the full pairs to ``end``, where that is more than one tile; none in the narrow row block: their
+        tails stay one tile at a time, ``_masked_tail_halves``)."""
+        _, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
+        b = gl.program_id(2)
+        kv_len = gl.load(KvLens + b)
+        tree_len = gl.load(TreeLens + b)
+        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
+        rest = end - (start + n_pairs * 2 * BLOCK_N)
+        n_masked = gl.where(rest > BLOCK_N, gl.cdiv(rest, 2 * BLOCK_N), 0)
+        if NARROW_ROWS > 0:
+            n_masked = gl.where(narrow, 0, n_masked)
+        return kv_len, tree_len, start, end, n_masked
+
+    @gluon.jit
+    def _pair_visible_words(n, n_keys, end, kv_len, tree_len, row_ok, t, mask_base, stride_mt,
+                            vw_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+        """MASKED_PAIRS: ``[64 rows, 4]`` int32 whose bit b of word q says whether column ``32 q + b`` of a
+        pair's scores is visible (tile w = keys ``n + 64 w ..``, copied as ``_tile_page_slot`` places it):
+        the key is this split's (not below the tile's start, the copy's shift, nor past ``end``) and is a
+        prefix key or a tree key whose ancestor bit is set. Row vectors only: a 32-key window of each row's
+        tree-mask bits from two words, and the split's key range, per word."""
+        q = gl.arange(0, 4, layout=gl.SliceLayout(0, vw_layout))
+        lo = n + (q // 2) * BLOCK_N  # the start of tile q // 2
+        k0 = lo - _tile_shift(lo, n_keys, BLOCK_N) + (q % 2) * 32  # the key of column 32 q
+        j0 = gl.expand_dims(k0 - kv_len, 0)
+        a = j0 >> 5  # (arithmetic: floor also below 0)
+        row_ptr = gl.expand_dims(mask_base + t * stride_mt, 1)
+        ok = gl.expand_dims(row_ok, 1)
+        w_lo = gl.load(row_ptr + a, mask=ok & (a >= 0) & (a * 32 < tree_len), other=0)
+        w_hi = gl.load(row_ptr + a + 1, mask=ok & (a >= -1) & ((a + 1) * 32 < tree_len), other=0)
+        w_lo = gl.where(a < 0, -1, w_lo)  # prefix keys: visible
+        w_hi = gl.where(a < -1, -1, w_hi)
+        win = ((w_hi.to(gl.int64) << 32) | (w_lo.to(gl.int64) & 4294967295)) >> (j0 & 31).to(gl.int64)
+        one = gl.full([4], 1, gl.int64, layout=gl.SliceLayout(0, vw_layout))
+        b_hi = gl.minimum(gl.maximum(end - k0, 0), 32).to(gl.int64)
+        b_lo = gl.minimum(gl.maximum(lo - k0, 0).to(gl.int64), b_hi)  # (a tile past the end: none)
+        in_split = gl.expand_dims(((one << b_hi) - 1) ^ ((one << b_lo) - 1), 0)
+        return gl.where(ok, win & in_split, 0).to(gl.int32)
+
+    @gluon.jit
+    def _pair_mask(s, vis, s4_layout: gl.constexpr):
+        """-inf in a pair's scores ``s: [64, 128]`` where ``vis`` (``_pair_visible_words``) has the bit clear;
+        ``s4_layout``: ``s`` viewed as ``[64, 4 words, 32 bits]``."""
+        BM: gl.constexpr = s.shape[0]
+        s4 = gl.convert_layout(gl.reshape(s, [BM, 4, 32]), s4_layout, assert_trivial=True)
+        b = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, s4_layout)))
+        bit = (gl.expand_dims(vis, 2) >> gl.expand_dims(gl.expand_dims(b, 0), 0)) & 1
+        s4 = gl.where(bit != 0, s4, float("-inf"))
+        return gl.convert_layout(gl.reshape(s4, [BM, s.shape[1]]), s.type.layout, assert_trivial=True)
+
+    @gluon.jit
     def _masked_tail_halves(oa, ob, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p_smem, KV, PageTable,
                             TreeMask, b, pid_m, tail_start, end, kv_len, tree_len, T, H, stride_ptb, max_pages,
                             num_pages, stride_kvp, stride_kvs, stride_mb, stride_mt, sm_scale_log2e,
@@ -259,47 +351,95 @@ if GLUON_AVAILABLE:
         return p.to(gl.bfloat16), alpha, m_new, l_w * gl.expand_dims(alpha_w, 1) + l_part
 
     @gluon.jit
-    def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, s2_zero,
-                        sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr, xbuf=None,
-                        XWG_SOFTMAX: gl.constexpr = False, NAMED: gl.constexpr = False):
-        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``). Returns ``(oa, ob, m_i, l_i)``.
-        ``XWG_SOFTMAX``: the softmax by ``_softmax_xwg`` (``xbuf``: its exchange buffer). ``NAMED``: the
-        buffers released by ``_release``'s hardware barriers (``NAMED_RELEASE``)."""
+    def _colsplit_step(oa, ob, m_i, l, s, k_lat, p2_smem, empty0, empty1, more, sm_scale_log2e, xbuf,
+                       s3_layout: gl.constexpr, both_layout: gl.constexpr, oh_layout: gl.constexpr,
+                       D_LAT: gl.constexpr, XWG_SOFTMAX: gl.constexpr, NAMED: gl.constexpr):
+        """One pair of ``_colsplit_pairs`` from its scores ``s``: softmax, P, ``O += P V`` by column halves,
+        the two releases. ``l``: the row sums (``l_w`` with ``XWG_SOFTMAX``). Returns ``(oa, ob, m_i, l)``."""
         HALF: gl.constexpr = D_LAT // 2
         if XWG_SOFTMAX:
-            # The accumulator layout of the scores (NVMMA v3, warps [4, 2], n64 a warpgroup) as linear bases,
-            # viewed as [64 rows, 2 warpgroups, 64 keys]; checked against the compiler by assert_trivial.
-            s3_layout: gl.constexpr = gl.DistributedLinearLayout(
-                reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
-                lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-                warp_bases=[[16, 0, 0], [32, 0, 0], [0, 1, 0]], block_bases=[], shape=[64, 2, 64])
-            both_layout: gl.constexpr = gl.DistributedLinearLayout(
-                reg_bases=[[8, 0], [0, 1]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
-                warp_bases=[[16, 0], [32, 0], [0, 0]], block_bases=[], shape=[64, 2])
+            p, alpha, m_i, l = _softmax_xwg(s, m_i, l, sm_scale_log2e, xbuf, s3_layout, both_layout)
+        else:
+            p, alpha, m_i, l = _softmax(s, m_i, l, sm_scale_log2e)
+        oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
+        ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
+        oa = warpgroup_mma(p2_smem, k_lat.slice(0, HALF, dim=1), oa, is_async=True)
+        ob = warpgroup_mma(p2_smem, k_lat.slice(HALF, HALF, dim=1), ob, is_async=True)
+        oa = warpgroup_mma_wait(num_outstanding=1, deps=[oa])
+        _release(empty0, RELEASE_BAR0, more, NAMED)  # column blocks 0..3 of both slots read ...
+        ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
+        _release(empty1, RELEASE_BAR1, more, NAMED)  # ... and blocks 4..7 and the rope rows (P)
+        return oa, ob, m_i, l
+
+    @gluon.jit
+    def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, s2_zero,
+                        sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr, xbuf=None,
+                        XWG_SOFTMAX: gl.constexpr = False, NAMED: gl.constexpr = False, tail_args=None,
+                        MASKED: gl.constexpr = False, NARROW_ROWS: gl.constexpr = 0, PAGE_SIZE: gl.constexpr = 64):
+        """The COLSPLIT pair loop of a 64-row block (see ``_ws_consumer``). Returns ``(oa, ob, m_i, l_i)``.
+        ``XWG_SOFTMAX``: the softmax by ``_softmax_xwg`` (``xbuf``: its exchange buffer). ``NAMED``: the
+        buffers released by ``_release``'s hardware barriers (``NAMED_RELEASE``). ``MASKED``
+        (``MASKED_PAIRS``): then the split's masked tiles as pairs from the producer's stream
+        (``_pair_mask``), every pair released (the producer takes the last release too); ``tail_args``:
+        ``(KvLens, TreeLens, TreeMask, T, H, num_splits, narrow_splits, stride_mb, stride_mt)``, kernel
+        parameters."""
+        s3_layout: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
+            lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0], [0, 1, 0]], block_bases=[], shape=[64, 2, 64])
+        both_layout: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[8, 0], [0, 1]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0], [0, 0]], block_bases=[], shape=[64, 2])
+        if XWG_SOFTMAX:
+            # (s3_layout: the accumulator layout of the scores, NVMMA v3, warps [4, 2], n64 a warpgroup, as
+            # linear bases, viewed as [64 rows, 2 warpgroups, 64 keys]; checked by assert_trivial)
             w_layout: gl.constexpr = gl.SliceLayout(2, s3_layout)
             # l_i (this block's sum so far) as warpgroup 0's part
             first = gl.expand_dims(gl.arange(0, 2, layout=gl.SliceLayout(0, w_layout)), 0) == 0
             l_in = gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, w_layout), assert_trivial=True), 1)
-            l_w = gl.where(first, l_in, 0.0)
+            l = gl.where(first, l_in, 0.0)
+        else:
+            l = l_i
         for i in range(n_pairs):
             s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
-            if XWG_SOFTMAX:
-                p, alpha, m_i, l_w = _softmax_xwg(s, m_i, l_w, sm_scale_log2e, xbuf, s3_layout, both_layout)
+            if MASKED:
+                more = i >= 0
             else:
-                p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-            oa = _publish_p(p, alpha, oa, p2_smem, oh_layout)
-            ob = ob * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, oh_layout)), 1)
-            oa = warpgroup_mma(p2_smem, k_lat.slice(0, HALF, dim=1), oa, is_async=True)
-            ob = warpgroup_mma(p2_smem, k_lat.slice(HALF, HALF, dim=1), ob, is_async=True)
-            more = i + 1 < n_pairs
-            oa = warpgroup_mma_wait(num_outstanding=1, deps=[oa])
-            _release(empty0, RELEASE_BAR0, more, NAMED)  # column blocks 0..3 of both slots read ...
-            ob = warpgroup_mma_wait(num_outstanding=0, deps=[ob])
-            _release(empty1, RELEASE_BAR1, more, NAMED)  # ... and blocks 4..7 and the rope rows (P)
+                more = i + 1 < n_pairs
+            oa, ob, m_i, l = _colsplit_step(oa, ob, m_i, l, s, k_lat, p2_smem, empty0, empty1, more, sm_scale_log2e,
+                                            xbuf, s3_layout, both_layout, oh_layout, D_LAT, XWG_SOFTMAX, NAMED)
+        if MASKED:
+            BLOCK_M: gl.constexpr = s2_zero.shape[0]
+            BLOCK_N: gl.constexpr = s2_zero.shape[1] // 2
+            KvLens, TreeLens, TreeMask, T, H, num_splits, narrow_splits, stride_mb, stride_mt = tail_args
+            kv_len, tree_len, start, end, n_masked = _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits,
+                                                                  n_pairs, NARROW_ROWS, BLOCK_M, PAGE_SIZE, BLOCK_N)
+            # the scores as [64 rows, 4 words, 32 keys] (s3_layout's bases with the keys' bit 5 and the
+            # warpgroup as the word)
+            s4_layout: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 1, 0]],
+                lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+                warp_bases=[[16, 0, 0], [32, 0, 0], [0, 2, 0]], block_bases=[], shape=[64, 4, 32])
+            vw_layout: gl.constexpr = gl.SliceLayout(2, s4_layout)
+            pid_m, _, _, _ = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
+            rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, vw_layout))
+            t = rows // H
+            row_ok = (rows < T * H) & (t < tree_len)
+            mask_base = TreeMask + gl.program_id(2).to(gl.int64) * stride_mb
+            for i in range(n_pairs, n_pairs + n_masked):
+                vis = _pair_visible_words(start + i * 2 * BLOCK_N, kv_len + tree_len, end, kv_len, tree_len, row_ok, t,
+                                          mask_base, stride_mt, vw_layout, BLOCK_N)
+                s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
+                s = _pair_mask(s, vis, s4_layout)
+                oa, ob, m_i, l = _colsplit_step(oa, ob, m_i, l, s, k_lat, p2_smem, empty0, empty1, i >= 0,
+                                                sm_scale_log2e, xbuf, s3_layout, both_layout, oh_layout, D_LAT,
+                                                XWG_SOFTMAX, NAMED)
         if NAMED:
             _cta_barrier()  # both warpgroups' last wgmmas done before the tail refills the buffers
         if XWG_SOFTMAX:
-            l_i = gl.convert_layout(gl.sum(l_w, 1), l_i.type.layout)
+            l_i = gl.convert_layout(gl.sum(l, 1), l_i.type.layout)
+        else:
+            l_i = l
         return oa, ob, m_i, l_i
 
     @gluon.jit
@@ -433,11 +573,17 @@ if GLUON_AVAILABLE:
     def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
                      max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
                      BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False, kv_desc2=None,
-                     WIDE: gl.constexpr = False, NAMED: gl.constexpr = False):
+                     WIDE: gl.constexpr = False, NAMED: gl.constexpr = False, kv_desc_pages=None, tail_args=None,
+                     MASKED: gl.constexpr = False, NARROW_ROWS: gl.constexpr = 0, BLOCK_M: gl.constexpr = 64):
         """Worker partition: all TMA copies of the pair loop. Pair j's slot s is refilled once the
         consumers released pair j-1's slot s (``empty_s`` phase j-1). ``COLSPLIT``: ``empty0`` / ``empty1``
         release the latent column blocks 0..3 / 4..7 and the rope of both slots instead. Pages below a
-        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA."""
+        tile (GATHER, COLSPLIT only): cp.async row gathers by the producer's 128 threads instead of TMA.
+        ``MASKED`` (``MASKED_PAIRS``, over TMA by column halves): then the split's masked tiles as pairs over
+        the paged view (``_issue_pair_pages``: where the keys end inside a tile it is copied from before its
+        start, ``_tile_page_slot``; a pair's second tile past the end is a copy of its first), and the
+        consumers' last releases are taken (they release every pair). ``tail_args``: ``(KvLens, TreeLens, T, H,
+        num_splits, narrow_splits)``, kernel parameters."""
         if PAGE_SIZE < BLOCK_N:
             gl.static_assert(COLSPLIT, "row gathers: column halves only")
             ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
@@ -480,6 +626,34 @@ if GLUON_AVAILABLE:
                     _acquire(empty1, RELEASE_BAR1, j - 1, NAMED)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, D_LAT // 128, D_LAT // 64 + 1, D_LAT,
                                    BLOCK_N, kv_desc2, WIDE)
+            if MASKED:
+                KvLens, TreeLens, T, H, num_splits, narrow_splits = tail_args
+                kv_len, tree_len, _, end, n_masked = _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits,
+                                                                  n_pairs, NARROW_ROWS, BLOCK_M, PAGE_SIZE, BLOCK_N)
+                n_keys = kv_len + tree_len
+                for j in range(n_pairs, n_pairs + n_masked):
+                    n = start + 2 * j * BLOCK_N
+                    pg0, sl0 = _tile_page_slot(pt, n, n_keys, max_pages, num_pages, PAGE_SIZE, BLOCK_N)
+                    pg1, sl1 = _tile_page_slot(pt, n + BLOCK_N, n_keys, max_pages, num_pages, PAGE_SIZE, BLOCK_N)
+                    past = n + BLOCK_N >= end
+                    pg1 = gl.where(past, pg0, pg1)
+                    sl1 = gl.where(past, sl0, sl1)
+                    if j > 0:
+                        _acquire(empty0, RELEASE_BAR0, j - 1, NAMED)
+                    _issue_pair_pages(kv_desc_pages, k_lat, k_pe, cbars, pg0, sl0, pg1, sl1, 0, D_LAT // 128, D_LAT,
+                                      BLOCK_N)
+                    if j > 0:
+                        _acquire(empty1, RELEASE_BAR1, j - 1, NAMED)
+                    _issue_pair_pages(kv_desc_pages, k_lat, k_pe, cbars, pg0, sl0, pg1, sl1, D_LAT // 128,
+                                      D_LAT // 64 + 1, D_LAT, BLOCK_N)
+                # the full blocks' consumers release every pair: the last one's releases taken here
+                _, _, _, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
+                last = n_pairs + n_masked - 1
+                if NARROW_ROWS > 0:
+                    last = gl.where(narrow, -1, last)
+                if last >= 0:
+                    _acquire(empty0, RELEASE_BAR0, last, NAMED)
+                    _acquire(empty1, RELEASE_BAR1, last, NAMED)
         else:
             if n_pairs > 0:
                 row0 = _page_row_p(pt, start, max_pages, num_pages, PAGE_SIZE)
@@ -511,7 +685,7 @@ if GLUON_AVAILABLE:
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
                      Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
                      XWG_SOFTMAX: gl.constexpr, NAMED_RELEASE: gl.constexpr = False,
-                     EARLY_TAIL_MASK: gl.constexpr = False):
+                     EARLY_TAIL_MASK: gl.constexpr = False, MASKED_PAIRS: gl.constexpr = False):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -575,6 +749,7 @@ if GLUON_AVAILABLE:
             o = gl.zeros([BLOCK_M, D_LAT], gl.float32, layout=o_layout)
 
         s2_zero = gl.zeros([BLOCK_M, PAIR_N], gl.float32, layout=s2_layout)
+        tail_args = (KvLens, TreeLens, TreeMask, T, H, num_splits, narrow_splits, stride_mb, stride_mt)
         # ---- committed prefix: pairs of full tiles, no mask --------------------------------------
         if COLSPLIT:
             if NARROW_ROWS > 0:
@@ -585,11 +760,13 @@ if GLUON_AVAILABLE:
                 else:
                     oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars,
                                                        empty0, empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout,
-                                                       D_LAT, xbuf, XWG_SOFTMAX, NAMED_RELEASE)
+                                                       D_LAT, xbuf, XWG_SOFTMAX, NAMED_RELEASE, tail_args, MASKED_PAIRS,
+                                                       NARROW_ROWS, PAGE_SIZE)
             else:
                 oa, ob, m_i, l_i = _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0,
                                                    empty1, n_pairs, s2_zero, sm_scale_log2e, oh_layout, D_LAT, xbuf,
-                                                   XWG_SOFTMAX, NAMED_RELEASE)
+                                                   XWG_SOFTMAX, NAMED_RELEASE, tail_args, MASKED_PAIRS, NARROW_ROWS,
+                                                   PAGE_SIZE)
         else:  # by tiles (and the probes)
             for i in range(n_pairs):
                 if PROBE == 1:
@@ -629,6 +806,11 @@ if GLUON_AVAILABLE:
         tree_len = gl.load(TreeLens + b)
         start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
         tail_start = start + n_pairs * PAIR_N
+        if MASKED_PAIRS:  # the full blocks ran masked tiles beyond one as pairs (``_tail_extent``)
+            pairs_took = end - tail_start > BLOCK_N
+            if NARROW_ROWS > 0:
+                pairs_took = pairs_took & (pid_m < gl.cdiv(T * H, BLOCK_M) - 1)
+            tail_start = gl.where(pairs_took, end, tail_start)
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
         tail_blocks = k_lat._reinterpret(gl.bfloat16, [D_LAT // 64, PAIR_N, 64], smem_layout)
@@ -721,7 +903,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _verify_gluon_ws_kernel(
-        Q, KV, kv_desc, kv_desc3, PageTable, KvLens, TreeMask, TreeLens,
+        Q, KV, kv_desc, kv_desc3, kv_desc_pages, PageTable, KvLens, TreeMask, TreeLens,
         Out, Lse,
         sm_scale_log2e,
         stride_qb, stride_qt, stride_qh,
@@ -754,10 +936,12 @@ if GLUON_AVAILABLE:
         XWG_SOFTMAX: gl.constexpr = False,
         NAMED_RELEASE: gl.constexpr = False,
         EARLY_TAIL_MASK: gl.constexpr = False,
+        MASKED_PAIRS: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
         ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor(kv, 128)``), else unused (kept so that the
-        positional arguments are the same). ``PROBE``: see ``_ws_consumer``. ``PDL``: 1 / 2, see ``PDL_AT_END``."""
+        positional arguments are the same); ``kv_desc_pages``: with ``MASKED_PAIRS``, the paged view
+        (``kv_descriptor_pages``), else unused. ``PROBE``: see ``_ws_consumer``. ``PDL``: 1 / 2, see ``PDL_AT_END``."""
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "P (BLOCK_M x 2 BLOCK_N) lives in the rope buffers")
         # TMA tiles (P % 64 == 0), or row gathers by the producer (pages below a tile, COLSPLIT only).
@@ -802,10 +986,12 @@ if GLUON_AVAILABLE:
                                 q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
                                 COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, XWG_SOFTMAX, NAMED_RELEASE,
-                                EARLY_TAIL_MASK)),
+                                EARLY_TAIL_MASK, MASKED_PAIRS)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
-                                kv_desc3, WIDE_COPIES, NAMED_RELEASE and COLSPLIT)),
+                                kv_desc3, WIDE_COPIES, NAMED_RELEASE and COLSPLIT, kv_desc_pages,
+                                (KvLens, TreeLens, T, H, num_splits, narrow_splits), MASKED_PAIRS, NARROW_ROWS,
+                                BLOCK_M)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
@@ -915,6 +1101,20 @@ NAMED_RELEASE = os.environ.get("TRITREE_WS_NAMED_RELEASE", "1") == "1"
 # tile in the pair loop. Sweep variant ``tritree-ws-early-mask-off``.
 EARLY_TAIL_MASK = os.environ.get("TRITREE_WS_EARLY_TAIL_MASK", "1") == "1"
 
+# The full row blocks' masked tiles (the prefix's last keys and the tree keys) as pairs of the producer's
+# stream, after the pair loop, masked (``_pair_mask``), instead of the tail one tile at a time by the
+# consumers' own cp.async copies, which nothing overlaps (session 19's timeline at T=65,H=8: the last split's
+# two tail tiles took ~8 us against ~3.5 us a pair in the loop, and it finished ~3 us after every other).
+# A tile in which the request's keys end is copied from before its start over the paged view (TMA lands
+# zeros below slot 0): no stale slot past the end, which may hold anything, is read into P V. Over TMA by
+# column halves, full row blocks (the narrow block keeps the tile tail). Sweep variant
+# ``tritree-ws-masked-pairs-off``. Only where a split's masked keys span more than one tile: a lone tile
+# (T=17,H=8: every split's 17th, a plain one) ran faster as before (session 20 call C, graph-timed: 47.1-48.9
+# us against 51.4-52.0 with it as a pair with a copy of itself; the timeline: 4.3 us for the tile, 6.9 for the
+# pair). Not in launches whose last row block is part-filled and not narrow (T=17,H=8: three blocks, the last
+# with 8 rows): there it stayed slower with that rule too (call D: 49.6 / 49.2 us against 48.1 / 48.0).
+MASKED_PAIRS = os.environ.get("TRITREE_WS_MASKED_PAIRS", "1") == "1"
+
 # With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
 # program's partial store instead of at its start. Signalled at the start, the merge's small programs fill
 # the SMs of the first programs to finish and then run there crowded (session 16 call E: slower); after
@@ -940,6 +1140,13 @@ PDL_AT_END = os.environ.get("TRITREE_WS_PDL_AT_END", "0") == "1"
 PTXAS_NARROW = os.environ.get("TRITREE_WS_PTXAS_NARROW", "-O1") or None
 PTXAS_FULL = os.environ.get("TRITREE_WS_PTXAS_FULL") or None
 PTXAS_WIDE_FULL = os.environ.get("TRITREE_WS_PTXAS_WIDE_FULL", "-O1") or None
+
+
+def masked_pairs(rows: int, narrow: int, colsplit: bool, gather: bool) -> bool:
+    """Whether a launch of ``rows`` packed rows (``narrow``: its narrow block's rows, 0 without one) runs its
+    full blocks' masked tiles as pairs (``MASKED_PAIRS``): over TMA by column halves, with a narrow block or
+    rows that fill the last block."""
+    return MASKED_PAIRS and bool(colsplit) and not gather and (narrow > 0 or rows % BLOCK_M == 0)
 
 
 def copies_wide(rows: int, narrow: int, colsplit: bool, gather: bool) -> bool:
@@ -1038,11 +1245,13 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     desc = kv_descriptor(kv)
     wide = copies_wide(M, nrows, colsplit, gather)
     desc2 = kv_descriptor(kv, 2 * BLOCK_N) if wide else desc
+    masked = masked_pairs(M, nrows, colsplit, gather)
+    desc_pages = kv_descriptor_pages(kv) if masked else desc
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
     l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
     return _verify_gluon_ws_kernel[grid](
-        q, kv, desc, desc2, page_table, kv_lens, tree_mask, tree_lens,
+        q, kv, desc, desc2, desc_pages, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
@@ -1060,7 +1269,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows, WIDE_COPIES=wide, XWG_SOFTMAX=XWG_SOFTMAX and bool(colsplit),
         NAMED_RELEASE=NAMED_RELEASE and bool(colsplit), EARLY_TAIL_MASK=EARLY_TAIL_MASK and bool(colsplit),
-        num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
+        MASKED_PAIRS=masked, num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
         **_ptx_options(bool(nrows), gather, wide),
     )
 
@@ -1106,9 +1315,11 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
     # full_rows: the rows fill the last row block (what copies_wide asks of launches without a narrow block)
     wide = copies_wide(BLOCK_M if full_rows else BLOCK_M + 8, narrow_rows, colsplit, gather)
+    masked = masked_pairs(BLOCK_M if full_rows else BLOCK_M + 8, narrow_rows, colsplit, gather)
     sig = {
         "Q": "*bf16", "KV": "*bf16", "kv_desc": desc,
         "kv_desc3": f"tensordesc<bf16[{2 * BLOCK_N},64],{layout!r}>" if wide else desc,
+        "kv_desc_pages": f"tensordesc<bf16[1,{BLOCK_N},64],{_kv_smem3_layout()!r}>" if masked else desc,
         "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32",
         "Out": "*bf16" if num_splits == 1 else f"*{partial_dtype}", "Lse": "*fp32", "sm_scale_log2e": "fp32",
     }
@@ -1125,7 +1336,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
                   "WIDE_COPIES": wide, "XWG_SOFTMAX": XWG_SOFTMAX and bool(colsplit),
                   "NAMED_RELEASE": NAMED_RELEASE and bool(colsplit),
-                  "EARLY_TAIL_MASK": EARLY_TAIL_MASK and bool(colsplit)}
+                  "EARLY_TAIL_MASK": EARLY_TAIL_MASK and bool(colsplit), "MASKED_PAIRS": masked}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
