@@ -802,15 +802,11 @@ if GLUON_AVAILABLE:
         l_i = gl.convert_layout(l_i, gl.SliceLayout(1, s_layout))
         pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
         b = gl.program_id(2)
-        kv_len = gl.load(KvLens + b)
-        tree_len = gl.load(TreeLens + b)
-        start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
+        kv_len, tree_len, start, end, n_masked = _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits,
+                                                              n_pairs, NARROW_ROWS, BLOCK_M, PAGE_SIZE, BLOCK_N)
         tail_start = start + n_pairs * PAIR_N
-        if MASKED_PAIRS:  # the full blocks ran masked tiles beyond one as pairs (``_tail_extent``)
-            pairs_took = end - tail_start > BLOCK_N
-            if NARROW_ROWS > 0:
-                pairs_took = pairs_took & (pid_m < gl.cdiv(T * H, BLOCK_M) - 1)
-            tail_start = gl.where(pairs_took, end, tail_start)
+        if MASKED_PAIRS:  # what the masked pairs ran is not the tail's
+            tail_start = gl.where(n_masked > 0, end, tail_start)
         tail_lat_v = k_lat._reinterpret(gl.bfloat16, [1, PAIR_N, D_LAT], smem_layout)
         tail_pe_v = k_pe._reinterpret(gl.bfloat16, [1, PAIR_N, D_PE], smem_layout)
         tail_blocks = k_lat._reinterpret(gl.bfloat16, [D_LAT // 64, PAIR_N, 64], smem_layout)
