@@ -178,7 +178,12 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  "tritree-ws-masked-pairs-off": [("tritree.kernels._verify_gluon_ws", "MASKED_PAIRS", False)],
                  # the merge by programmatic dependent launch, signalled after each program's partial store
                  "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
-                                     ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)]})
+                                     ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)],
+                 # the ws split kernel by programmatic dependent launch, the merge signalling at its start
+                 "tritree-split-pdl": [("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
+                                       ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],
+                 # ... the split kernel alone (the merge signals nothing: placed when the merge ends)
+                 "tritree-split-pdl-only": [("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True)]})
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

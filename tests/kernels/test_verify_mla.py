@@ -489,6 +489,52 @@ def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, T, at_end, monkey
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("P,T", [(64, 19), (64, 65), (1, 19), (128, 64)])
+def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T, monkeypatch):
+    """``_verify_gluon_ws.SPLIT_PDL``: the ws split kernel launched by programmatic dependent launch (each
+    program waits for the prior grids before its first global read; the merge signals its dependents at
+    its start) gives the same bits as the plain launch, eagerly and replayed from a CUDA graph; and in a
+    graph where a kernel writes the query, the lengths and the pool's tree keys right before each call
+    (inputs poisoned before every replay), every call reads what that kernel wrote."""
+    import tritree.kernels._splitkv as splitkv
+    import tritree.kernels._verify_gluon_ws as ws
+
+    monkeypatch.setattr(splitkv, "MERGE_SIGNALS", True)
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
+    case = poison_unused_slots(make_case(2, T, 8, P, [30_000, 1_000 + 5], [T, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=P + T))
+    check_switch_changes_no_bit(case, cfg, monkeypatch, ws, "SPLIT_PDL")
+    assert ws.split_pdl(case["q"].device)
+
+    # Two calls in one graph, each right after kernels that write its inputs (a plain launch would order
+    # them; here only griddepcontrol.wait does).
+    # a second call over the same page layout (one pool buffer serves both): other queries and keys
+    gen = torch.Generator(device=case["q"].device).manual_seed(P + T)
+    cases = [case, dict(case, q=torch.randn(case["q"].shape, generator=gen, device=case["q"].device).to(torch.bfloat16),
+                        kv=(case["kv"] * -0.5).to(torch.bfloat16))]
+    refs = [verify_mla(c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"], sm_scale=SM_SCALE,
+                       tree_lens=c["tree_lens"], config=cfg) for c in cases]
+    q_buf, kv_buf, lens_buf = torch.empty_like(case["q"]), torch.empty_like(case["kv"]), torch.empty_like(case["kv_lens"])
+    outs = [torch.empty_like(r) for r in refs]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c, out in zip(cases, outs):
+            torch.add(c["q"], 0, out=q_buf)  # kernels (not copies): the split kernel's programmatic predecessors
+            torch.add(c["kv"], 0, out=kv_buf)
+            torch.add(c["kv_lens"], 0, out=lens_buf)
+            verify_mla(q_buf, kv_buf, c["page_table"], lens_buf, c["tree_mask"], sm_scale=SM_SCALE,
+                       tree_lens=c["tree_lens"], config=cfg, out=out)
+    for _ in range(3):
+        for t in (q_buf, kv_buf, *outs):
+            t.fill_(float("nan"))
+        lens_buf.fill_(0)
+        g.replay()
+        torch.cuda.synchronize()
+        for out, ref in zip(outs, refs):
+            assert torch.equal(out, ref)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-seesaw", 128), ("gluon", 1),
                                       ("gluon-seesaw", 16)])
 def test_gpu_q_first_gives_the_same_bits(kernel, P, monkeypatch):

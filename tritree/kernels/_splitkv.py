@@ -20,7 +20,7 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -167,6 +167,10 @@ def split_destinations(out, lse, num_splits: int, rows: int, narrow: bool | None
 # Measured slower with the warp-specialised kernel (session 16, call E, L=46000, graph-timed, us):
 # T=65,H=8 108.5-109.6 -> 110.5-111.0, T=17,H=8 48.5-49.4 -> 55.2-55.6.
 MERGE_PDL = os.environ.get("TRITREE_MERGE_PDL", "0") == "1"
+# The merge signals dependents at its start (``griddepcontrol.launch_dependents``, a no-op unless the next
+# kernel is launched by programmatic dependent launch, such as the warp-specialised split kernel with
+# ``_verify_gluon_ws.SPLIT_PDL``: it then waits for the merge's completion itself, in ``griddepcontrol.wait``).
+MERGE_SIGNALS = os.environ.get("TRITREE_MERGE_SIGNALS", "0") == "1"
 
 
 def merge_pdl(num_splits: int, device: torch.device) -> bool:
@@ -188,12 +192,15 @@ def _combine_kernel(
     SPLIT_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
+    SIGNAL: tl.constexpr = False,
 ):
     # One pass with a running maximum (the partials' lse are log2): each chunk's partial rows and
     # lse are loaded together, so a chunk costs one memory round trip and chunks can be in flight
     # together (the merge is bound by bytes in flight, not by arithmetic).
     if PDL:  # launched early: wait for the split kernel's partials
         gdc_wait()
+    if SIGNAL:  # a kernel launched after this one by programmatic dependent launch may be placed now
+        gdc_launch_dependents()
     row = tl.program_id(0)
     b = tl.program_id(1)
     pid_d = tl.program_id(2)
@@ -291,7 +298,7 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse.stride(0), lse.stride(1), lse.stride(2),
         H, S,
         # Every constexpr passed, defaulted ones too: torch.compile's wrap_triton fills in no defaults.
-        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl,
+        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl, SIGNAL=MERGE_SIGNALS and launch is None,
         num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )

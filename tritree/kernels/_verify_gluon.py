@@ -168,6 +168,15 @@ if GLUON_AVAILABLE:
                 "=r,l,r", [addr, thread_mask], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
+    def _wait_prior_grid(any_int):
+        """Programmatic dependent launch: wait until the grids this one depends on have completed and their
+        writes are visible (``griddepcontrol.wait``; returns at once for a launch without ``launch_pdl``).
+        Before any global read of anything a prior kernel may write. ``any_int``: a scalar for the asm's
+        operand list."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r,r", [any_int],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _launch_dependents(any_int):
         """Programmatic dependent launch: the next grid (the split merge, launched with ``launch_pdl``)
         may be placed now; it waits for this grid's writes itself. A no-op for other launches.

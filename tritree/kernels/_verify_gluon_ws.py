@@ -123,6 +123,7 @@ if GLUON_AVAILABLE:
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_clock, _cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail,
+                                _wait_prior_grid,
                                 _new_bar, _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale,
                                 _softmax, _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
                                 _gather_pages)
@@ -933,11 +934,14 @@ if GLUON_AVAILABLE:
         NAMED_RELEASE: gl.constexpr = False,
         EARLY_TAIL_MASK: gl.constexpr = False,
         MASKED_PAIRS: gl.constexpr = False,
+        WAIT_PRIOR: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
         ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor(kv, 128)``), else unused (kept so that the
         positional arguments are the same); ``kv_desc_pages``: with ``MASKED_PAIRS``, the paged view
-        (``kv_descriptor_pages``), else unused. ``PROBE``: see ``_ws_consumer``. ``PDL``: 1 / 2, see ``PDL_AT_END``."""
+        (``kv_descriptor_pages``), else unused. ``PROBE``: see ``_ws_consumer``. ``PDL``: 1 / 2, see ``PDL_AT_END``.
+        ``WAIT_PRIOR``: launched by programmatic dependent launch (``SPLIT_PDL``): waits for the prior grids
+        before its first global read."""
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "P (BLOCK_M x 2 BLOCK_N) lives in the rope buffers")
         # TMA tiles (P % 64 == 0), or row gathers by the producer (pages below a tile, COLSPLIT only).
@@ -948,6 +952,8 @@ if GLUON_AVAILABLE:
 
         pid_m, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
         b = gl.program_id(2)
+        if WAIT_PRIOR:
+            _wait_prior_grid(b)
         if PDL == 1:  # the merge may be placed now (one wave of programs: all of them have started)
             _launch_dependents(pid_s)
         kv_len = gl.load(KvLens + b)
@@ -1118,6 +1124,22 @@ MASKED_PAIRS = os.environ.get("TRITREE_WS_MASKED_PAIRS", "1") == "1"
 # under the split kernel's end. Sweep variant ``tritree-pdl-end``.
 PDL_AT_END = os.environ.get("TRITREE_WS_PDL_AT_END", "0") == "1"
 
+# The split kernel itself launched by programmatic dependent launch (``launch_pdl``): its grid is placed while
+# the kernel before it in the stream (in a decode step the KV write, between verify calls the previous call's
+# merge) still runs, and each program waits in ``griddepcontrol.wait`` (``WAIT_PRIOR``) before its first
+# global read, instead of the launch itself waiting for that kernel's completion; the split merge signals
+# dependents at its start (``_splitkv.MERGE_SIGNALS``). An experiment until measured (the gap between one
+# call's last split program and the next call's first, the merge included, is 5.4-6.1 us at T=65,H=8);
+# ``TRITREE_WS_SPLIT_PDL=1``, sweep variant ``tritree-split-pdl``.
+SPLIT_PDL = os.environ.get("TRITREE_WS_SPLIT_PDL", "0") == "1"
+
+
+def split_pdl(device: torch.device) -> bool:
+    """Whether the split kernel on ``device`` is launched by programmatic dependent launch (``SPLIT_PDL``,
+    a Hopper-or-later GPU, not the interpreter)."""
+    return (SPLIT_PDL and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
 # ptxas options for this kernel's launches with a narrow last row block / without one (None: triton's
 # default, -O3; ``TRITREE_WS_PTXAS_NARROW=`` restores it for the narrow ones). Session 16: the same source
 # comes out of ptxas with a different schedule of the pair loop from build to build, and the schedule costs
@@ -1246,6 +1268,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
     l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
+    pdl_split = split_pdl(q.device)
     return _verify_gluon_ws_kernel[grid](
         q, kv, desc, desc2, desc_pages, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
@@ -1265,7 +1288,9 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows, WIDE_COPIES=wide, XWG_SOFTMAX=XWG_SOFTMAX and bool(colsplit),
         NAMED_RELEASE=NAMED_RELEASE and bool(colsplit), EARLY_TAIL_MASK=EARLY_TAIL_MASK and bool(colsplit),
-        MASKED_PAIRS=masked, num_warps=NUM_WARPS, **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
+        MASKED_PAIRS=masked, WAIT_PRIOR=pdl_split, num_warps=NUM_WARPS,
+        **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
+        **({"launch_pdl": True} if pdl_split else {}),
         **_ptx_options(bool(nrows), gather, wide),
     )
 
@@ -1294,7 +1319,7 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str | None = None,
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
                         pdl: int = 0, timeline: bool = False, coalesced: bool | None = None,
-                        narrow_rows: int = 0, full_rows: bool = True):
+                        narrow_rows: int = 0, full_rows: bool = True, wait_prior: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1332,7 +1357,8 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
                   "WIDE_COPIES": wide, "XWG_SOFTMAX": XWG_SOFTMAX and bool(colsplit),
                   "NAMED_RELEASE": NAMED_RELEASE and bool(colsplit),
-                  "EARLY_TAIL_MASK": EARLY_TAIL_MASK and bool(colsplit), "MASKED_PAIRS": masked}
+                  "EARLY_TAIL_MASK": EARLY_TAIL_MASK and bool(colsplit), "MASKED_PAIRS": masked,
+                  "WAIT_PRIOR": bool(wait_prior)}
     for k in constexprs:
         sig[k] = "constexpr"
     names = fn.arg_names
@@ -1473,6 +1499,14 @@ def _main():
               f"{' after the store' if pdl == 2 else ''}: "
               f"launch_dependents {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
               f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
+    for nrows in (8, 0):  # SPLIT_PDL: the wait before the first global load
+        k = compile_for_sm90_ws(2, 64, narrow_rows=nrows, full_rows=True, wait_prior=True)
+        ptx = k.asm["ptx"]
+        first_wait, first_load = ptx.find("griddepcontrol.wait"), ptx.find("ld.global")
+        good = 0 <= first_wait < first_load and int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        ok &= good
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits=N P= 64 narrow {nrows:2d} WAIT_PRIOR: griddepcontrol.wait "
+              f"{'before' if good else 'NOT before'} the first global load, shared {int(k.metadata.shared)}", flush=True)
     if not ok:
         raise SystemExit(1)
 
