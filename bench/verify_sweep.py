@@ -179,6 +179,11 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  # the merge by programmatic dependent launch, signalled after each program's partial store
                  "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
                                      ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)],
+                 # the ws kernel's masked pairs ahead of its full pairs
+                 "tritree-ws-masked-first": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True)],
+                 "tritree-ws-masked-first-split-pdl": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True),
+                                                       ("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
+                                                       ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],
                  # the ws split kernel by programmatic dependent launch, the merge signalling at its start
                  "tritree-split-pdl": [("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
                                        ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],

@@ -516,14 +516,15 @@ def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T, monkeypatch):
                        tree_lens=c["tree_lens"], config=cfg) for c in cases]
     q_buf, kv_buf, lens_buf = torch.empty_like(case["q"]), torch.empty_like(case["kv"]), torch.empty_like(case["kv_lens"])
     outs = [torch.empty_like(r) for r in refs]
+    lses = [torch.empty(r.shape[:3], dtype=torch.float32, device=r.device) for r in refs]
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for c, out in zip(cases, outs):
+        for c, out, lse in zip(cases, outs, lses):
             torch.add(c["q"], 0, out=q_buf)  # kernels (not copies): the split kernel's programmatic predecessors
             torch.add(c["kv"], 0, out=kv_buf)
             torch.add(c["kv_lens"], 0, out=lens_buf)
             verify_mla(q_buf, kv_buf, c["page_table"], lens_buf, c["tree_mask"], sm_scale=SM_SCALE,
-                       tree_lens=c["tree_lens"], config=cfg, out=out)
+                       tree_lens=c["tree_lens"], config=cfg, out=out, lse=lse)
     for _ in range(3):
         for t in (q_buf, kv_buf, *outs):
             t.fill_(float("nan"))
@@ -687,11 +688,15 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     (8, 16, 64, [64 + 3, 64 - 8 + 1], 1),  # a prefix tile, then 3 prefix keys and the tree's 8 (53 rows of zeros
     # in front of them); the second request in one tile (the tile tail)
 ])
-def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
+@pytest.mark.parametrize("masked_first", [False, True])
+def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits, masked_first, monkeypatch):
     """The ws kernel's masked tail in every shape a chunk gives it (one to four tiles, a prefix ending
     mid-tile or on a page, chunks that are all tail or empty, one split) against the float64 reference
     with the unused pool slots NaN, then replayed from a CUDA graph into poisoned outputs with the same
-    bits."""
+    bits; the masked pairs after the full ones and (``MASKED_FIRST``) ahead of them."""
+    from tritree.kernels import _verify_gluon_ws as vgws
+
+    monkeypatch.setattr(vgws, "MASKED_FIRST", masked_first)
     cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                          seed=T + H + P + len(kv_lens)))

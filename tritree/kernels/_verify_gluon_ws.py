@@ -373,6 +373,40 @@ if GLUON_AVAILABLE:
         return oa, ob, m_i, l
 
     @gluon.jit
+    def _masked_pair_steps(oa, ob, m_i, l, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, first,
+                           s2_zero, sm_scale_log2e, xbuf, s3_layout: gl.constexpr, both_layout: gl.constexpr,
+                           oh_layout: gl.constexpr, D_LAT: gl.constexpr, XWG_SOFTMAX: gl.constexpr, NAMED: gl.constexpr,
+                           tail_args, NARROW_ROWS: gl.constexpr, PAGE_SIZE: gl.constexpr):
+        """``_colsplit_pairs``' masked pairs (``MASKED_PAIRS``): the split's keys from the end of its ``n_pairs``
+        full pairs to its end, as pairs ``first ..`` of the producer's stream, each released. Returns ``(oa, ob,
+        m_i, l, n_masked)``."""
+        BLOCK_M: gl.constexpr = s2_zero.shape[0]
+        BLOCK_N: gl.constexpr = s2_zero.shape[1] // 2
+        KvLens, TreeLens, TreeMask, T, H, num_splits, narrow_splits, stride_mb, stride_mt = tail_args
+        kv_len, tree_len, start, end, n_masked = _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits,
+                                                              n_pairs, NARROW_ROWS, BLOCK_M, PAGE_SIZE, BLOCK_N)
+        # the scores as [64 rows, 4 words, 32 keys] (s3_layout's bases with the keys' bit 5 and the
+        # warpgroup as the word)
+        s4_layout: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 1, 0]],
+            lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0], [0, 2, 0]], block_bases=[], shape=[64, 4, 32])
+        vw_layout: gl.constexpr = gl.SliceLayout(2, s4_layout)
+        pid_m, _, _, _ = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, vw_layout))
+        t = rows // H
+        row_ok = (rows < T * H) & (t < tree_len)
+        mask_base = TreeMask + gl.program_id(2).to(gl.int64) * stride_mb
+        for k in range(n_masked):
+            vis = _pair_visible_words(start + (n_pairs + k) * 2 * BLOCK_N, kv_len + tree_len, end, kv_len, tree_len,
+                                      row_ok, t, mask_base, stride_mt, vw_layout, BLOCK_N)
+            s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, (first + k) & 1, s2_zero, D_LAT)
+            s = _pair_mask(s, vis, s4_layout)
+            oa, ob, m_i, l = _colsplit_step(oa, ob, m_i, l, s, k_lat, p2_smem, empty0, empty1, k >= 0, sm_scale_log2e,
+                                            xbuf, s3_layout, both_layout, oh_layout, D_LAT, XWG_SOFTMAX, NAMED)
+        return oa, ob, m_i, l, n_masked
+
+    @gluon.jit
     def _colsplit_pairs(oa, ob, m_i, l_i, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0, empty1, n_pairs, s2_zero,
                         sm_scale_log2e, oh_layout: gl.constexpr, D_LAT: gl.constexpr, xbuf=None,
                         XWG_SOFTMAX: gl.constexpr = False, NAMED: gl.constexpr = False, tail_args=None,
@@ -401,7 +435,13 @@ if GLUON_AVAILABLE:
             l = gl.where(first, l_in, 0.0)
         else:
             l = l_i
-        for i in range(n_pairs):
+        first = 0  # pairs of the stream ahead of the full ones: the masked ones with MASKED == 2
+        if MASKED == 2:
+            oa, ob, m_i, l, first = _masked_pair_steps(oa, ob, m_i, l, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0,
+                                                       empty1, n_pairs, 0, s2_zero, sm_scale_log2e, xbuf, s3_layout,
+                                                       both_layout, oh_layout, D_LAT, XWG_SOFTMAX, NAMED, tail_args,
+                                                       NARROW_ROWS, PAGE_SIZE)
+        for i in range(first, first + n_pairs):
             s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
             if MASKED:
                 more = i >= 0
@@ -409,32 +449,11 @@ if GLUON_AVAILABLE:
                 more = i + 1 < n_pairs
             oa, ob, m_i, l = _colsplit_step(oa, ob, m_i, l, s, k_lat, p2_smem, empty0, empty1, more, sm_scale_log2e,
                                             xbuf, s3_layout, both_layout, oh_layout, D_LAT, XWG_SOFTMAX, NAMED)
-        if MASKED:
-            BLOCK_M: gl.constexpr = s2_zero.shape[0]
-            BLOCK_N: gl.constexpr = s2_zero.shape[1] // 2
-            KvLens, TreeLens, TreeMask, T, H, num_splits, narrow_splits, stride_mb, stride_mt = tail_args
-            kv_len, tree_len, start, end, n_masked = _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits,
-                                                                  n_pairs, NARROW_ROWS, BLOCK_M, PAGE_SIZE, BLOCK_N)
-            # the scores as [64 rows, 4 words, 32 keys] (s3_layout's bases with the keys' bit 5 and the
-            # warpgroup as the word)
-            s4_layout: gl.constexpr = gl.DistributedLinearLayout(
-                reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 1, 0]],
-                lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-                warp_bases=[[16, 0, 0], [32, 0, 0], [0, 2, 0]], block_bases=[], shape=[64, 4, 32])
-            vw_layout: gl.constexpr = gl.SliceLayout(2, s4_layout)
-            pid_m, _, _, _ = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
-            rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, vw_layout))
-            t = rows // H
-            row_ok = (rows < T * H) & (t < tree_len)
-            mask_base = TreeMask + gl.program_id(2).to(gl.int64) * stride_mb
-            for i in range(n_pairs, n_pairs + n_masked):
-                vis = _pair_visible_words(start + i * 2 * BLOCK_N, kv_len + tree_len, end, kv_len, tree_len, row_ok, t,
-                                          mask_base, stride_mt, vw_layout, BLOCK_N)
-                s = _qk_streamed(q_lat, q_pe, k_lat, k_pe, cbars, i & 1, s2_zero, D_LAT)
-                s = _pair_mask(s, vis, s4_layout)
-                oa, ob, m_i, l = _colsplit_step(oa, ob, m_i, l, s, k_lat, p2_smem, empty0, empty1, i >= 0,
-                                                sm_scale_log2e, xbuf, s3_layout, both_layout, oh_layout, D_LAT,
-                                                XWG_SOFTMAX, NAMED)
+        if MASKED == 1:
+            oa, ob, m_i, l, _ = _masked_pair_steps(oa, ob, m_i, l, q_lat, q_pe, k_lat, k_pe, p2_smem, cbars, empty0,
+                                                   empty1, n_pairs, n_pairs, s2_zero, sm_scale_log2e, xbuf, s3_layout,
+                                                   both_layout, oh_layout, D_LAT, XWG_SOFTMAX, NAMED, tail_args,
+                                                   NARROW_ROWS, PAGE_SIZE)
         if NAMED:
             _cta_barrier()  # both warpgroups' last wgmmas done before the tail refills the buffers
         if XWG_SOFTMAX:
@@ -571,6 +590,30 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(cbars[c])
 
     @gluon.jit
+    def _issue_masked_pairs(kv_desc_pages, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, first, n_masked,
+                            n_keys, end, max_pages, num_pages, PAGE_SIZE: gl.constexpr, D_LAT: gl.constexpr,
+                            BLOCK_N: gl.constexpr, NAMED: gl.constexpr):
+        """Producer, ``MASKED_PAIRS``: the split's ``n_masked`` masked pairs (its keys from the end of its
+        ``n_pairs`` full pairs to ``end``) as pairs ``first ..`` of the stream (their phases), over the paged
+        view (``_issue_pair_pages``: a tile in which the keys end copied from before its start,
+        ``_tile_page_slot``; a pair's second tile past the end a copy of its first)."""
+        for k in range(n_masked):
+            j = first + k
+            n = start + 2 * (n_pairs + k) * BLOCK_N
+            pg0, sl0 = _tile_page_slot(pt, n, n_keys, max_pages, num_pages, PAGE_SIZE, BLOCK_N)
+            pg1, sl1 = _tile_page_slot(pt, n + BLOCK_N, n_keys, max_pages, num_pages, PAGE_SIZE, BLOCK_N)
+            past = n + BLOCK_N >= end
+            pg1 = gl.where(past, pg0, pg1)
+            sl1 = gl.where(past, sl0, sl1)
+            if j > 0:
+                _acquire(empty0, RELEASE_BAR0, j - 1, NAMED)
+            _issue_pair_pages(kv_desc_pages, k_lat, k_pe, cbars, pg0, sl0, pg1, sl1, 0, D_LAT // 128, D_LAT, BLOCK_N)
+            if j > 0:
+                _acquire(empty1, RELEASE_BAR1, j - 1, NAMED)
+            _issue_pair_pages(kv_desc_pages, k_lat, k_pe, cbars, pg0, sl0, pg1, sl1, D_LAT // 128, D_LAT // 64 + 1,
+                              D_LAT, BLOCK_N)
+
+    @gluon.jit
     def _ws_producer(kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp, stride_kvs,
                      max_pages, num_pages, PAGE_SIZE: gl.constexpr, L2_PREFETCH: gl.constexpr, D_LAT: gl.constexpr,
                      BLOCK_N: gl.constexpr, COLSPLIT: gl.constexpr = False, kv_desc2=None,
@@ -612,44 +655,43 @@ if GLUON_AVAILABLE:
                 for c in gl.static_range(D_LAT // 128 + 1, D_LAT // 64 + 1):
                     _gather_landed(cbars, c, D_LAT // 64 - c)
         elif COLSPLIT:
+            first = 0  # pairs issued ahead of the full ones: the masked ones with MASKED == 2
+            if MASKED:
+                KvLens, TreeLens, T, H, num_splits, narrow_splits = tail_args
+            if MASKED == 2:
+                kv_len, tree_len, _, end, n_masked = _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits,
+                                                                  n_pairs, NARROW_ROWS, BLOCK_M, PAGE_SIZE, BLOCK_N)
+                _issue_masked_pairs(kv_desc_pages, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, 0, n_masked,
+                                    kv_len + tree_len, end, max_pages, num_pages, PAGE_SIZE, D_LAT, BLOCK_N, NAMED)
+                first = n_masked
             for j in range(n_pairs):
                 n = start + 2 * j * BLOCK_N
                 row0 = _page_row_p(pt, n, max_pages, num_pages, PAGE_SIZE)
                 row1 = _page_row_p(pt, n + BLOCK_N, max_pages, num_pages, PAGE_SIZE)
-                if j > 0:
+                jj = j + first
+                if jj > 0:
                     if L2_PREFETCH:
                         _prefetch_tile_l2(KV, row0, stride_kvs, num_pages * PAGE_SIZE, 127)
                         _prefetch_tile_l2(KV, row1, stride_kvs, num_pages * PAGE_SIZE, 127)
-                    _acquire(empty0, RELEASE_BAR0, j - 1, NAMED)
+                    _acquire(empty0, RELEASE_BAR0, jj - 1, NAMED)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, 0, D_LAT // 128, D_LAT, BLOCK_N, kv_desc2,
                                    WIDE)
-                if j > 0:
-                    _acquire(empty1, RELEASE_BAR1, j - 1, NAMED)
+                if jj > 0:
+                    _acquire(empty1, RELEASE_BAR1, jj - 1, NAMED)
                 _issue_pair_blocks(kv_desc, k_lat, k_pe, cbars, row0, row1, D_LAT // 128, D_LAT // 64 + 1, D_LAT,
                                    BLOCK_N, kv_desc2, WIDE)
             if MASKED:
-                KvLens, TreeLens, T, H, num_splits, narrow_splits = tail_args
-                kv_len, tree_len, _, end, n_masked = _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits,
-                                                                  n_pairs, NARROW_ROWS, BLOCK_M, PAGE_SIZE, BLOCK_N)
-                n_keys = kv_len + tree_len
-                for j in range(n_pairs, n_pairs + n_masked):
-                    n = start + 2 * j * BLOCK_N
-                    pg0, sl0 = _tile_page_slot(pt, n, n_keys, max_pages, num_pages, PAGE_SIZE, BLOCK_N)
-                    pg1, sl1 = _tile_page_slot(pt, n + BLOCK_N, n_keys, max_pages, num_pages, PAGE_SIZE, BLOCK_N)
-                    past = n + BLOCK_N >= end
-                    pg1 = gl.where(past, pg0, pg1)
-                    sl1 = gl.where(past, sl0, sl1)
-                    if j > 0:
-                        _acquire(empty0, RELEASE_BAR0, j - 1, NAMED)
-                    _issue_pair_pages(kv_desc_pages, k_lat, k_pe, cbars, pg0, sl0, pg1, sl1, 0, D_LAT // 128, D_LAT,
-                                      BLOCK_N)
-                    if j > 0:
-                        _acquire(empty1, RELEASE_BAR1, j - 1, NAMED)
-                    _issue_pair_pages(kv_desc_pages, k_lat, k_pe, cbars, pg0, sl0, pg1, sl1, D_LAT // 128,
-                                      D_LAT // 64 + 1, D_LAT, BLOCK_N)
+                n_issued = n_pairs + first
+                if MASKED == 1:  # (the extent from kernel parameters again: nothing kept live across the loop)
+                    kv_len, tree_len, _, end, n_masked = _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits,
+                                                                      n_pairs, NARROW_ROWS, BLOCK_M, PAGE_SIZE, BLOCK_N)
+                    _issue_masked_pairs(kv_desc_pages, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, n_pairs,
+                                        n_masked, kv_len + tree_len, end, max_pages, num_pages, PAGE_SIZE, D_LAT, BLOCK_N,
+                                        NAMED)
+                    n_issued = n_pairs + n_masked
                 # the full blocks' consumers release every pair: the last one's releases taken here
                 _, _, _, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
-                last = n_pairs + n_masked - 1
+                last = n_issued - 1
                 if NARROW_ROWS > 0:
                     last = gl.where(narrow, -1, last)
                 if last >= 0:
@@ -1116,6 +1158,13 @@ EARLY_TAIL_MASK = os.environ.get("TRITREE_WS_EARLY_TAIL_MASK", "1") == "1"
 # pair). Not in launches whose last row block is part-filled and not narrow (T=17,H=8: three blocks, the last
 # with 8 rows): there it stayed slower with that rule too (call D: 49.6 / 49.2 us against 48.1 / 48.0).
 MASKED_PAIRS = os.environ.get("TRITREE_WS_MASKED_PAIRS", "1") == "1"
+# ... run ahead of the full pairs instead of after them (``MASKED_PAIRS`` = 2 in the kernel): the masked
+# pair's copies (not prefetched into the L2, over the paged view, 18 boxes) and its mask words then load
+# beside Q at the program's start, and the first full pair is prefetched while it runs. At T=65,H=8 the
+# last split (23 full pairs and one masked pair, a masked pair ~6-7 us against ~3.5 for a full one) was
+# still the last to finish in two of three timelines (session 21 call A: 91.1 against 89.5 for the next).
+# An experiment until measured: ``TRITREE_WS_MASKED_FIRST=1``, sweep variant ``tritree-ws-masked-first``.
+MASKED_FIRST = os.environ.get("TRITREE_WS_MASKED_FIRST", "0") == "1"
 
 # With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
 # program's partial store instead of at its start. Signalled at the start, the merge's small programs fill
@@ -1288,7 +1337,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
         NARROW_ROWS=nrows, WIDE_COPIES=wide, XWG_SOFTMAX=XWG_SOFTMAX and bool(colsplit),
         NAMED_RELEASE=NAMED_RELEASE and bool(colsplit), EARLY_TAIL_MASK=EARLY_TAIL_MASK and bool(colsplit),
-        MASKED_PAIRS=masked, WAIT_PRIOR=pdl_split, num_warps=NUM_WARPS,
+        MASKED_PAIRS=(2 if MASKED_FIRST else 1) if masked else 0, WAIT_PRIOR=pdl_split, num_warps=NUM_WARPS,
         **({"PDL": 2 if PDL_AT_END else 1} if merge_pdl(int(num_splits), q.device) else {}),
         **({"launch_pdl": True} if pdl_split else {}),
         **_ptx_options(bool(nrows), gather, wide),
@@ -1319,7 +1368,8 @@ def verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_len
 def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str | None = None,
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
                         pdl: int = 0, timeline: bool = False, coalesced: bool | None = None,
-                        narrow_rows: int = 0, full_rows: bool = True, wait_prior: bool = False):
+                        narrow_rows: int = 0, full_rows: bool = True, wait_prior: bool = False,
+                        masked_first: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1357,7 +1407,9 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
                   "WIDE_COPIES": wide, "XWG_SOFTMAX": XWG_SOFTMAX and bool(colsplit),
                   "NAMED_RELEASE": NAMED_RELEASE and bool(colsplit),
-                  "EARLY_TAIL_MASK": EARLY_TAIL_MASK and bool(colsplit), "MASKED_PAIRS": masked,
+                  "EARLY_TAIL_MASK": EARLY_TAIL_MASK and bool(colsplit),
+                  "MASKED_PAIRS": ((2 if (MASKED_FIRST if masked_first is None else masked_first) else 1) if masked
+                                   else 0),
                   "WAIT_PRIOR": bool(wait_prior)}
     for k in constexprs:
         sig[k] = "constexpr"
@@ -1499,6 +1551,15 @@ def _main():
               f"{' after the store' if pdl == 2 else ''}: "
               f"launch_dependents {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
               f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
+    for nrows in (8, 0):  # MASKED_FIRST: the masked pairs ahead of the full ones
+        k = compile_for_sm90_ws(2, 64, narrow_rows=nrows, full_rows=True, masked_first=True)
+        use = resource_usage(k.asm["cubin"])
+        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
+        good = int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        ok &= good
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits=N P= 64 narrow {nrows:2d} MASKED_FIRST: shared "
+              f"{int(k.metadata.shared)} regs {use.get('REG', 0)} spill {spill}  {'ok' if good else 'FAIL'}  "
+              f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
     for nrows in (8, 0):  # SPLIT_PDL: the wait before the first global load
         k = compile_for_sm90_ws(2, 64, narrow_rows=nrows, full_rows=True, wait_prior=True)
         ptx = k.asm["ptx"]

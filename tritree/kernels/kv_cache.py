@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _validate as V
 
@@ -136,7 +137,9 @@ def _kv_write_kernel(KV, New, PageTable, KvLens, TreeLens,
                      stride_kl, stride_kp, stride_ks,
                      stride_nl, stride_nb, stride_nt,
                      stride_ptb, T, E, max_pages, num_pages, t_blocks,
-                     PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+                     PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, SIGNAL: tl.constexpr):
+    if SIGNAL:  # the next kernel (the verify split kernel, launched by programmatic dependent launch) may be placed
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     layer = tl.program_id(1).to(tl.int64)
     pid_e = tl.program_id(2)
@@ -214,6 +217,21 @@ def _kv_write_op(kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tens
     _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked)
 
 
+# The KV write signals dependents at its start (``griddepcontrol.launch_dependents``): in a model's layer it
+# runs right before ``verify_mla``, whose warp-specialised split kernel with ``_verify_gluon_ws.SPLIT_PDL`` is
+# then placed while the write still runs (it waits for the write's completion itself, before its first
+# global read). A no-op before kernels launched without programmatic dependent launch.
+# ``TRITREE_KV_WRITE_SIGNALS=1``; an experiment until measured (``bench/pdl_layer.py``).
+WRITE_SIGNALS = os.environ.get("TRITREE_KV_WRITE_SIGNALS", "0") == "1"
+
+
+def write_signals(device: torch.device) -> bool:
+    """Whether the KV write on ``device`` signals dependents (``WRITE_SIGNALS``, a Hopper-or-later GPU, not
+    the interpreter)."""
+    return (WRITE_SIGNALS and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
     pool = _pool(kv, stacked)
     lead = 3 if stacked else 2
@@ -228,7 +246,7 @@ def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
         *_pool_strides(kv, stacked),
         newv.stride(0), newv.stride(1), newv.stride(2),
         page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks,
-        PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, num_warps=4)
+        PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, SIGNAL=write_signals(kv.device), num_warps=4)
 
 
 # --------------------------------------------------------------------------------------------------
