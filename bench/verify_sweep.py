@@ -184,6 +184,15 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  "tritree-ws-masked-first-split-pdl": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True),
                                                        ("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
                                                        ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],
+                 # the ws kernel's 16-bit partials stored by TMA
+                 "tritree-ws-tma-store": [("tritree.kernels._verify_gluon_ws", "TMA_STORE", True)],
+                 # session 21's four: masked pairs first, the partials by TMA, the split kernel by PDL
+                 "tritree-s21-all": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True),
+                                     ("tritree.kernels._verify_gluon_ws", "TMA_STORE", True),
+                                     ("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
+                                     ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],
+                 "tritree-s21-no-pdl": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True),
+                                        ("tritree.kernels._verify_gluon_ws", "TMA_STORE", True)],
                  # the ws split kernel by programmatic dependent launch, the merge signalling at its start
                  "tritree-split-pdl": [("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
                                        ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],

@@ -536,6 +536,23 @@ def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,H,P,splits", [(65, 8, 64, None), (17, 8, 64, None), (64, 64, 64, None), (19, 8, 1, 8),
+                                          (40, 4, 128, 3), (65, 8, 64, 1)])
+def test_gpu_ws_tma_store_gives_the_same_bits(T, H, P, splits, monkeypatch):
+    """``_verify_gluon_ws.TMA_STORE``: the 16-bit split partials stored by TMA boxes from the pair buffers (a
+    narrow last block, a part-filled one whose rows past the last the copy clips, 64 heads, row gathers, P =
+    128; one split: the output itself, stored as before) give the bits of the staged store, against the
+    reference, eagerly and replayed from a CUDA graph into poisoned outputs."""
+    import tritree.kernels._verify_gluon_ws as ws
+
+    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
+    case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 1_000 + 5], [T, T // 2 + 1], ("random", "chain"),
+                                         torch.bfloat16, seed=T + H + P))
+    kw = {} if splits is None else {"num_splits": splits}
+    check_switch_changes_no_bit(case, cfg, monkeypatch, ws, "TMA_STORE", **kw)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-seesaw", 128), ("gluon", 1),
                                       ("gluon-seesaw", 16)])
 def test_gpu_q_first_gives_the_same_bits(kernel, P, monkeypatch):

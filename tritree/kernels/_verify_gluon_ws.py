@@ -119,7 +119,7 @@ if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
     from ._verify_gluon import (_clock, _cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail,
@@ -718,17 +718,27 @@ if GLUON_AVAILABLE:
                 _issue_pair_tile(kv_desc, k_lat, k_pe, cbars, 1, row1, D_LAT, BLOCK_N)
 
     @gluon.jit
+    def _store_lse(m_i, l_i, Lse, b, pid_m, pid_s, T, H, tree_len, stride_lb, stride_lh, stride_ls,
+                   BLOCK_M: gl.constexpr):
+        """``_store_o``'s partial lse (log2; -inf for padding / empty rows) alone, one row a thread."""
+        row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        rows, row_in, has, l_safe, _ = _row_scale(l_i, pid_m, T, H, tree_len, row_layout, BLOCK_M)
+        lse2 = gl.where(has, gl.convert_layout(m_i, row_layout) + gl.log2(l_safe), float("-inf"))
+        gl.store(Lse + b.to(gl.int64) * stride_lb + pid_s * stride_ls + rows * stride_lh, lse2, mask=row_in)
+
+    @gluon.jit
     def _ws_consumer(Q, KV, PageTable, TreeMask, Out, Lse, sm_scale_log2e,
                      stride_qb, stride_qt, stride_qh, stride_kvp, stride_kvs, stride_ptb, max_pages, num_pages,
                      stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
                      T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
-                     q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf,
+                     q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf, out_desc,
                      PAGE_SIZE: gl.constexpr, SINGLE_SPLIT: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, D_LAT: gl.constexpr, D_PE: gl.constexpr, PROBE: gl.constexpr,
                      COLSPLIT: gl.constexpr, TIMELINE: gl.constexpr, COALESCED_STORE: gl.constexpr,
                      Q_ZERO_PAD: gl.constexpr, STAGE_16BIT: gl.constexpr, NARROW_ROWS: gl.constexpr,
                      XWG_SOFTMAX: gl.constexpr, NAMED_RELEASE: gl.constexpr = False,
-                     EARLY_TAIL_MASK: gl.constexpr = False, MASKED_PAIRS: gl.constexpr = False):
+                     EARLY_TAIL_MASK: gl.constexpr = False, MASKED_PAIRS: gl.constexpr = False,
+                     TMA_STORE: gl.constexpr = False):
         """Default partition (8 warps): everything of the SEESAW TMA path but the copy issue. ``PROBE``
         (a bench-only time decomposition, wrong results): 1 = the pair loop only waits for the copies and
         releases the slots (the copy stream alone); 2 = scores and ``P V`` without the softmax (P = the
@@ -876,7 +886,24 @@ if GLUON_AVAILABLE:
                                                    warps_per_cta=[8, 1], order=[1, 0])
         stage_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         if COLSPLIT:
-            if COALESCED_STORE and STAGE_16BIT:
+            if TMA_STORE:
+                # 16-bit partial rows scaled and cast into rows 0..63 of the pair buffers (as the copies left
+                # them: 64-column blocks, 128-byte swizzle), then one TMA box per column block ([1, 64, 64] of
+                # the partials viewed as [B * splits, rows, 512]: the rows past the last clipped by the copy).
+                smem3_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+                _, _, _, _, inv = _row_scale(l_i, pid_m, T, H, tree_len, gl.SliceLayout(1, oh_layout), BLOCK_M)
+                rows_v = k_lat.slice(0, BLOCK_M, dim=0)
+                rows_v.slice(0, HALF, dim=1).store((oa * gl.expand_dims(inv, 1)).to(Out.dtype.element_ty))
+                rows_v.slice(HALF, HALF, dim=1).store((ob * gl.expand_dims(inv, 1)).to(Out.dtype.element_ty))
+                fence_async_shared()
+                _cta_barrier()
+                blocks3 = k_lat._reinterpret(Out.dtype.element_ty, [2 * (D_LAT // 64), BLOCK_N, 64], smem3_layout)
+                for c in gl.static_range(D_LAT // 64):
+                    tma.async_copy_shared_to_global(out_desc, [b * num_splits + pid_s, pid_m * BLOCK_M, c * 64],
+                                                    blocks3.slice(2 * c, 1, dim=0))
+                _store_lse(m_i, l_i, Lse, b, pid_m, pid_s, T, H, tree_len, stride_lb, stride_lh, stride_ls, BLOCK_M)
+                tma.store_wait(0)  # the boxes read out before the program's shared memory goes
+            elif COALESCED_STORE and STAGE_16BIT:
                 # Scaled and cast before the re-layout: half the bytes through shared memory, the same
                 # values (o * (1 / l), then the cast, as _store_o does after an fp32 stage).
                 st16_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[1, 32],
@@ -942,7 +969,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _verify_gluon_ws_kernel(
-        Q, KV, kv_desc, kv_desc3, kv_desc_pages, PageTable, KvLens, TreeMask, TreeLens,
+        Q, KV, kv_desc, kv_desc3, kv_desc_pages, out_desc, PageTable, KvLens, TreeMask, TreeLens,
         Out, Lse,
         sm_scale_log2e,
         stride_qb, stride_qt, stride_qh,
@@ -977,13 +1004,15 @@ if GLUON_AVAILABLE:
         EARLY_TAIL_MASK: gl.constexpr = False,
         MASKED_PAIRS: gl.constexpr = False,
         WAIT_PRIOR: gl.constexpr = False,
+        TMA_STORE: gl.constexpr = False,
     ):
         """``_verify_gluon_kernel`` (SEESAW, TMA) with a producer partition; ``kv_desc3``: with
         ``WIDE_COPIES``, the pool in boxes of 128 rows (``kv_descriptor(kv, 128)``), else unused (kept so that the
         positional arguments are the same); ``kv_desc_pages``: with ``MASKED_PAIRS``, the paged view
         (``kv_descriptor_pages``), else unused. ``PROBE``: see ``_ws_consumer``. ``PDL``: 1 / 2, see ``PDL_AT_END``.
         ``WAIT_PRIOR``: launched by programmatic dependent launch (``SPLIT_PDL``): waits for the prior grids
-        before its first global read."""
+        before its first global read. ``TMA_STORE``: the 16-bit partial rows stored by TMA through ``out_desc``
+        (``partials_descriptor``; else unused)."""
         gl.static_assert(D_PE == 64, "one 64-wide box of rope channels")
         gl.static_assert(BLOCK_M == BLOCK_N, "P (BLOCK_M x 2 BLOCK_N) lives in the rope buffers")
         # TMA tiles (P % 64 == 0), or row gathers by the producer (pages below a tile, COLSPLIT only).
@@ -1027,10 +1056,10 @@ if GLUON_AVAILABLE:
                                 num_pages, stride_mt, stride_ob, stride_ot, stride_oh, stride_os, stride_lb,
                                 stride_lt, stride_lh, stride_ls,
                                 T, H, KvLens, TreeLens, num_splits, narrow_splits, stride_mb, n_pairs,
-                                q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf,
+                                q_lat, q_pe, k_lat, k_pe, p_smem, cbars, empty0, empty1, xbuf, out_desc,
                                 PAGE_SIZE, SINGLE_SPLIT, BLOCK_M, BLOCK_N, D_LAT, D_PE, PROBE, COLSPLIT, TIMELINE,
                                 COALESCED_STORE, Q_ZERO_PAD, STAGE_16BIT, NARROW_ROWS, XWG_SOFTMAX, NAMED_RELEASE,
-                                EARLY_TAIL_MASK, MASKED_PAIRS)),
+                                EARLY_TAIL_MASK, MASKED_PAIRS, TMA_STORE)),
                 (_ws_producer, (kv_desc, KV, k_lat, k_pe, cbars, empty0, empty1, pt, start, n_pairs, stride_kvp,
                                 stride_kvs, max_pages, num_pages, PAGE_SIZE, L2_PREFETCH, D_LAT, BLOCK_N, COLSPLIT,
                                 kv_desc3, WIDE_COPIES, NAMED_RELEASE and COLSPLIT, kv_desc_pages,
@@ -1182,6 +1211,29 @@ PDL_AT_END = os.environ.get("TRITREE_WS_PDL_AT_END", "0") == "1"
 # ``TRITREE_WS_SPLIT_PDL=1``, sweep variant ``tritree-split-pdl``.
 SPLIT_PDL = os.environ.get("TRITREE_WS_SPLIT_PDL", "0") == "1"
 
+# The 16-bit split partials stored by TMA (``TMA_STORE``): the rows scaled and cast into the pair buffers in
+# their 64-column swizzled blocks, one bulk copy a block to the partials viewed as ``[B * splits, rows, 512]``
+# (``partials_descriptor``), instead of staged, read back in a store layout and stored by every thread (the
+# timeline's store: 2.7-2.8 us at T=65,H=8). An experiment until measured: ``TRITREE_WS_TMA_STORE=1``, sweep
+# variant ``tritree-ws-tma-store``.
+TMA_STORE = os.environ.get("TRITREE_WS_TMA_STORE", "0") == "1"
+
+
+def tma_store(num_splits: int, colsplit: bool, staged16: bool, dst_o: torch.Tensor) -> bool:
+    """Whether a launch stores its split partials by TMA (``TMA_STORE``): several splits, by column halves, 16-bit
+    rows staged after scaling, a contiguous ``[B, splits, rows, 512]`` destination."""
+    return (TMA_STORE and num_splits > 1 and colsplit and staged16 and dst_o.dim() == 4 and dst_o.is_contiguous()
+            and dst_o.shape[-1] == D_LAT)
+
+
+def partials_descriptor(dst_o: torch.Tensor):
+    """Host TMA descriptor of the split partials ``[B, splits, rows, 512]`` (16-bit, contiguous) viewed as
+    ``[B * splits, rows, 512]``, boxes ``[1, 64, 64]``: a row block's box past ``rows`` is clipped."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    B, S, M, D = dst_o.shape
+    return TensorDescriptor(dst_o, [B * S, M, D], [M * D, D, 1], [1, BLOCK_M, 64], _kv_smem3_layout())
+
 
 def split_pdl(device: torch.device) -> bool:
     """Whether the split kernel on ``device`` is launched by programmatic dependent launch (``SPLIT_PDL``,
@@ -1318,8 +1370,12 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
     l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
     pdl_split = split_pdl(q.device)
+    stage16 = STAGE_16BIT and dst_o.element_size() == 2
+    by_tma = tma_store(int(num_splits), bool(colsplit), coalesced_store(l2_prefetch, gather) and stage16, dst_o) \
+        and not probe
+    out_desc = partials_descriptor(dst_o) if by_tma else desc
     return _verify_gluon_ws_kernel[grid](
-        q, kv, desc, desc2, desc_pages, page_table, kv_lens, tree_mask, tree_lens,
+        q, kv, desc, desc2, desc_pages, out_desc, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
@@ -1334,7 +1390,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, PROBE=int(probe), COLSPLIT=bool(colsplit),
         TIMELINE=int(timeline), COALESCED_STORE=coalesced_store(l2_prefetch, gather),
-        Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=STAGE_16BIT and dst_o.element_size() == 2,
+        Q_ZERO_PAD=_verify_gluon.Q_ZERO_PAD, STAGE_16BIT=stage16, TMA_STORE=by_tma,
         NARROW_ROWS=nrows, WIDE_COPIES=wide, XWG_SOFTMAX=XWG_SOFTMAX and bool(colsplit),
         NAMED_RELEASE=NAMED_RELEASE and bool(colsplit), EARLY_TAIL_MASK=EARLY_TAIL_MASK and bool(colsplit),
         MASKED_PAIRS=(2 if MASKED_FIRST else 1) if masked else 0, WAIT_PRIOR=pdl_split, num_warps=NUM_WARPS,
@@ -1369,7 +1425,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                         producer_regs: int | None = None, colsplit: bool = True, l2_prefetch: bool | None = None,
                         pdl: int = 0, timeline: bool = False, coalesced: bool | None = None,
                         narrow_rows: int = 0, full_rows: bool = True, wait_prior: bool = False,
-                        masked_first: bool | None = None):
+                        masked_first: bool | None = None, tma_store_: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1382,6 +1438,9 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
     if partial_dtype is None:  # as verify_mla launches it
         partial_dtype = "bf16" if narrow_partials(l2_prefetch, gather) else "fp32"
     fn = _verify_gluon_ws_kernel
+    stage16 = STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32")
+    by_tma = ((TMA_STORE if tma_store_ is None else tma_store_) and num_splits > 1 and partial_dtype == "bf16"
+              and bool(colsplit) and coalesced and stage16)
     layout = _kv_smem_layout()
     desc = f"tensordesc<bf16[{BLOCK_N},64],{layout!r}>"
     # full_rows: the rows fill the last row block (what copies_wide asks of launches without a narrow block)
@@ -1391,6 +1450,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
         "Q": "*bf16", "KV": "*bf16", "kv_desc": desc,
         "kv_desc3": f"tensordesc<bf16[{2 * BLOCK_N},64],{layout!r}>" if wide else desc,
         "kv_desc_pages": f"tensordesc<bf16[1,{BLOCK_N},64],{_kv_smem3_layout()!r}>" if masked else desc,
+        "out_desc": f"tensordesc<bf16[1,{BLOCK_M},64],{_kv_smem3_layout()!r}>" if by_tma else desc,
         "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32",
         "Out": "*bf16" if num_splits == 1 else f"*{partial_dtype}", "Lse": "*fp32", "sm_scale_log2e": "fp32",
     }
@@ -1404,7 +1464,7 @@ def compile_for_sm90_ws(num_splits: int, page_size: int = 64, partial_dtype: str
                   "BLOCK_N": BLOCK_N, "D_LAT": D_LAT, "D_PE": D_PE, "PROBE": 0, "COLSPLIT": bool(colsplit),
                   "PDL": int(pdl), "TIMELINE": timeline,
                   "COALESCED_STORE": coalesced, "Q_ZERO_PAD": _verify_gluon.Q_ZERO_PAD,
-                  "STAGE_16BIT": STAGE_16BIT and (num_splits == 1 or partial_dtype != "fp32"),
+                  "STAGE_16BIT": stage16, "TMA_STORE": by_tma,
                   "WIDE_COPIES": wide, "XWG_SOFTMAX": XWG_SOFTMAX and bool(colsplit),
                   "NAMED_RELEASE": NAMED_RELEASE and bool(colsplit),
                   "EARLY_TAIL_MASK": EARLY_TAIL_MASK and bool(colsplit),
@@ -1558,6 +1618,16 @@ def _main():
         good = int(k.metadata.shared) <= SMEM_LIMIT_SM90
         ok &= good
         print(f"_verify_gluon_ws_kernel sm_90 colsplit splits=N P= 64 narrow {nrows:2d} MASKED_FIRST: shared "
+              f"{int(k.metadata.shared)} regs {use.get('REG', 0)} spill {spill}  {'ok' if good else 'FAIL'}  "
+              f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
+    for nrows in (8, 0):  # TMA_STORE: the partials by TMA
+        k = compile_for_sm90_ws(2, 64, narrow_rows=nrows, full_rows=True, tma_store_=True)
+        use = resource_usage(k.asm["cubin"])
+        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
+        good = (int(k.metadata.shared) <= SMEM_LIMIT_SM90
+                and "cp.async.bulk.tensor.3d.global.shared" in k.asm["ptx"])
+        ok &= good
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits=N P= 64 narrow {nrows:2d} TMA_STORE: shared "
               f"{int(k.metadata.shared)} regs {use.get('REG', 0)} spill {spill}  {'ok' if good else 'FAIL'}  "
               f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
     for nrows in (8, 0):  # SPLIT_PDL: the wait before the first global load
