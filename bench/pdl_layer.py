@@ -16,12 +16,13 @@ from tritree.roofline import graph_time_us, rotation_count
 from tritree.testing import random_verify_inputs
 
 VARIANTS = {
-    "plain": {},
+    "plain (session 20)": {("tritree.kernels._verify_gluon_ws", "SPLIT_PDL"): False,
+                           ("tritree.kernels.kv_cache", "WRITE_SIGNALS"): False,
+                           ("tritree.kernels._splitkv", "MERGE_SIGNALS"): False},
     "split-pdl + write signals": {("tritree.kernels._verify_gluon_ws", "SPLIT_PDL"): True,
-                                  ("tritree.kernels.kv_cache", "WRITE_SIGNALS"): True},
-    "split-pdl + write and merge signals": {("tritree.kernels._verify_gluon_ws", "SPLIT_PDL"): True,
-                                            ("tritree.kernels.kv_cache", "WRITE_SIGNALS"): True,
-                                            ("tritree.kernels._splitkv", "MERGE_SIGNALS"): True},
+                                  ("tritree.kernels.kv_cache", "WRITE_SIGNALS"): True,
+                                  ("tritree.kernels._splitkv", "MERGE_SIGNALS"): False},
+    "shipped (+ merge signals)": {},
 }
 
 

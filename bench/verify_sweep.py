@@ -179,25 +179,19 @@ SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "
                  # the merge by programmatic dependent launch, signalled after each program's partial store
                  "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
                                      ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)],
-                 # the ws kernel's masked pairs ahead of its full pairs
-                 "tritree-ws-masked-first": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True)],
-                 "tritree-ws-masked-first-split-pdl": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True),
-                                                       ("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
-                                                       ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],
-                 # the ws kernel's 16-bit partials stored by TMA
-                 "tritree-ws-tma-store": [("tritree.kernels._verify_gluon_ws", "TMA_STORE", True)],
-                 # session 21's four: masked pairs first, the partials by TMA, the split kernel by PDL
-                 "tritree-s21-all": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True),
-                                     ("tritree.kernels._verify_gluon_ws", "TMA_STORE", True),
-                                     ("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
-                                     ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],
-                 "tritree-s21-no-pdl": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", True),
-                                        ("tritree.kernels._verify_gluon_ws", "TMA_STORE", True)],
-                 # the ws split kernel by programmatic dependent launch, the merge signalling at its start
-                 "tritree-split-pdl": [("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True),
-                                       ("tritree.kernels._splitkv", "MERGE_SIGNALS", True)],
-                 # ... the split kernel alone (the merge signals nothing: placed when the merge ends)
-                 "tritree-split-pdl-only": [("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", True)]})
+                 # the ws kernel's masked pairs after its full pairs (before session 21)
+                 "tritree-ws-masked-first-off": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", False)],
+                 # the ws kernel's 16-bit partials staged and stored by threads (before session 21)
+                 "tritree-ws-tma-store-off": [("tritree.kernels._verify_gluon_ws", "TMA_STORE", False)],
+                 # the ws split kernel launched plainly (before session 21)
+                 "tritree-split-pdl-off": [("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", False)],
+                 # ... by PDL, but the merge signalling nothing (placed when the merge ends)
+                 "tritree-merge-signals-off": [("tritree.kernels._splitkv", "MERGE_SIGNALS", False)],
+                 # the ws kernel as session 20 shipped it (all four of session 21 off)
+                 "tritree-s20": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", False),
+                                 ("tritree.kernels._verify_gluon_ws", "TMA_STORE", False),
+                                 ("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", False),
+                                 ("tritree.kernels._splitkv", "MERGE_SIGNALS", False)]})
 
 
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):

@@ -489,7 +489,7 @@ def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, T, at_end, monkey
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("P,T", [(64, 19), (64, 65), (1, 19), (128, 64)])
+@pytest.mark.parametrize("P,T", [(64, 16), (64, 65), (1, 16), (128, 64)])
 def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T, monkeypatch):
     """``_verify_gluon_ws.SPLIT_PDL``: the ws split kernel launched by programmatic dependent launch (each
     program waits for the prior grids before its first global read; the merge signals its dependents at
@@ -500,11 +500,12 @@ def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T, monkeypatch):
     import tritree.kernels._verify_gluon_ws as ws
 
     monkeypatch.setattr(splitkv, "MERGE_SIGNALS", True)
+    monkeypatch.setattr(ws, "SPLIT_PDL", False)
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, 8, P, [30_000, 1_000 + 5], [T, 11], ("random", "chain"),
                                          torch.bfloat16, seed=P + T))
     check_switch_changes_no_bit(case, cfg, monkeypatch, ws, "SPLIT_PDL")
-    assert ws.split_pdl(case["q"].device)
+    assert ws.split_pdl(case["q"].device, T * 8, ws.narrow_rows(T * 8))
 
     # Two calls in one graph, each right after kernels that write its inputs (a plain launch would order
     # them; here only griddepcontrol.wait does).
@@ -545,6 +546,7 @@ def test_gpu_ws_tma_store_gives_the_same_bits(T, H, P, splits, monkeypatch):
     reference, eagerly and replayed from a CUDA graph into poisoned outputs."""
     import tritree.kernels._verify_gluon_ws as ws
 
+    monkeypatch.setattr(ws, "TMA_STORE", False)
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 1_000 + 5], [T, T // 2 + 1], ("random", "chain"),
                                          torch.bfloat16, seed=T + H + P))

@@ -170,7 +170,16 @@ MERGE_PDL = os.environ.get("TRITREE_MERGE_PDL", "0") == "1"
 # The merge signals dependents at its start (``griddepcontrol.launch_dependents``, a no-op unless the next
 # kernel is launched by programmatic dependent launch, such as the warp-specialised split kernel with
 # ``_verify_gluon_ws.SPLIT_PDL``: it then waits for the merge's completion itself, in ``griddepcontrol.wait``).
-MERGE_SIGNALS = os.environ.get("TRITREE_MERGE_SIGNALS", "0") == "1"
+# Session 21 call A (graph-timed, us): T=65,H=8 with the split kernel by PDL 96.7-97.4 with this signal,
+# 98.0-98.1 without it (98.0-98.3 plain). ``TRITREE_MERGE_SIGNALS=0`` turns it off.
+MERGE_SIGNALS = os.environ.get("TRITREE_MERGE_SIGNALS", "1") == "1"
+
+
+def merge_signals(device: torch.device) -> bool:
+    """Whether the merge on ``device`` signals dependents at its start (``MERGE_SIGNALS``, a Hopper-or-later GPU,
+    not the interpreter)."""
+    return (MERGE_SIGNALS and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def merge_pdl(num_splits: int, device: torch.device) -> bool:
@@ -298,7 +307,7 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse.stride(0), lse.stride(1), lse.stride(2),
         H, S,
         # Every constexpr passed, defaulted ones too: torch.compile's wrap_triton fills in no defaults.
-        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl, SIGNAL=MERGE_SIGNALS and launch is None,
+        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl, SIGNAL=launch is None and merge_signals(part_o.device),
         num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )

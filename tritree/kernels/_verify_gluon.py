@@ -85,9 +85,11 @@ try:
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    # triton 3.6: tma.async_copy_global_to_shared, async_copy.async_copy_global_to_shared, gl.thread_barrier;
-    # 3.9: tma.async_load, async_copy.async_load, gl.barrier (the old names raise there).
+    # triton 3.6: tma.async_copy_global_to_shared / async_copy_shared_to_global,
+    # async_copy.async_copy_global_to_shared, gl.thread_barrier; 3.9: tma.async_load / async_store,
+    # async_copy.async_load, gl.barrier (the old names raise there).
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     # Shared-memory reinterpretation is ``_reinterpret`` on 3.6 and ``reinterpret`` on 3.9: the kernel

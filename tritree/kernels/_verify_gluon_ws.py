@@ -125,7 +125,8 @@ if GLUON_AVAILABLE:
     from ._verify_gluon import (_clock, _cta_barrier, _issue_pair_tile, _launch_dependents, _load_q, _masked_tail,
                                 _wait_prior_grid,
                                 _new_bar, _now, _page_row_p, _prefetch_tile_l2, _publish_p, _qk_streamed, _row_scale,
-                                _softmax, _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _cp_async,
+                                _softmax, _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, _tma_store,
+                                _cp_async,
                                 _gather_pages)
 
 # Producer partition: warps and the register count it asks for (setmaxnreg); the consumers get the rest.
@@ -899,8 +900,7 @@ if GLUON_AVAILABLE:
                 _cta_barrier()
                 blocks3 = k_lat._reinterpret(Out.dtype.element_ty, [2 * (D_LAT // 64), BLOCK_N, 64], smem3_layout)
                 for c in gl.static_range(D_LAT // 64):
-                    tma.async_copy_shared_to_global(out_desc, [b * num_splits + pid_s, pid_m * BLOCK_M, c * 64],
-                                                    blocks3.slice(2 * c, 1, dim=0))
+                    _tma_store(out_desc, [b * num_splits + pid_s, pid_m * BLOCK_M, c * 64], blocks3.slice(2 * c, 1, dim=0))
                 _store_lse(m_i, l_i, Lse, b, pid_m, pid_s, T, H, tree_len, stride_lb, stride_lh, stride_ls, BLOCK_M)
                 tma.store_wait(0)  # the boxes read out before the program's shared memory goes
             elif COALESCED_STORE and STAGE_16BIT:
@@ -1191,9 +1191,12 @@ MASKED_PAIRS = os.environ.get("TRITREE_WS_MASKED_PAIRS", "1") == "1"
 # pair's copies (not prefetched into the L2, over the paged view, 18 boxes) and its mask words then load
 # beside Q at the program's start, and the first full pair is prefetched while it runs. At T=65,H=8 the
 # last split (23 full pairs and one masked pair, a masked pair ~6-7 us against ~3.5 for a full one) was
-# still the last to finish in two of three timelines (session 21 call A: 91.1 against 89.5 for the next).
-# An experiment until measured: ``TRITREE_WS_MASKED_FIRST=1``, sweep variant ``tritree-ws-masked-first``.
-MASKED_FIRST = os.environ.get("TRITREE_WS_MASKED_FIRST", "0") == "1"
+# still the last to finish in two of three timelines (session 21 call A: 91.1 against 89.5 for the next); with
+# it first, it ends with the others (call B: 89.3, the others' latest 89.2). Graph-timed, L=46000, P=64
+# (session 21 call B, us, three rounds): T=65,H=8 99.0 97.7 97.9 against 98.9 98.7 98.7; with the split kernel by
+# PDL 97.5 96.8 97.2 against 97.6 97.9 97.6. ``TRITREE_WS_MASKED_FIRST=0`` (sweep variant
+# ``tritree-ws-masked-first-off``) runs them after the full pairs.
+MASKED_FIRST = os.environ.get("TRITREE_WS_MASKED_FIRST", "1") == "1"
 
 # With the merge launched by programmatic dependent launch (``_splitkv.MERGE_PDL``, off): signalled after each
 # program's partial store instead of at its start. Signalled at the start, the merge's small programs fill
@@ -1203,20 +1206,26 @@ MASKED_FIRST = os.environ.get("TRITREE_WS_MASKED_FIRST", "0") == "1"
 PDL_AT_END = os.environ.get("TRITREE_WS_PDL_AT_END", "0") == "1"
 
 # The split kernel itself launched by programmatic dependent launch (``launch_pdl``): its grid is placed while
-# the kernel before it in the stream (in a decode step the KV write, between verify calls the previous call's
-# merge) still runs, and each program waits in ``griddepcontrol.wait`` (``WAIT_PRIOR``) before its first
-# global read, instead of the launch itself waiting for that kernel's completion; the split merge signals
-# dependents at its start (``_splitkv.MERGE_SIGNALS``). An experiment until measured (the gap between one
-# call's last split program and the next call's first, the merge included, is 5.4-6.1 us at T=65,H=8);
-# ``TRITREE_WS_SPLIT_PDL=1``, sweep variant ``tritree-split-pdl``.
-SPLIT_PDL = os.environ.get("TRITREE_WS_SPLIT_PDL", "0") == "1"
+# the kernel before it in the stream (in a model's layer the KV write, ``kv_cache.WRITE_SIGNALS``; between
+# verify calls the previous call's merge, ``_splitkv.MERGE_SIGNALS``) still runs, and each program waits in
+# ``griddepcontrol.wait`` (``WAIT_PRIOR``) before its first global read, instead of the launch itself waiting
+# for that kernel's completion. Session 21 (graph-timed, L=46000, P=64, us; bench/RESULTS.md): T=65,H=8
+# 96.7-97.4 against 98.0-98.3 (call A; the timeline's gap between calls 5.2 against 6.0), 97.6-97.9 against
+# 98.7-98.9 (call B); targets at P=64 ties or faster (call C: T=16,H=64 166.1-166.6 against 168.4-168.6); one
+# layer's KV write + verify 100.7-101.1 against 101.3-101.4 (``bench/pdl_layer.py``). Not where the last row
+# block is part-filled and not narrow (T=17,H=8: 49.8-50.1 against 46.5-47.4 in calls A-C, every program's
+# pair loop ~11% slower in the timeline, not understood; without the merge's signal a tie): ``split_pdl``.
+# ``TRITREE_WS_SPLIT_PDL=0`` (sweep variant ``tritree-split-pdl-off``) launches it plainly.
+SPLIT_PDL = os.environ.get("TRITREE_WS_SPLIT_PDL", "1") == "1"
 
 # The 16-bit split partials stored by TMA (``TMA_STORE``): the rows scaled and cast into the pair buffers in
 # their 64-column swizzled blocks, one bulk copy a block to the partials viewed as ``[B * splits, rows, 512]``
-# (``partials_descriptor``), instead of staged, read back in a store layout and stored by every thread (the
-# timeline's store: 2.7-2.8 us at T=65,H=8). An experiment until measured: ``TRITREE_WS_TMA_STORE=1``, sweep
-# variant ``tritree-ws-tma-store``.
-TMA_STORE = os.environ.get("TRITREE_WS_TMA_STORE", "0") == "1"
+# (``partials_descriptor``), instead of staged, read back in a store layout and stored by every thread: the
+# same bits; the timeline's store 2.0 us against 2.7-2.8 at T=65,H=8 (session 21 call C). Graph-timed (call C,
+# us, three rounds): T=65,H=8 99.4 100.3 99.7 against 99.8 101.1 99.9; T=17,H=8 46.4 47.3 47.8 against 47.8 48.1
+# 47.8; with MASKED_FIRST T=65,H=8 97.8 98.9 98.4. ``TRITREE_WS_TMA_STORE=0`` (sweep variant
+# ``tritree-ws-tma-store-off``) stages and stores by threads.
+TMA_STORE = os.environ.get("TRITREE_WS_TMA_STORE", "1") == "1"
 
 
 def tma_store(num_splits: int, colsplit: bool, staged16: bool, dst_o: torch.Tensor) -> bool:
@@ -1235,11 +1244,12 @@ def partials_descriptor(dst_o: torch.Tensor):
     return TensorDescriptor(dst_o, [B * S, M, D], [M * D, D, 1], [1, BLOCK_M, 64], _kv_smem3_layout())
 
 
-def split_pdl(device: torch.device) -> bool:
-    """Whether the split kernel on ``device`` is launched by programmatic dependent launch (``SPLIT_PDL``,
-    a Hopper-or-later GPU, not the interpreter)."""
-    return (SPLIT_PDL and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+def split_pdl(device: torch.device, rows: int, narrow: int) -> bool:
+    """Whether the split kernel of a launch of ``rows`` packed rows (``narrow``: its narrow block's rows, 0
+    without one) on ``device`` is launched by programmatic dependent launch (``SPLIT_PDL``): with a narrow
+    block or rows that fill the last block, on a Hopper-or-later GPU, not the interpreter."""
+    return (SPLIT_PDL and (narrow > 0 or rows % BLOCK_M == 0) and device.type == "cuda"
+            and os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.get_device_capability(device)[0] >= 9)
 
 # ptxas options for this kernel's launches with a narrow last row block / without one (None: triton's
 # default, -O3; ``TRITREE_WS_PTXAS_NARROW=`` restores it for the narrow ones). Session 16: the same source
@@ -1369,7 +1379,7 @@ def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst
     if probe and colsplit:
         raise ValueError("the probes time the by-tiles loop: pass colsplit=False")
     l2_prefetch = L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)
-    pdl_split = split_pdl(q.device)
+    pdl_split = split_pdl(q.device, M, nrows)
     stage16 = STAGE_16BIT and dst_o.element_size() == 2
     by_tma = tma_store(int(num_splits), bool(colsplit), coalesced_store(l2_prefetch, gather) and stage16, dst_o) \
         and not probe
