@@ -29,8 +29,9 @@ Partitions (``gl.warp_specialize``; 12 warps per CTA):
   load (cp.async), the pair loop (streamed scores, softmax with the cross-warpgroup exchange, P over
   the rope rows, ``O += P V``; by column halves the row maxima cross the warpgroups in one exchange,
   ``_softmax_xwg``), the masked tiles (``MASKED_PAIRS``, full row blocks with more than one: as masked pairs
-  of the producer's stream, ``_pair_mask``; else the one-tile tail, cp.async into rows 0..63,
-  ``EARLY_TAIL_MASK``: each tile's tree-mask words loaded before its copy) and the store. It
+  of the producer's stream, ``_pair_mask``, ahead of the full pairs, ``MASKED_FIRST``; else the one-tile tail,
+  cp.async into rows 0..63, ``EARLY_TAIL_MASK``: each tile's tree-mask words loaded before its copy) and the
+  store (16-bit split partials by TMA boxes from the pair buffers, ``TMA_STORE``). It
   never issues a TMA copy. COLSPLIT: O is two accumulators ``oa`` / ``ob`` (columns 0..255 / 256..511,
   each warpgroup 128 columns of each, 64 registers each).
 * worker partition ``_ws_producer`` (``PRODUCER_WARPS`` = 4 warps, ``PRODUCER_REGS`` = 24 registers):
@@ -62,6 +63,10 @@ Barriers (all ``count=1``, each its own allocation, initialised before the fork)
 * The consumers' ``gl.thread_barrier`` / ``gl.barrier`` compile to ``bar.sync 0, 256`` (partition
   local); the membar barriers between the producer's TMA issues are ``bar.sync 2, 128``; barrier 1
   (all 384 threads) is the region's fork / join only.
+
+Launch (``SPLIT_PDL``): by programmatic dependent launch where the rows fill the last block or it is narrow;
+each program waits in ``griddepcontrol.wait`` before its first global read, and the kernels before it (the
+split merge, the KV write) signal their dependents at their start, so the grid is placed while they run.
 
 Tail / exit: every TMA copy belongs to some pair (< n_pairs, or a masked pair after them) and the
 consumers wait for all of them before that pair's scores, so by the tail no copy is in flight. n_pairs = 0: the producer issues
