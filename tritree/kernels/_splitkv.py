@@ -175,19 +175,22 @@ MERGE_PDL = os.environ.get("TRITREE_MERGE_PDL", "0") == "1"
 MERGE_SIGNALS = os.environ.get("TRITREE_MERGE_SIGNALS", "1") == "1"
 
 
-def merge_signals(device: torch.device) -> bool:
-    """Whether the merge on ``device`` signals dependents at its start (``MERGE_SIGNALS``, a Hopper-or-later GPU,
-    not the interpreter)."""
-    return (MERGE_SIGNALS and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+def pdl_capable(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can use programmatic dependent launch (``griddepcontrol``): a
+    Hopper-or-later GPU, not the interpreter."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
             and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def merge_signals(device: torch.device) -> bool:
+    """Whether the merge on ``device`` signals dependents at its start (``MERGE_SIGNALS``, ``pdl_capable``)."""
+    return MERGE_SIGNALS and pdl_capable(device)
 
 
 def merge_pdl(num_splits: int, device: torch.device) -> bool:
     """Whether a split kernel with ``num_splits`` on ``device`` and its merge use programmatic
-    dependent launch (``MERGE_PDL``, several splits, a Hopper-or-later GPU, not the interpreter)."""
-    return (MERGE_PDL and num_splits > 1 and device.type == "cuda"
-            and os.environ.get("TRITON_INTERPRET", "0") != "1"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    dependent launch (``MERGE_PDL``, several splits, ``pdl_capable``)."""
+    return MERGE_PDL and num_splits > 1 and pdl_capable(device)
 
 
 @triton.jit

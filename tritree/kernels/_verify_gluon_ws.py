@@ -115,7 +115,7 @@ import torch
 import triton
 
 from . import _verify_gluon
-from ._splitkv import merge_pdl
+from ._splitkv import merge_pdl, pdl_capable
 from .configs import num_sms
 from ._verify_gluon import (BLOCK_M, BLOCK_N, D_LAT, D_PE, GLUON_AVAILABLE, LOG2E, NUM_WARPS, SMEM_LIMIT_SM90, _check,
                             _IMPORT_ERROR, _kv_smem3_layout, _kv_smem_layout, kv_descriptor, kv_descriptor_pages)
@@ -1252,9 +1252,8 @@ def partials_descriptor(dst_o: torch.Tensor):
 def split_pdl(device: torch.device, rows: int, narrow: int) -> bool:
     """Whether the split kernel of a launch of ``rows`` packed rows (``narrow``: its narrow block's rows, 0
     without one) on ``device`` is launched by programmatic dependent launch (``SPLIT_PDL``): with a narrow
-    block or rows that fill the last block, on a Hopper-or-later GPU, not the interpreter."""
-    return (SPLIT_PDL and (narrow > 0 or rows % BLOCK_M == 0) and device.type == "cuda"
-            and os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.get_device_capability(device)[0] >= 9)
+    block or rows that fill the last block, ``_splitkv.pdl_capable``."""
+    return SPLIT_PDL and (narrow > 0 or rows % BLOCK_M == 0) and pdl_capable(device)
 
 # ptxas options for this kernel's launches with a narrow last row block / without one (None: triton's
 # default, -O3; ``TRITREE_WS_PTXAS_NARROW=`` restores it for the narrow ones). Session 16: the same source
@@ -1626,23 +1625,16 @@ def _main():
               f"{' after the store' if pdl == 2 else ''}: "
               f"launch_dependents {'in' if has else 'MISSING from'} the PTX, shared {int(k.metadata.shared)} "
               f"regs {use.get('REG', 0)} spill {use.get('LOCAL', 0) + use.get('STACK', 0)}", flush=True)
-    for nrows in (8, 0):  # MASKED_FIRST: the masked pairs ahead of the full ones
-        k = compile_for_sm90_ws(2, 64, narrow_rows=nrows, full_rows=True, masked_first=True)
+    for nrows, what, kw in ((8, "MASKED_FIRST", dict(masked_first=True)), (0, "MASKED_FIRST", dict(masked_first=True)),
+                            (8, "TMA_STORE", dict(tma_store_=True)), (0, "TMA_STORE", dict(tma_store_=True))):
+        k = compile_for_sm90_ws(2, 64, narrow_rows=nrows, full_rows=True, **kw)
         use = resource_usage(k.asm["cubin"])
         spill = use.get("LOCAL", 0) + use.get("STACK", 0)
         good = int(k.metadata.shared) <= SMEM_LIMIT_SM90
+        if what == "TMA_STORE":  # the partials leave by bulk tensor copies
+            good &= "cp.async.bulk.tensor.3d.global.shared" in k.asm["ptx"]
         ok &= good
-        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits=N P= 64 narrow {nrows:2d} MASKED_FIRST: shared "
-              f"{int(k.metadata.shared)} regs {use.get('REG', 0)} spill {spill}  {'ok' if good else 'FAIL'}  "
-              f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
-    for nrows in (8, 0):  # TMA_STORE: the partials by TMA
-        k = compile_for_sm90_ws(2, 64, narrow_rows=nrows, full_rows=True, tma_store_=True)
-        use = resource_usage(k.asm["cubin"])
-        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
-        good = (int(k.metadata.shared) <= SMEM_LIMIT_SM90
-                and "cp.async.bulk.tensor.3d.global.shared" in k.asm["ptx"])
-        ok &= good
-        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits=N P= 64 narrow {nrows:2d} TMA_STORE: shared "
+        print(f"_verify_gluon_ws_kernel sm_90 colsplit splits=N P= 64 narrow {nrows:2d} {what}: shared "
               f"{int(k.metadata.shared)} regs {use.get('REG', 0)} spill {spill}  {'ok' if good else 'FAIL'}  "
               f"{_fmt_counts(sass_counts(k.asm['cubin']))}", flush=True)
     for nrows in (8, 0):  # SPLIT_PDL: the wait before the first global load

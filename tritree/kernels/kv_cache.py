@@ -29,6 +29,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _validate as V
+from ._splitkv import pdl_capable
 
 KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8)
 
@@ -227,10 +228,8 @@ WRITE_SIGNALS = os.environ.get("TRITREE_KV_WRITE_SIGNALS", "1") == "1"
 
 
 def write_signals(device: torch.device) -> bool:
-    """Whether the KV write on ``device`` signals dependents (``WRITE_SIGNALS``, a Hopper-or-later GPU, not
-    the interpreter)."""
-    return (WRITE_SIGNALS and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    """Whether the KV write on ``device`` signals dependents (``WRITE_SIGNALS``, ``_splitkv.pdl_capable``)."""
+    return WRITE_SIGNALS and pdl_capable(device)
 
 
 def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
