@@ -3,7 +3,6 @@ merge of split partials against a float64 merge (one chunk and several, splits w
 with no keys at all), its launch shapes, and the split-count policy."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -55,19 +54,14 @@ def test_combine_matches_float64_merge(B, T, H, S, D, chunk_values, empty, seed)
     assert (out.cpu().reshape(B, M, D)[:, 0] == 0).all()
 
 
-@pytest.mark.parametrize("M,S,D", [(136, 11, 512), (520, 14, 512), (130, 3, 256), (20, 5, 512)])
-@pytest.mark.parametrize("by_columns,max_chunk,wide", [(True, 8, True), (True, 16, True), (True, 16, False),
-                                                       (False, 8, True)])
-def test_combine_of_16bit_partials(M, S, D, by_columns, max_chunk, wide, monkeypatch):
-    """bf16 partials (``PARTIALS_16BIT``) merged by column warps (``COMBINE_16BIT_BY_COLUMNS``: 256 or
-    512-column blocks, the splits summed in registers, one or several chunks of up to ``max_chunk``) or as
-    fp32 partials are, against the float64 merge of the same bf16 values."""
-    monkeypatch.setattr(_splitkv, "COMBINE_16BIT_BY_COLUMNS", by_columns)
-    monkeypatch.setattr(_splitkv, "_COMBINE_16BIT_MAX_CHUNK", max_chunk)
-    monkeypatch.setattr(_splitkv, "_COMBINE_16BIT_WIDE", wide)
+@pytest.mark.parametrize("M,S,D", [(136, 11, 512), (520, 14, 512), (130, 3, 256), (20, 5, 512), (300, 40, 512)])
+def test_combine_of_16bit_partials(M, S, D):
+    """bf16 partials (the Gluon kernels' staged stores) merged by column warps where there are rows enough
+    (256 or 512-column blocks, the splits summed in registers, one or several chunks of up to 16) or as fp32
+    partials are, against the float64 merge of the same bf16 values."""
     block_d, chunk, warps = combine_config(M, S, D, elem_bytes=2)
-    if by_columns and M * D // 256 >= _splitkv._COMBINE_16BIT_MIN_PROGRAMS:
-        assert block_d in ((256, 512) if wide else (256,)) and warps == block_d // 256 and chunk <= max_chunk
+    if M * D // 256 >= _splitkv._COMBINE_16BIT_MIN_PROGRAMS:
+        assert block_d in (256, 512) and warps == block_d // 256 and chunk <= _splitkv._COMBINE_16BIT_MAX_CHUNK
     g = torch.Generator().manual_seed(M + S)
     part_o = torch.randn(1, S, M, D, generator=g).to(torch.bfloat16)
     part_lse = torch.randn(1, S, M, generator=g) * 8.0
@@ -111,21 +105,6 @@ def test_choose_num_splits_whole_waves():
     assert choose_num_splits(batch=64, row_blocks=16, max_keys=46_080, block_n=64, sms=132, whole_waves=True) == 1
 
 
-def test_merge_pdl_only_on_hopper_gpus_with_several_splits(monkeypatch):
-    """The programmatic-dependent-launch switch never reaches the interpreter, the CPU, one split or a
-    pre-Hopper GPU (griddepcontrol is sm_90+); off by default."""
-    assert _splitkv.MERGE_PDL is False or os.environ.get("TRITREE_MERGE_PDL") == "1"
-    monkeypatch.setattr(_splitkv, "MERGE_PDL", True)
-    assert not _splitkv.merge_pdl(8, torch.device("cpu"))
-    if torch.cuda.is_available():
-        dev = torch.device("cuda")
-        assert not _splitkv.merge_pdl(1, dev)
-        assert _splitkv.merge_pdl(8, dev) == (torch.cuda.get_device_capability(dev)[0] >= 9
-                                              and os.environ.get("TRITON_INTERPRET", "0") != "1")
-    monkeypatch.setattr(_splitkv, "MERGE_PDL", False)
-    assert not _splitkv.merge_pdl(8, torch.device("cuda"))
-
-
 class _ArgumentRecorder:
     """Stands in for ``torch.library.wrap_triton``: records, per kernel launched through it, the
     parameters that were not passed (wrap_triton, unlike a plain launch, fills in no defaults)."""
@@ -149,8 +128,8 @@ class _ArgumentRecorder:
 def test_kernels_under_torch_compile_get_every_parameter():
     """The Triton paths that torch.compile traces (verify_mla's and draft_attention's kernels and the
     split merge, through wrap_triton) pass every parameter, defaulted constexprs included: a default
-    added to a kernel but not to its launch breaks torch.compile only (as the merge's PDL switch did
-    in session 8; the H200's whole GPU suite found it in session 9)."""
+    added to a kernel but not to its launch breaks torch.compile only, which only the GPU suite would
+    otherwise find."""
     import importlib
 
     from tritree.kernels.configs import AttnConfig
@@ -163,7 +142,7 @@ def test_kernels_under_torch_compile_get_every_parameter():
     case = random_verify_inputs(1, 5, 2, 16, [40], kinds=("random",))
     B, T, H, _ = case["q"].shape
     out, lse = torch.empty(B, T, H, 512), torch.empty(B, T, H)
-    vm._launch_verify(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
+    vm._launch_traced(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
                       torch.full((B,), T, dtype=torch.int32), out, lse, 0.1, AttnConfig.concrete(16, 16, 4, 1), 2,
                       launch=rec)
     q = torch.randn(1, 4, 4, 64)

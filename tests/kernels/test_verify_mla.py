@@ -77,15 +77,12 @@ def verify_cases(draw):
     kinds = tuple(draw(st.lists(st.sampled_from(TREE_KINDS), min_size=1, max_size=B)))
     dtype = draw(st.sampled_from([torch.float32, torch.float16]))
     num_splits = draw(st.sampled_from([None, 1, 2, 3, 7]))
-    scalar_page = draw(st.booleans())
     tma = draw(st.booleans())
-    hoist = draw(st.booleans())
     split_scores = draw(st.booleans())
     fragmented = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     return dict(B=B, T=T, H=H, P=P, kv_lens=kv_lens, tree_lens=tree_lens, kinds=kinds, dtype=dtype,
-                num_splits=num_splits, fragmented=fragmented, seed=seed, scalar_page=scalar_page, tma=tma, hoist=hoist,
-                split_scores=split_scores)
+                num_splits=num_splits, fragmented=fragmented, seed=seed, tma=tma, split_scores=split_scores)
 
 
 @settings(max_examples=40)
@@ -93,8 +90,7 @@ def verify_cases(draw):
 def test_verify_mla_matches_reference(c):
     case = make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"], c["dtype"],
                      seed=c["seed"], fragmented=c["fragmented"])
-    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"], hoist_pages=c["hoist"],
-                     split_scores=c["split_scores"])
+    cfg = AttnConfig(16, 16, 4, 1, tma=c["tma"], split_scores=c["split_scores"])
     check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
 
 
@@ -115,8 +111,7 @@ def test_fp8_pool_matches_reference(c, headroom):
     reference over the same fp8 values (tolerances of q's dtype)."""
     case = to_fp8_pool(make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"],
                                  c["dtype"], seed=c["seed"], fragmented=c["fragmented"]), headroom)
-    cfg = AttnConfig(16, 16, 4, 1, scalar_page=c["scalar_page"], tma=c["tma"], hoist_pages=c["hoist"],
-                     split_scores=c["split_scores"])
+    cfg = AttnConfig(16, 16, 4, 1, tma=c["tma"], split_scores=c["split_scores"])
     check_against_reference(case, c["dtype"], config=cfg, num_splits=c["num_splits"])
 
 
@@ -160,14 +155,12 @@ def poison_unused_slots(case):
     return case
 
 
-@pytest.mark.parametrize("tma,scalar,hoist,split", [(False, False, False, False), (True, False, False, False),
-                                                    (True, False, True, False), (False, True, True, False),
-                                                    (True, False, False, True)])
+@pytest.mark.parametrize("tma,split", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("P", [16, 64])
-def test_garbage_outside_the_request_is_never_read(P, tma, scalar, hoist, split):
+def test_garbage_outside_the_request_is_never_read(P, tma, split):
     case = poison_unused_slots(make_case(2, 7, 3, P, [37, 70 + P * 17], [5, 7], ("random", "wide"), torch.float32,
                                          seed=P + tma))
-    cfg = AttnConfig(16, 16, 4, 1, tma=tma, scalar_page=scalar, hoist_pages=hoist, split_scores=split)
+    cfg = AttnConfig(16, 16, 4, 1, tma=tma, split_scores=split)
     check_against_reference(case, torch.float32, config=cfg, num_splits=3)
 
 
@@ -185,7 +178,7 @@ def test_gluon_config_falls_back_to_triton_where_gluon_cannot_serve():
 def test_edge_cases(kind, kv_len, T, H):
     case = make_case(1, T, H, 16, [kv_len], None, (kind,), torch.float32, seed=kv_len * 100 + T)
     check_against_reference(case, torch.float32, config=SMALL, num_splits=2)
-    check_against_reference(case, torch.float32, config=AttnConfig(16, 16, 4, 1, scalar_page=True), num_splits=3)
+    check_against_reference(case, torch.float32, config=AttnConfig(16, 16, 4, 1, tma=True), num_splits=3)
 
 
 def test_default_config_and_splits():
@@ -910,9 +903,11 @@ def test_cpu_path_without_interpreter_matches_reference():
     if HAS_GPU:
         pytest.skip("CPU path")
     case = make_case(1, 3, 2, 16, [10], None, ("chain",), torch.float32, seed=4, device="cpu")
-    orig = vm._interpreting
+    orig = vm.interpreting
     try:
-        vm._interpreting = lambda: False
+        vm.interpreting = lambda: False
+        vm._PLANS.clear()
         check_against_reference(case, torch.float32)
     finally:
-        vm._interpreting = orig
+        vm.interpreting = orig
+        vm._PLANS.clear()

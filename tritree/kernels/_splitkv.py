@@ -20,7 +20,7 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -131,50 +131,26 @@ def page_of(pages, g, n, PAGE_SIZE: tl.constexpr, PAGE_GROUP: tl.constexpr):
     return tl.sum(tl.where(tl.arange(0, PAGE_GROUP) == (n - g) // PAGE_SIZE, pages, 0), 0)
 
 
-# Split partials in the output's dtype when it is 16-bit, for every kernel (``TRITREE_PARTIALS_16BIT=1``;
-# off): half the bytes the split programs write and the merge reads (T=65,H=8 at L=46k: 126 programs x
-# 64 rows x 512 values, 16.5 MB in fp32), at one more rounding of each normalised partial row (the merged
-# row is rounded to 16 bits anyway). Stored from the MMA layout they are slower (session 11 call C: 2-11%,
-# the store's 32-byte pieces twice as long; session 12: the plain kernel's T=8,H=8 35.1 -> 39.2 us);
-# behind the warp-specialised kernel's staged store, with the merge by column warps, faster at every
-# shape measured, so that kernel writes them by default (``_verify_gluon_ws.PARTIALS_16BIT_WS``, and
-# ``PARTIALS_16BIT_GATHER`` over row gathers); the plain Gluon schedule over TMA writes them re-laid out
-# (``_verify_gluon.PARTIALS_16BIT_PLAIN``; T=8,H=8 -2%).
-PARTIALS_16BIT = os.environ.get("TRITREE_PARTIALS_16BIT", "0") == "1"
-
-
-def split_destinations(out, lse, num_splits: int, rows: int, narrow: bool | None = None):
+def split_destinations(out, lse, num_splits: int, rows: int, narrow: bool = False):
     """Where a split-KV kernel writes: ``(dst_o, dst_l, o_strides, l_strides)`` for
     :func:`store_rows`. One split writes ``out``/``lse`` directly; several write partials
     ``[B, S, rows, D]`` / ``[B, S, rows]`` (float32 lse) for :func:`combine_splits`, the rows in
-    float32, or in a 16-bit ``out``'s dtype with ``narrow`` (default: ``PARTIALS_16BIT``)."""
+    float32, or in a 16-bit ``out``'s dtype with ``narrow`` (the Gluon kernels' staged stores)."""
     if num_splits == 1:
         return (out, lse, (out.stride(0), out.stride(1), out.stride(2), 0),
                 (lse.stride(0), lse.stride(1), lse.stride(2), 0))
     B, D = out.shape[0], out.shape[-1]
-    narrow = (PARTIALS_16BIT if narrow is None else narrow) and out.dtype in (torch.bfloat16, torch.float16)
+    narrow = bool(narrow) and out.dtype in (torch.bfloat16, torch.float16)
     dst_o = torch.empty(B, num_splits, rows, D, dtype=out.dtype if narrow else torch.float32, device=out.device)
     dst_l = torch.empty(B, num_splits, rows, dtype=torch.float32, device=out.device)
     return (dst_o, dst_l, (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1)),
             (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1)))
 
 
-# Programmatic dependent launch of the split merge (sm_90+; an experiment until measured, so off by
-# default; ``TRITREE_MERGE_PDL=1`` turns it on): the merge grid is launched while the split kernel still
-# runs (the Gluon split kernels signal it at their start), its programs take the SMs the split programs
-# leave and wait in ``griddepcontrol.wait`` for the split kernel's writes, instead of the merge launching
-# only after the split kernel has completed. Eager launches only (torch.compile's Triton path: off).
-# Measured slower with the warp-specialised kernel (session 16, call E, L=46000, graph-timed, us):
-# T=65,H=8 108.5-109.6 -> 110.5-111.0, T=17,H=8 48.5-49.4 -> 55.2-55.6.
-MERGE_PDL = os.environ.get("TRITREE_MERGE_PDL", "0") == "1"
-# The merge signals dependents at its start (``griddepcontrol.launch_dependents``, a no-op unless the next
-# kernel is launched by programmatic dependent launch, such as the warp-specialised split kernel with
-# ``_verify_gluon_ws.SPLIT_PDL``: it then waits for the merge's completion itself, in ``griddepcontrol.wait``).
-# Session 21 call A (graph-timed, us): T=65,H=8 with the split kernel by PDL 96.7-97.4 with this signal,
-# 98.0-98.1 without it (98.0-98.3 plain). ``TRITREE_MERGE_SIGNALS=0`` turns it off.
-MERGE_SIGNALS = os.environ.get("TRITREE_MERGE_SIGNALS", "1") == "1"
-
-
+# The merge signals dependents at its start (``griddepcontrol.launch_dependents``; a no-op unless the next
+# kernel is launched by programmatic dependent launch, as the warp-specialised verify split kernel is): that
+# kernel's grid is then placed while the merge runs and waits for the merge's completion itself (in
+# ``griddepcontrol.wait``), which takes ~1 us off each verify call (bench/RESULTS.md, verify attention).
 def pdl_capable(device: torch.device) -> bool:
     """Whether kernels on ``device`` can use programmatic dependent launch (``griddepcontrol``): a
     Hopper-or-later GPU, not the interpreter."""
@@ -183,14 +159,12 @@ def pdl_capable(device: torch.device) -> bool:
 
 
 def merge_signals(device: torch.device) -> bool:
-    """Whether the merge on ``device`` signals dependents at its start (``MERGE_SIGNALS``, ``pdl_capable``)."""
-    return MERGE_SIGNALS and pdl_capable(device)
+    """Whether the merge on ``device`` signals dependents at its start (``pdl_capable``)."""
+    return pdl_capable(device)
 
 
-def merge_pdl(num_splits: int, device: torch.device) -> bool:
-    """Whether a split kernel with ``num_splits`` on ``device`` and its merge use programmatic
-    dependent launch (``MERGE_PDL``, several splits, ``pdl_capable``)."""
-    return MERGE_PDL and num_splits > 1 and pdl_capable(device)
+def merge_pdl(num_splits: int, device: torch.device) -> bool:  # the Gluon launchers' import; always off
+    return False
 
 
 @triton.jit
@@ -203,14 +177,11 @@ def _combine_kernel(
     H, num_splits,
     SPLIT_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr = False,
     SIGNAL: tl.constexpr = False,
 ):
     # One pass with a running maximum (the partials' lse are log2): each chunk's partial rows and
     # lse are loaded together, so a chunk costs one memory round trip and chunks can be in flight
     # together (the merge is bound by bytes in flight, not by arithmetic).
-    if PDL:  # launched early: wait for the split kernel's partials
-        gdc_wait()
     if SIGNAL:  # a kernel launched after this one by programmatic dependent launch may be placed now
         gdc_launch_dependents()
     row = tl.program_id(0)
@@ -248,40 +219,26 @@ def _combine_kernel(
 
 
 # Enough merge programs that every SM holds several (the merge is bound by bytes in flight), at most
-# this many fp32 partial values loaded per program per chunk, and 8 warps from this many values (else
-# 4). Chosen on the H200 (session 7, call G, the merge alone, us, old 512 / 16384 / 4096 -> these):
-# T=8,H=8 (132 splits) 7.6 -> 6.7, T=16,H=8 9.8 -> 8.1, T=17,H=8 10.1 -> 5.6, T=64,H=8 5.0 -> 4.7,
-# T=65,H=8 5.6 -> 4.5, T=16,H=64 6.6 -> 4.0 (8-warp programs of 4096 values were the slow ones).
+# this many fp32 partial values loaded per program per chunk, and 8 warps from this many values (else 4).
 _COMBINE_MIN_PROGRAMS = 1024
 _COMBINE_CHUNK_VALUES = 4096
 _COMBINE_WARPS8_VALUES = 8192
-
-
-# 16-bit partials (``PARTIALS_16BIT``): a warp's 16-byte loads cover 256 columns of one split, so a
-# 256-column block put its 4 warps on 4 splits, and the sum over splits went through shared memory:
-# Nsight Compute (session 12 call F, T=65,H=8) had that merge at 81.6% of L1 throughput, 13.6 us against
-# 6.8 for fp32 partials. By columns (where there are enough rows): 256 columns a warp, the warps side by
-# side, each thread summing its splits in registers. Call G, merge us (profiler, eager; fp32 partials /
-# bf16 by columns): T=65,H=8 4.5 / 3.4 (bf16 the old way: 12.4), T=64,H=8 4.7 / 3.8, T=16,H=64 4.0 / 3.1.
-COMBINE_16BIT_BY_COLUMNS = os.environ.get("TRITREE_COMBINE_16BIT_BY_COLUMNS", "1") == "1"
+# 16-bit partials by columns, where there are rows enough: a warp's 16-byte loads cover 256 columns of one
+# split, so 256-column warps side by side, each thread summing its splits in registers (a 256-column block
+# whose 4 warps took 4 splits summed them through shared memory: twice the merge time). At most 16 splits
+# a chunk (<= 128 bf16 values, 64 registers, a thread: one round of loads), and 512-column programs (two
+# warps) where there are rows enough.
 _COMBINE_16BIT_MIN_PROGRAMS = 256
-# By columns: at most this many splits a chunk (16: <= 128 bf16 values, 64 registers, a thread; one round
-# of loads up to 16 splits), and 512-column programs (two warps) where there are rows enough, else 256 (one
-# warp). Session 18 call A, the merge alone (profiler, us), 8 -> 16 splits a chunk: T=17,H=8 (44 splits)
-# 5.2 -> 4.3, T=65,H=8 (15) 3.4 -> 3.2, T=16,H=64 (14) 3.1 -> 3.1; graph-timed T=17,H=8 49.0 / 48.9 -> 48.1 /
-# 48.1 us, T=65,H=8 104.8 / 104.3 -> 104.8 / 105.8 (within its spread); 256-column programs: no better.
-_COMBINE_16BIT_MAX_CHUNK = int(os.environ.get("TRITREE_COMBINE_16BIT_MAX_CHUNK", "16"))
-_COMBINE_16BIT_WIDE = os.environ.get("TRITREE_COMBINE_16BIT_WIDE", "1") == "1"
+_COMBINE_16BIT_MAX_CHUNK = 16
 
 
 def combine_config(rows: int, splits: int, D: int, elem_bytes: int = 4) -> tuple[int, int, int]:
     """``(BLOCK_D, SPLIT_CHUNK, num_warps)`` of the merge of ``splits`` partials of ``rows`` rows
     (all batches) of ``D`` columns: column blocks narrowed until there are enough programs, then
-    as many splits per chunk as fit ``_COMBINE_CHUNK_VALUES``. ``elem_bytes`` = 2 (16-bit partials) with
-    ``COMBINE_16BIT_BY_COLUMNS``: where there are enough rows, whole 256-column warps side by side."""
-    if (elem_bytes == 2 and COMBINE_16BIT_BY_COLUMNS and D % 256 == 0
-            and rows * (D // 256) >= _COMBINE_16BIT_MIN_PROGRAMS):
-        wide = _COMBINE_16BIT_WIDE and D % 512 == 0 and rows * (D // 512) >= 2 * _COMBINE_16BIT_MIN_PROGRAMS
+    as many splits per chunk as fit ``_COMBINE_CHUNK_VALUES``. 16-bit partials (``elem_bytes`` = 2): where
+    there are enough rows, whole 256-column warps side by side."""
+    if elem_bytes == 2 and D % 256 == 0 and rows * (D // 256) >= _COMBINE_16BIT_MIN_PROGRAMS:
+        wide = D % 512 == 0 and rows * (D // 512) >= 2 * _COMBINE_16BIT_MIN_PROGRAMS
         block_d = 512 if wide else 256
         chunk = max(1, min(triton.next_power_of_2(splits), _COMBINE_16BIT_MAX_CHUNK))
         return block_d, chunk, block_d // 256
@@ -293,15 +250,35 @@ def combine_config(rows: int, splits: int, D: int, elem_bytes: int = 4) -> tuple
     return block_d, chunk, num_warps
 
 
+class MergePlan:
+    """The merge of ``[B, S, M, D]`` partials (``partials_dtype``, contiguous) and ``[B, S, M]`` lse into
+    ``out: [B, T, H, D]`` / ``lse: [B, T, H]`` of the given strides, for one static signature: grid, tiles
+    and every integer argument decided once; ``run`` launches the compiled merge directly."""
+
+    def __init__(self, B: int, S: int, M: int, D: int, H: int, partials_dtype: torch.dtype,
+                 out_strides: tuple, lse_strides: tuple, device: torch.device):
+        from ._launch import KernelLauncher
+
+        elem = torch.empty((), dtype=partials_dtype).element_size()
+        block_d, chunk, num_warps = combine_config(B * M, S, D, elem)
+        self.grid = (M, B, D // block_d)
+        self.args = (S * M * D, M * D, D, S * M, M, *out_strides[:3], *lse_strides[:3], H, S)
+        self.launcher = KernelLauncher(_combine_kernel, dict(SPLIT_CHUNK=chunk, BLOCK_D=block_d,
+                                                             SIGNAL=merge_signals(device)), num_warps=num_warps)
+
+    def run(self, part_o, part_lse, out, lse) -> None:
+        self.launcher(self.grid, part_o, part_lse, out, lse, *self.args)
+
+
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                    launch=None) -> None:
     """Merges ``part_o: [B, S, T*H, D]``, ``part_lse: [B, S, T*H]`` (log2) into ``out: [B, T, H, D]``
-    and ``lse: [B, T, H]`` (natural log). ``launch`` wraps the kernel (``torch.library.wrap_triton``)."""
+    and ``lse: [B, T, H]`` (natural log). ``launch`` wraps the kernel (``torch.library.wrap_triton``: the
+    path torch.compile traces; eager calls use :class:`MergePlan`)."""
     B, S, M, D = part_o.shape
     H = out.shape[2]
     block_d, chunk, num_warps = combine_config(B * M, S, D, part_o.element_size())
     kernel = _combine_kernel if launch is None else launch(_combine_kernel)
-    pdl = launch is None and merge_pdl(S, part_o.device)
     kernel[(M, B, D // block_d)](
         part_o, part_lse, out, lse,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
@@ -310,9 +287,8 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse.stride(0), lse.stride(1), lse.stride(2),
         H, S,
         # Every constexpr passed, defaulted ones too: torch.compile's wrap_triton fills in no defaults.
-        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl, SIGNAL=launch is None and merge_signals(part_o.device),
+        SPLIT_CHUNK=chunk, BLOCK_D=block_d, SIGNAL=launch is None and merge_signals(part_o.device),
         num_warps=num_warps,
-        **({"launch_pdl": True} if pdl else {}),
     )
 
 

@@ -113,7 +113,7 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
             continue
         fp8_only = key.endswith(":fp8")  # "sm_90:fp8" serves fp8 pools only
         no_fp8 = key == arch and f"{arch}:fp8" in VERIFY_MLA_CONFIGS
-        kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.scalar_page, c.tma, c.hoist_pages): c for c in table.values()}
+        kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.tma, c.split_scores): c for c in table.values()}
         # Small-pages tables serve pages below a tile: one page id per row (the P = 1 and P = 16 compiles).
         page_sizes = SMALL_PAGE_SIZES if key.endswith(":small_pages") else (64,)
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
@@ -260,7 +260,7 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
     sig.update({n: "i32" for n in ints})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "UPCAST": False, "IEEE": dtype == "fp32",
-                  "SCALAR_PAGE": cfg.scalar_page, "TMA": cfg.tma, "HOIST_PAGES": cfg.tma or (cfg.hoist_pages and cfg.scalar_page), "PAGE_GROUP": 16,
+                  "TMA": cfg.tma, "PAGE_GROUP": 16,
                   "SPLIT_SCORES": cfg.split_scores,
                   "TAIL_STAGES": 1 if cfg.split_scores else cfg.num_stages, "D_LAT": 512, "D_PE": 64,
                   "V_SCALED": kv_dtype is not None and kv_dtype != dtype}

@@ -38,23 +38,17 @@ class AttnConfig:
     block_n: KV tokens per tile.
     num_warps / num_stages: as in ``triton.Config``.
     programs_per_sm: target number of resident programs per SM used to pick the split count.
-    scalar_page: when P >= block_n, read one page id per KV tile instead of one per row (an
-        experiment; not yet measured, so off in every table).
     tma: when P >= block_n and the pool is contiguous, load KV tiles with tensor-memory-accelerator
-        copies (``tl.make_tensor_descriptor``; Hopper and later) instead of per-element pointers, always
-        with the page ids hoisted (TMA tiles without that measured slower everywhere, session 3).
-    hoist_pages: with ``scalar_page`` (one page per tile), split chunks start on page
-        boundaries and the page ids of 16 pages are read in one load ahead of their tiles, so no KV
-        address waits on a load inside the loop.
+        copies (``tl.make_tensor_descriptor``; Hopper and later) instead of per-element pointers, with
+        split chunks on page boundaries and the page ids of 16 pages read in one load ahead of their tiles.
+    hoist_pages: (draft attention) split chunks start on page boundaries and the page ids of 16 pages are
+        read in one load ahead of their tiles, so no KV address waits on a load inside the loop.
     split_scores: the warpgroups split each score tile by keys instead of both computing all of it
         (``_splitkv.attend_tile``); verify_mla only.
-    kernel: ``"triton"``, or a Gluon schedule for Hopper (``"gluon"``, ``"gluon-overlap"``,
-        ``"gluon-seesaw"``: ``kernels/_verify_gluon.py``; ``"gluon-ws"``: the warp-specialised seesaw,
-        ``kernels/_verify_gluon_ws.py``: TMA tiles where P % 64 == 0, else row gathers by its
-        producer partition; ``"gluon-ws-noprefetch"``: the same without the producer's L2 prefetch
-        of the next pair; verify_mla only, 64x64 tiles, 8 warps). A call the Gluon kernels cannot
-        serve (other GPU, dtype, unaligned rows, triton without Gluon) runs the Triton kernel with the
-        same tile sizes.
+    kernel: ``"triton"``, or a Hopper Gluon schedule of verify_mla (64x64 tiles, 8 warps): ``"gluon"``
+        (the plain schedule) or ``"gluon-ws"`` (the warp-specialised one: TMA tiles where P % 64 == 0, else
+        row gathers by its producer partition). A call the Gluon kernels cannot serve (other GPU, dtype,
+        unaligned rows, triton without Gluon) runs the Triton kernel with the same tile sizes.
     """
 
     block_m: int
@@ -62,7 +56,6 @@ class AttnConfig:
     num_warps: int
     num_stages: int
     programs_per_sm: int = 1
-    scalar_page: bool = False
     tma: bool = False
     hoist_pages: bool = False
     split_scores: bool = False
@@ -78,68 +71,53 @@ class AttnConfig:
 
 
 # Rows bucket -> config. A launch with M = T*H packed rows takes the first bucket >= M (else the
-# largest). Entries are the measured choices of bench/RESULTS.md; sm_120 ones are bounded by its
-# 101,376 B of shared memory (576-wide bf16 K tiles: 32x32 is the largest that fits, SPEC.md §6).
+# largest). Entries are the measured choices (bench/RESULTS.md, verify attention); sm_120 ones are bounded
+# by its 101,376 B of shared memory (576-wide bf16 K tiles: 32x32 is the largest that fits, docs/SPEC.md §6).
 VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),
-        # Pools with P >= BLOCK_N, 64x64 tiles in two warpgroups that split the score tile. On Hopper
-        # with bf16 the Gluon kernels serve (kernels/_verify_gluon.py); elsewhere (fp16/fp32, other
-        # GPUs, triton without Gluon) the Triton kernel with TMA tiles and the same split. One program
-        # per SM with the split count rounded down to whole waves: fewer splits, fewer fp32 partials
-        # to write and merge (session 5, call A, L=46000, P=64: T=64,H=8 seesaw 126.6 us vs 140.0 at
-        # two per SM, T=16,H=64 228.7 vs 262.3 at four, T=65,H=8 132.3 vs 149.2). The plain schedule
-        # is ahead up to 128 rows (T=16,H=8 54.7 vs 57.1), the seesaw above (T=17,H=8 62.0 vs 64.2).
+        # Pools with P >= BLOCK_N, 64x64 tiles in two warpgroups that split the score tile. On Hopper with
+        # bf16 the Gluon kernels serve; elsewhere (fp16/fp32, other GPUs, triton without Gluon) the Triton
+        # kernel with TMA tiles and the same split. One program per SM with the split count rounded down to
+        # whole waves: fewer splits, fewer partials to write and merge than at two or four programs an SM
+        # (10-15% faster at T=64,H=8, T=16,H=64 and T=65,H=8). The plain schedule up to 64 rows.
         64: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
-        # Above 64 rows: the warp-specialised kernel with its producer's L2 prefetch of the next pair.
-        # (Sessions 7-10 ran it only above 512 rows: triton 3.6 gave it a 440-byte stack frame whose
-        # loads sat in the pair loop, so 65..256 rows ran it without the prefetch and 257..512 ran the
-        # seesaw. Its output rows re-laid out before their store (session 11) shrank the frame to 24
-        # bytes; session 11 call F, us, seesaw / without the prefetch / this: T=64,H=8 113.2 / 115.1 /
-        # 106.7, T=8,H=64 113.0 / 114.5 / 105.9, T=16,H=8 47.5 / 48.4 / 46.4.)
+        # Above 64 rows: the warp-specialised kernel (its producer prefetches the next tile pair into the L2;
+        # 5-7% faster than the plain schedule's tile-pair form at T=64,H=8, T=8,H=64 and T=16,H=8).
         1 << 30: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
     },
     # Pools with pages smaller than those tiles (P=1: token-granular trees). On Hopper with bf16 the
-    # warp-specialised seesaw whose producer partition gathers the rows (cp.async by column halves,
-    # one page id per row), one program per SM. L=46000, P=1, against the seesaw's gathers (session
-    # 7, call B, us): T=8,H=8 38.9 vs 40.8, T=16,H=8 52.4 vs 58.0, T=17,H=8 63.3 vs 66.4, T=64,H=8
-    # 120.9 vs 136.1, T=65,H=8 127.5 vs 146.0, T=16,H=64 217.4 vs 241.1; P=16: T=65,H=8 127.0 vs
-    # 144.6, T=17,H=8 61.3 vs 65.7. (Session 4's Triton kernel, which still serves fp16/fp32 and
-    # other GPUs with these tiles: 53.8 / 70.1 / 208.1 / 393.3 at T=8,16,64 H=8 and T=16,H=64.)
+    # warp-specialised kernel whose producer partition gathers the rows (cp.async by column halves, one page
+    # id per row), one program per SM: 5-15% faster than a gather in the consumers. The Triton kernel, which
+    # still serves fp16/fp32 and other GPUs with these tiles, is 1.4-1.9x slower.
     "sm_90:small_pages": {
         16: AttnConfig(16, 64, 4, 2),
         1 << 30: AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-ws"),
     },
-    # fp8 (e4m3) pools with P >= BLOCK_N: the Triton kernel (tiles converted to bf16 in registers),
-    # three stages (half-size tiles leave the shared memory for them). L=46000, P=64 (session 8,
-    # call C, us, 3 vs 2 stages): T=8,H=8 46.2 vs 50.9, T=16,H=8 67.4 vs 75.6, T=64,H=8 206.0 vs
-    # 234.4, T=16,H=64 392.0 vs 445.9; four stages do not fit (258,072 B).
+    # fp8 (e4m3) pools with P >= BLOCK_N: the Triton kernel (tiles converted to bf16 in registers), three
+    # stages (half-size tiles leave the shared memory for them; 9-13% faster than two); four stages do not
+    # fit (258,072 B).
     "sm_90:fp8": {
         16: AttnConfig(16, 64, 4, 2),
         1 << 30: AttnConfig(64, 64, 8, 3, tma=True, split_scores=True),
     },
     "sm_120": {
         # mma.sync path, pointer loads (any pool layout; pages below its 64-key tiles take
-        # "sm_120:small_pages"). 16x64x4x2: 98,304 B and 193-204 registers compiled for sm_120 at P = 64
-        # and 128, no spill. Under DISABLE_MMA_V3=1 on the H200 (session 10, calls B-C, L=46000, P=64, us,
-        # against session 1's 16x32x8x2): T=8,H=8 74.1 vs 125.1, T=16,H=8 136.4 vs 254.9, T=64,H=8 507.7
-        # vs 998.5, T=16,H=64 991.6 vs 1951.5, T=17,H=8 151.5 vs 274.9, T=65,H=8 492.4 vs 926.1. Next
-        # best: the same tiles with 8 warps and TMA tiles (8-13% slower; without TMA 8 warps spill),
-        # 32x32x8x2 (20-25% slower).
+        # "sm_120:small_pages"). 16x64x4x2: 98,304 B and 193-204 registers compiled for sm_120 at P = 64 and
+        # 128, no spill; under DISABLE_MMA_V3=1 on the H200 1.7-2.0x faster than 16x32x8x2. Next best: the
+        # same tiles with 8 warps and TMA tiles (8-13% slower; without TMA 8 warps spill), 32x32x8x2 (20-25%
+        # slower).
         1 << 30: AttnConfig(16, 64, 4, 2),
     },
     # fp8 pools on sm_120: with fp8 tiles 16x64x4x2 spills (converting them to bf16 takes registers).
-    # 32x32x8x2 (75,904 B, 248-254 registers, no spill at P = 1, 16, 64), in emulation (session 10,
-    # call D, P=64, us) against 16x64x8x2 and 16x32x8x2: T=8,H=8 107.9 / 132.0 / 190.9, T=16,H=8 205.5 /
-    # 240.5 / 355.5, T=64,H=8 817.0 / 933.8 / 1391.0, T=16,H=64 1656.7 / 1974.9 / 2732.9.
+    # 32x32x8x2 (75,904 B, 248-254 registers, no spill at P = 1, 16, 64), emulated 12-18% faster than
+    # 16x64x8x2 and 1.6-1.8x faster than 16x32x8x2.
     "sm_120:fp8": {
         1 << 30: AttnConfig(32, 32, 8, 2),
     },
     # Pages below 64 tokens on sm_120 (both pool dtypes): one page id per row spills 16x64x4x2 (and
-    # 16x64x8x2 with fp8 tiles); 32x32x8x2 compiles without a spill for P = 1 and 16, bf16 and fp8.
-    # Emulated, P=1 (session 10, calls C-D, us, against 16x64x8x2): T=8,H=8 101.1 vs 86.5, T=16,H=8
-    # 185.5 vs 182.7, T=64,H=8 722.4 vs 687.8, T=16,H=64 1322.1 vs 1466.0; session 1's 16x32x8x2:
-    # 142.0, 286.1, 1111.4, 2329.4.
+    # 16x64x8x2 with fp8 tiles); 32x32x8x2 compiles without a spill for P = 1 and 16, bf16 and fp8, and
+    # emulated ties 16x64x8x2 (-17% to +10%).
     "sm_120:small_pages": {
         1 << 30: AttnConfig(32, 32, 8, 2),
     },

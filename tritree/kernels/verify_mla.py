@@ -11,14 +11,15 @@ prefix is visible to every node, so the tree bitmask is read only in the tiles t
 from __future__ import annotations
 
 import math
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
+from ._launch import KernelLauncher, PlanCache, StreamScratch, capturing, eager, interpreting, signature
+from ._splitkv import (LOG2E, MergePlan, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
                        split_destinations, store_rows)
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
@@ -145,23 +146,14 @@ def verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tre
 
 @triton.jit
 def _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                  PAGE_SIZE: tl.constexpr, D_LAT: tl.constexpr, D_PE: tl.constexpr, s_ok,
-                  SCALAR_PAGE: tl.constexpr = False):
+                  PAGE_SIZE: tl.constexpr, D_LAT: tl.constexpr, D_PE: tl.constexpr, s_ok):
     """Rows ``s`` of a request's paged latent cache: ([BN, 512], [BN, 64]). Page-table columns and
     page ids are clamped into range so a bad layout can never read outside the pool (it is
-    reported by the launcher's checks instead). ``SCALAR_PAGE``: the tile lies in one page (tiles
-    start at multiples of BLOCK_N <= P), so one page id is read instead of one per row."""
-    if SCALAR_PAGE:
-        first = tl.min(s, 0)
-        col = tl.minimum(first // PAGE_SIZE, max_pages - 1)
-        page = tl.load(PageTable + page_base + col)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-        tok = page * stride_kvp + (s % PAGE_SIZE).to(tl.int64) * stride_kvs
-    else:
-        col = tl.minimum(s // PAGE_SIZE, max_pages - 1)
-        page = tl.load(PageTable + page_base + col)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-        tok = page * stride_kvp + (s % PAGE_SIZE) * stride_kvs
+    reported by the launcher's checks instead)."""
+    col = tl.minimum(s // PAGE_SIZE, max_pages - 1)
+    page = tl.load(PageTable + page_base + col)
+    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+    tok = page * stride_kvp + (s % PAGE_SIZE) * stride_kvs
     k_lat = tl.load(KV + tok[:, None] + tl.arange(0, D_LAT)[None, :], mask=s_ok[:, None], other=0.0)
     k_pe = tl.load(KV + tok[:, None] + D_LAT + tl.arange(0, D_PE)[None, :], mask=s_ok[:, None], other=0.0)
     return k_lat, k_pe
@@ -213,9 +205,7 @@ def _verify_mla_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
-    SCALAR_PAGE: tl.constexpr,
     TMA: tl.constexpr = False,
-    HOIST_PAGES: tl.constexpr = False,
     PAGE_GROUP: tl.constexpr = 16,
     SPLIT_SCORES: tl.constexpr = False,
     TAIL_STAGES: tl.constexpr = 1,
@@ -241,9 +231,9 @@ def _verify_mla_kernel(
         q_lat = q_lat.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
 
-    # HOIST_PAGES (P >= BLOCK_N, one page per tile): chunks start on page boundaries, so the tiles
-    # of a group of PAGE_GROUP pages take their page ids from one vector load before the group.
-    if HOIST_PAGES:
+    # TMA (P >= BLOCK_N, one page per tile): chunks start on page boundaries, so the tiles of a group
+    # of PAGE_GROUP pages take their page ids from one vector load before the group.
+    if TMA:
         chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
     else:
         chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
@@ -264,26 +254,22 @@ def _verify_mla_kernel(
                                             block_shape=[BLOCK_N, D_PE])
 
     # Committed prefix: every key visible to every row, no mask.
-    if HOIST_PAGES:
+    if TMA:
         for g in range(start, full_end, PAGE_GROUP * PAGE_SIZE):
             pages = page_group(PageTable, page_base, g, max_pages, num_pages, PAGE_SIZE, PAGE_GROUP)
             for n in range(g, tl.minimum(g + PAGE_GROUP * PAGE_SIZE, full_end), BLOCK_N):
                 page = page_of(pages, g, n, PAGE_SIZE, PAGE_GROUP)
-                if TMA:  # full tiles only: TMA reads whole rows, and rows past a request may hold NaN
-                    row = page * PAGE_SIZE + n % PAGE_SIZE
-                    k_lat = lat_desc.load([row, 0])
-                    k_pe = pe_desc.load([row, 0])
-                else:
-                    tok = page.to(tl.int64) * stride_kvp + ((n % PAGE_SIZE) + offs_n).to(tl.int64) * stride_kvs
-                    k_lat = tl.load(KV + tok[:, None] + tl.arange(0, D_LAT)[None, :])
-                    k_pe = tl.load(KV + tok[:, None] + D_LAT + tl.arange(0, D_PE)[None, :])
+                # full tiles only: TMA reads whole rows, and rows past a request may hold NaN
+                row = page * PAGE_SIZE + n % PAGE_SIZE
+                k_lat = lat_desc.load([row, 0])
+                k_pe = pe_desc.load([row, 0])
                 m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
                                             False, UPCAST, IEEE, SPLIT_SCORES)
     else:
         for n in range(start, full_end, BLOCK_N):
             s = n + offs_n
             k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                        PAGE_SIZE, D_LAT, D_PE, s < full_end, SCALAR_PAGE)
+                                        PAGE_SIZE, D_LAT, D_PE, s < full_end)
             m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, all_rows, m_i, l_i, acc, sm_scale_log2e,
                                         False, UPCAST, IEEE, SPLIT_SCORES)
 
@@ -298,7 +284,7 @@ def _verify_mla_kernel(
         bit = (words >> (j % 32)[None, :]) & 1
         visible = (((s < kv_len) & s_ok)[None, :] | (bit != 0)) & row_ok[:, None]
         k_lat, k_pe = _load_kv_tile(KV, PageTable, s, page_base, stride_kvp, stride_kvs, max_pages, num_pages,
-                                    PAGE_SIZE, D_LAT, D_PE, s_ok, SCALAR_PAGE)
+                                    PAGE_SIZE, D_LAT, D_PE, s_ok)
         m_i, l_i, acc = _qk_pv_step(q_lat, q_pe, k_lat, k_pe, visible, m_i, l_i, acc, sm_scale_log2e,
                                     True, UPCAST, IEEE, SPLIT_SCORES)
 
@@ -310,29 +296,132 @@ def _verify_mla_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
-# Launcher
+# Launch policy: which kernel a call runs, with which tiles and splits, and why
 # --------------------------------------------------------------------------------------------------
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+KV_FP8 = torch.float8_e4m3fn
+GLUON_KERNELS = ("gluon", "gluon-ws")
 
+
+@dataclass(frozen=True)
+class VerifyLaunch:
+    """What every :func:`verify_mla` call of one static signature runs (:func:`plan_launch`)."""
+
+    route: str                        # "reference" (CPU), "triton", "gluon" (plain Hopper schedule), "gluon-ws"
+    config: AttnConfig
+    num_splits: int
+    partials_dtype: torch.dtype       # dtype of the split partials (unused with one split)
+    tma: bool                         # Triton route: KV tiles by tensor descriptors
+
+
+def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, H: int, head_dim: int,
+                page_size: int, max_pages: int, gluon_layout: bool, tma_layout: bool,
+                config: AttnConfig | None = None, num_splits: int | None = None) -> VerifyLaunch:
+    """The launch policy of :func:`verify_mla`, from static facts only (torch.compile traces it).
+
+    1. CPU tensors outside Triton's interpreter: the float reference.
+    2. The config: ``config`` or the architecture's table (``configs.VERIFY_MLA_CONFIGS``) by packed rows
+       ``M = T * H``: on Hopper the plain Gluon schedule up to 64 rows and the warp-specialised one above,
+       the fp8 and small-page tables where they apply; Triton tiles on sm_120 / sm_80.
+    3. A Gluon config runs its Gluon kernel where that kernel serves the call: bf16 q and pool, 576
+       channels, a Hopper GPU, Gluon importable, q rows and pool rows 16-byte aligned (``gluon_layout``).
+       Anything else (fp8 pools, fp16 / fp32, other GPUs, unaligned views) runs the Triton kernel with the
+       config's tiles, by tensor descriptors where the pool is one contiguous matrix (``tma_layout``).
+    4. Splits: enough (row block, split) programs for one wave of the SMs in whole waves (one resident
+       program an SM), no chunk shorter than 4 tiles of the page table's capacity. Warp-specialised
+       launches whose last row block holds at most 16 real rows run that block narrow; it counts as 0.75
+       of a block, so the full blocks get the SMs it leaves (``_verify_gluon_ws.choose_narrow_num_splits``).
+    5. Split partials in q's dtype where the Gluon kernel stages and stores them 16-bit (half the bytes
+       the split programs write and the merge reads); fp32 otherwise.
+    """
+    M = T * H
+    if device.type == "cpu" and not interpreting():
+        cfg = config or AttnConfig(32, 32, 4, 1)
+        return VerifyLaunch("reference", cfg, 1, torch.float32, False)
+    kv_fp8 = kv_dtype == KV_FP8
+    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(device), M, page_size=page_size, kv_fp8=kv_fp8)
+    if cfg.kernel not in ("triton",) + GLUON_KERNELS:
+        raise ValueError(f"config.kernel must be 'triton' or one of {GLUON_KERNELS}, got {cfg.kernel!r}")
+    bf16 = q_dtype == kv_dtype == torch.bfloat16
+    gluon = (cfg.kernel != "triton" and bf16 and head_dim == D_QK and device.type == "cuda" and gluon_layout
+             and _gluon_available() and torch.cuda.get_device_capability(device)[0] == 9)
+    if num_splits is None:
+        split_args = dict(batch=batch, row_blocks=triton.cdiv(M, cfg.block_m), max_keys=max_pages * page_size,
+                          block_n=cfg.block_n, sms=num_sms(device))
+        if device.type == "cuda" and bf16:
+            num_splits = _narrow_num_splits(cfg, M, split_args)
+        if num_splits is None:
+            num_splits = choose_num_splits(**split_args, programs_per_sm=cfg.programs_per_sm, whole_waves=True)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    route = cfg.kernel if gluon else "triton"
+    narrow = gluon and bool(_gluon_partials_narrow(cfg.kernel, page_size))
+    partials = q_dtype if narrow and q_dtype in (torch.bfloat16, torch.float16) else torch.float32
+    return VerifyLaunch(route, cfg, int(num_splits), partials, tma_layout and cfg.tma and page_size >= cfg.block_n)
+
+
+def _gluon_available() -> bool:
+    from ._verify_gluon import GLUON_AVAILABLE
+
+    return GLUON_AVAILABLE
+
+
+def _gluon_partials_narrow(kernel: str, page_size: int):
+    from ._verify_gluon_ws import partials_narrow_for
+
+    return partials_narrow_for(kernel, page_size)
+
+
+def _narrow_num_splits(cfg: AttnConfig, rows: int, split_args: dict) -> int | None:
+    """The split count for a launch of the warp-specialised Gluon kernel whose last row block runs narrow
+    (``_verify_gluon_ws.narrow_rows``): the full blocks share the SMs the narrow block leaves. ``None``
+    where that does not apply. Pure Python on static shapes (traced by torch.compile)."""
+    if not cfg.kernel.startswith("gluon-ws"):
+        return None
+    from ._verify_gluon_ws import choose_narrow_num_splits, narrow_rows
+
+    return choose_narrow_num_splits(**split_args) if narrow_rows(rows) else None
+
+
+def _tma_layout(kv: torch.Tensor) -> bool:
+    """The pool addressable as one ``[pages * P, D]`` row-major matrix with 16-byte aligned rows and int32 row
+    indices (what KV tiles by tensor descriptors need; the storage offset stands for the alignment: torch's
+    allocations start 256-byte aligned, and fake tensors under torch.compile have no data pointer)."""
+    num_pages, P, D = kv.shape
+    return (kv.stride(2) == 1 and kv.stride(0) == P * kv.stride(1) and (kv.stride(1) * kv.element_size()) % 16 == 0
+            and (kv.storage_offset() * kv.element_size()) % 16 == 0 and num_pages * P < 2**31
+            and (kv.is_cuda or interpreting()))
+
+
+def _gluon_layout(q: torch.Tensor, kv: torch.Tensor) -> bool:
+    """The Gluon kernels' layout needs: pools of P % 64 == 0 as one matrix (TMA tiles), smaller pages by row
+    gathers (16-byte aligned rows); q rows by 16-byte copies."""
+    if kv.shape[1] % 64 == 0:
+        kv_ok = _tma_layout(kv)
+    else:
+        kv_ok = (kv.stride(2) == 1 and (kv.stride(0) * 2) % 16 == 0 and (kv.stride(1) * 2) % 16 == 0
+                 and (kv.storage_offset() * 2) % 16 == 0)
+    q_ok = (q.stride(3) == 1 and all((q.stride(i) * 2) % 16 == 0 for i in range(3))
+            and (q.storage_offset() * q.element_size()) % 16 == 0)
+    return kv_ok and q_ok
+
+
+def _launch_of(q, kv, page_table, config, num_splits, d_rope) -> VerifyLaunch:
+    B, T, H, D = q.shape
+    return plan_launch(device=q.device, q_dtype=q.dtype, kv_dtype=kv.dtype, batch=B, T=T, H=H, head_dim=D,
+                       page_size=kv.shape[1], max_pages=page_table.shape[1], gluon_layout=_gluon_layout(q, kv),
+                       tma_layout=_tma_layout(kv), config=config, num_splits=num_splits)
+
+
+# --------------------------------------------------------------------------------------------------
+# Triton kernel launch (shared by the eager plan and the traced op)
+# --------------------------------------------------------------------------------------------------
 
 _ALLOCATOR_SET = False
 
 
 def _scratch_allocator(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _tma_usable(kv: torch.Tensor, cfg: AttnConfig) -> bool:
-    """TMA tiles need P >= BLOCK_N (a tile within one page), the pool addressable as one
-    ``[pages * P, D]`` row-major matrix with 16-byte aligned rows, and row indices within int32.
-    (Alignment from the storage offset: torch's allocations start 256-byte aligned, and fake
-    tensors under torch.compile have no data pointer.)"""
-    num_pages, P, D = kv.shape
-    return (cfg.tma and P >= cfg.block_n and kv.stride(2) == 1 and kv.stride(0) == P * kv.stride(1)
-            and (kv.stride(1) * kv.element_size()) % 16 == 0 and (kv.storage_offset() * kv.element_size()) % 16 == 0
-            and num_pages * P < 2**31 and (kv.is_cuda or _interpreting()))
 
 
 def _ensure_scratch_allocator() -> None:
@@ -344,78 +433,43 @@ def _ensure_scratch_allocator() -> None:
         _ALLOCATOR_SET = True
 
 
-GLUON_KERNELS = ("gluon", "gluon-overlap", "gluon-seesaw", "gluon-ws", "gluon-ws-noprefetch")
-
-
-def _gluon_usable(q, kv, cfg: AttnConfig) -> bool:
-    """The Gluon kernels serve bf16 Kimi-shaped (512 + 64) calls on Hopper: P % 64 == 0 pools by TMA
-    (the pool addressable as one matrix), smaller pages by row gathers (16-byte aligned rows);
-    anything else (fp8 pools included) takes the Triton kernel."""
-    if (cfg.kernel not in GLUON_KERNELS or not q.is_cuda or q.dtype != torch.bfloat16 or kv.dtype != q.dtype
-            or q.shape[-1] != D_QK):
-        return False
-    from . import _verify_gluon
-    P = kv.shape[1]
-    if P % 64 == 0:
-        layout_ok = _tma_usable(kv, AttnConfig(64, 64, 8, 1, tma=True))
-    else:
-        layout_ok = (kv.stride(2) == 1 and (kv.stride(0) * 2) % 16 == 0 and (kv.stride(1) * 2) % 16 == 0
-                     and (kv.storage_offset() * 2) % 16 == 0)
-    # Q rows arrive by 16-byte cp.async copies.
-    q_ok = q.stride(3) == 1 and all((q.stride(i) * 2) % 16 == 0 for i in range(3)) and q.data_ptr() % 16 == 0
-    return (_verify_gluon.GLUON_AVAILABLE and layout_ok and q_ok
-            and torch.cuda.get_device_capability(q.device)[0] == 9)
-
-
-def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
-                   num_splits, launch=None, kv_scale: float = 1.0):
-    B, T, H, _ = q.shape
-    if launch is None and _gluon_usable(q, kv, cfg):  # eager only: the Gluon ops are opaque to torch.compile
-        from ._verify_gluon_ws import launch_verify_gluon_ws, partials_narrow_for
-
-        narrow = partials_narrow_for(cfg.kernel, kv.shape[1])
-        dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H, narrow)
-        args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale,
-                num_splits)
-        if cfg.kernel.startswith("gluon-ws"):  # TMA tiles, or row gathers by its producer on pages below a tile
-            launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch")
-        else:
-            from ._verify_gluon import launch_verify_gluon
-            launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap",
-                                **({"seesaw": True} if cfg.kernel == "gluon-seesaw" else {}))
-        if num_splits > 1:
-            combine_splits(dst_o, dst_l, out, lse)
-        return
-    tma = _tma_usable(kv, cfg)
-    scalar = cfg.scalar_page and kv.shape[1] >= cfg.block_n
-    if tma and not _interpreting():
+def _triton_launch(launch: VerifyLaunch, B, T, H, d_lat, d_pe, q_dtype, kv_dtype, page_size):
+    """``(grid, constexprs, options)`` of the Triton kernel for a launch."""
+    cfg = launch.config
+    if launch.tma and not interpreting():
         _ensure_scratch_allocator()
-    M = T * H
-    d_lat = out.shape[-1]
-    row_blocks = triton.cdiv(M, cfg.block_m)
-    upcast = _interpreting() and q.dtype == torch.bfloat16
-    kernel = _verify_mla_kernel if launch is None else launch(_verify_mla_kernel)
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, M)
-    kernel[(row_blocks, num_splits, B)](
-        q, kv, page_table, kv_lens, tree_mask, tree_lens,
-        dst_o, dst_l,
-        sm_scale * kv_scale * LOG2E, kv_scale,
-        q.stride(0), q.stride(1), q.stride(2),
-        kv.stride(0), kv.stride(1),
-        page_table.stride(0), page_table.shape[1], kv.shape[0],
-        tree_mask.stride(0), tree_mask.stride(1),
-        *o_strides,
-        *l_strides,
-        T, H, num_splits,
-        PAGE_SIZE=kv.shape[1], SINGLE_SPLIT=num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        UPCAST=upcast, IEEE=q.dtype == torch.float32,
-        SCALAR_PAGE=scalar, TMA=tma, HOIST_PAGES=tma or (cfg.hoist_pages and scalar), PAGE_GROUP=16,
+    grid = (triton.cdiv(T * H, cfg.block_m), launch.num_splits, B)
+    constexprs = dict(
+        PAGE_SIZE=page_size, SINGLE_SPLIT=launch.num_splits == 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        UPCAST=interpreting() and q_dtype == torch.bfloat16, IEEE=q_dtype == torch.float32, TMA=launch.tma,
+        PAGE_GROUP=16, SPLIT_SCORES=cfg.split_scores,
         # The tail is one or two tiles: with split scores its copy buffers would not fit next to the
         # prefix loop's, so it runs unpipelined there (elsewhere as the kernel's loops).
-        SPLIT_SCORES=cfg.split_scores, TAIL_STAGES=1 if cfg.split_scores else cfg.num_stages, D_LAT=d_lat, D_PE=q.shape[-1] - d_lat,
-        V_SCALED=kv.dtype != q.dtype,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        TAIL_STAGES=1 if cfg.split_scores else cfg.num_stages, D_LAT=d_lat, D_PE=d_pe, V_SCALED=kv_dtype != q_dtype)
+    return grid, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _triton_int_args(q, kv, page_table, tree_mask, o_strides, l_strides, sm_scale, kv_scale, num_splits):
+    """The Triton kernel's arguments after its eight tensors (static for a plan)."""
+    B, T, H, _ = q.shape
+    return (sm_scale * kv_scale * LOG2E, kv_scale, q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.stride(1),
+            page_table.stride(0), page_table.shape[1], kv.shape[0], tree_mask.stride(0), tree_mask.stride(1),
+            *o_strides, *l_strides, T, H, num_splits)
+
+
+def _launch_traced(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg: AttnConfig,
+                   num_splits, kv_scale: float = 1.0, launch=torch.library.wrap_triton) -> None:
+    """The Triton kernel and merge through ``launch`` (``wrap_triton``: what torch.compile traces)."""
+    B, T, H, D = q.shape
+    d_lat = out.shape[-1]
+    plan = VerifyLaunch("triton", cfg, num_splits, torch.float32, _tma_layout(kv) and cfg.tma
+                        and kv.shape[1] >= cfg.block_n)
+    grid, constexprs, options = _triton_launch(plan, B, T, H, d_lat, D - d_lat, q.dtype, kv.dtype, kv.shape[1])
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
+    launch(_verify_mla_kernel)[grid](
+        q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l,
+        *_triton_int_args(q, kv, page_table, tree_mask, o_strides, l_strides, sm_scale, kv_scale, num_splits),
+        **constexprs, **options)
     if num_splits > 1:
         combine_splits(dst_o, dst_l, out, lse, launch=launch)
 
@@ -423,17 +477,14 @@ def _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, s
 @torch.library.triton_op("tritree::verify_mla", mutates_args=())
 def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                    tree_mask: torch.Tensor, tree_lens: torch.Tensor, sm_scale: float, block_m: int, block_n: int,
-                   num_warps: int, num_stages: int, scalar_page: bool, num_splits: int,
-                   d_rope: int = 64, tma: bool = False, hoist_pages: bool = False,
+                   num_warps: int, num_stages: int, num_splits: int, d_rope: int = 64, tma: bool = False,
                    split_scores: bool = False, kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, H, D = q.shape
     out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-    _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
-                                       hoist_pages=hoist_pages, split_scores=split_scores),
-                   int(num_splits),
-                   launch=torch.library.wrap_triton, kv_scale=kv_scale)
+    _launch_traced(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
+                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, tma=tma, split_scores=split_scores),
+                   int(num_splits), kv_scale=kv_scale)
     return out, lse
 
 
@@ -441,44 +492,80 @@ def _verify_mla_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, 
 def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                        tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                       scalar_page: bool, num_splits: int, tma: bool = False, hoist_pages: bool = False,
-                       split_scores: bool = False, kv_scale: float = 1.0) -> None:
-    _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
-                                       hoist_pages=hoist_pages, split_scores=split_scores),
-                   int(num_splits),
-                   launch=torch.library.wrap_triton, kv_scale=kv_scale)
+                       num_splits: int, tma: bool = False, split_scores: bool = False, kv_scale: float = 1.0) -> None:
+    _launch_traced(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
+                   AttnConfig.concrete(block_m, block_n, num_warps, num_stages, tma=tma, split_scores=split_scores),
+                   int(num_splits), kv_scale=kv_scale)
 
 
 @torch.library.custom_op("tritree::verify_mla_gluon", mutates_args=("out", "lse"))
 def _verify_mla_gluon_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                          tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                          sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                         scalar_page: bool, num_splits: int, tma: bool, hoist_pages: bool, split_scores: bool,
-                         kernel: str) -> None:
-    """Configs with a Gluon ``kernel``: an opaque op (torch.compile cannot trace Gluon launches),
-    writing ``out``/``lse`` in place; falls back to the Triton kernel where Gluon cannot serve."""
-    _launch_verify(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale,
-                   AttnConfig(block_m, block_n, num_warps, num_stages, scalar_page=scalar_page, tma=tma,
-                              hoist_pages=hoist_pages, split_scores=split_scores, kernel=kernel),
-                   num_splits)
+                         num_splits: int, tma: bool, split_scores: bool, kernel: str) -> None:
+    """Configs with a Gluon ``kernel`` under torch.compile: an opaque op (torch.compile cannot trace Gluon
+    launches) that runs the eager plan, writing ``out``/``lse`` in place."""
+    cfg = AttnConfig(block_m, block_n, num_warps, num_stages, tma=tma, split_scores=split_scores, kernel=kernel)
+    _plan(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg, num_splits, D_ROPE,
+          None).run(q, kv, page_table, kv_lens, tree_mask, tree_lens, out=out, lse=lse)
 
 
 @_verify_mla_gluon_op.register_fake
 def _(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, block_m, block_n, num_warps, num_stages,
-      scalar_page, num_splits, tma, hoist_pages, split_scores, kernel):
+      num_splits, tma, split_scores, kernel):
     return None
 
 
-KV_FP8 = torch.float8_e4m3fn
+def _verify_traced(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, return_lse, out, lse, config,
+                   num_splits, d_rope, kv_scale):
+    """verify_mla under torch.compile: the registered ops (static shapes only; no plan cache)."""
+    _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope, kv_scale, out, lse)
+    B, T, H, D = q.shape
+    if tree_lens is None:
+        tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
+    launch = _launch_of(q, kv, page_table, config, num_splits, d_rope)
+    cfg = launch.config
+    if launch.route == "reference":
+        return verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=sm_scale, tree_lens=tree_lens,
+                                    return_lse=return_lse, d_rope=d_rope, kv_scale=kv_scale)
+    # The Gluon op decides on data pointers inside (its plan); the traced shapes say whether it may serve.
+    if (cfg.kernel != "triton" and kv_scale is None and q.dtype == kv.dtype == torch.bfloat16 and D == D_QK
+            and q.device.type == "cuda"):
+        if out is None:
+            out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
+        if lse is None:
+            lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+        _verify_mla_gluon_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, float(sm_scale),
+                             cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, launch.num_splits,
+                             bool(cfg.tma), bool(cfg.split_scores), cfg.kernel)
+        return (out, lse) if return_lse else out
+    fp8 = {} if kv_scale is None else {"kv_scale": float(kv_scale)}
+    args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, launch.num_splits)
+    if out is None and lse is None:
+        out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *args, d_rope=d_rope,
+                                  tma=bool(cfg.tma), split_scores=bool(cfg.split_scores), **fp8)
+    else:
+        if out is None:
+            out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
+        if lse is None:
+            lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+        _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *args, tma=bool(cfg.tma),
+                           split_scores=bool(cfg.split_scores), **fp8)
+    return (out, lse) if return_lse else out
 
 
-def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope=D_ROPE, kv_scale=None):
+# --------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------
+
+def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope=D_ROPE, kv_scale=None, out=None,
+              lse=None):
+    """Checks of everything a plan depends on (types, shapes, dtypes, devices, strides, scalars)."""
     V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
     dev = q.device
     B, T, H, D = q.shape
     d_lat = D - d_rope
-    if d_lat < 16 or d_rope < 16 or d_lat & (d_lat - 1) or d_rope & (d_rope - 1):
+    if not isinstance(d_rope, int) or d_lat < 16 or d_rope < 16 or d_lat & (d_lat - 1) or d_rope & (d_rope - 1):
         raise ValueError(f"q must have shape [B, T, H, latent + d_rope] with both powers of two >= 16 "
                          f"(Kimi: 512 + 64 = {D_QK}); got {tuple(q.shape)} with d_rope = {d_rope}")
     if T < 1 or H < 1:
@@ -513,45 +600,205 @@ def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope
     if tree_lens is not None:
         V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=dev)
         V.check_shape("tree_lens", tree_lens, (B,), "[B]")
-    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) or sm_scale <= 0:
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+            or sm_scale <= 0:
         raise ValueError(f"sm_scale must be a positive finite float, got {sm_scale!r}")
-    if V.values_checkable(kv_lens, page_table):
-        tl_ = torch.full((B,), T) if tree_lens is None else tree_lens
-        if tree_lens is not None:
-            tc = tree_lens.detach().cpu()
-            if ((tc < 0) | (tc > T)).any():
-                raise ValueError(f"tree_lens must be in [0, T = {T}], got {tc.tolist()}")
-        V.check_paged_lengths(page_table, num_pages, P, kv_lens, tl_)
+    if out is not None:
+        V.check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=dev)
+        V.check_shape("out", out, (B, T, H, d_lat), "[B, T, H, latent]")
+    if lse is not None:
+        V.check_tensor("lse", lse, ndim=3, dtypes=(torch.float32,), device=dev, last_contiguous=False)
+        V.check_shape("lse", lse, (B, T, H), "[B, T, H]")
 
+
+def _check_values(kv, page_table, kv_lens, tree_lens, T: int) -> None:
+    """Checks that read lengths and page ids on the host (CPU inputs, or ``TRITREE_DEBUG=1``)."""
+    B = kv_lens.shape[0]
+    if tree_lens is not None:
+        tc = tree_lens.detach().cpu()
+        if ((tc < 0) | (tc > T)).any():
+            raise ValueError(f"tree_lens must be in [0, T = {T}], got {tc.tolist()}")
+    V.check_paged_lengths(page_table, kv.shape[0], kv.shape[1], kv_lens,
+                          torch.full((B,), T) if tree_lens is None else tree_lens)
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan: decided once per static signature, launched directly
+# --------------------------------------------------------------------------------------------------
 
 _FULL_TREE_LENS: dict = {}
 
 
-def _narrow_num_splits(cfg: AttnConfig, rows: int, split_args: dict) -> int | None:
-    """The split count for a launch of the warp-specialised Gluon kernel whose last row block runs narrow
-    (``_verify_gluon_ws.narrow_rows``): the full blocks share the SMs the narrow block leaves. ``None``
-    where that does not apply. Pure Python on static shapes (traced by torch.compile)."""
-    if not cfg.kernel.startswith("gluon-ws"):
-        return None
-    from ._verify_gluon_ws import choose_narrow_num_splits, narrow_rows
-
-    return choose_narrow_num_splits(**split_args) if narrow_rows(rows) else None
-
-
 def _full_tree_lens(B: int, T: int, device: torch.device) -> torch.Tensor:
     """``[B]`` int32 of T's (``tree_lens=None``), cached per (device, B, T) so that eager calls, and
-    graphs captured after one, launch no fill kernel (a graph node of its own, ~1 us). Read-only. Under
-    torch.compile, or first met inside a capture (where the fill runs only at replay), a fresh fill."""
-    if torch.compiler.is_compiling():
-        return torch.full((B,), T, dtype=torch.int32, device=device)
+    graphs captured after one, launch no fill kernel (a graph node of its own, ~1 us). Read-only. First met
+    inside a capture (where the fill runs only at replay), a fresh fill."""
     key = (device, B, T)
     t = _FULL_TREE_LENS.get(key)
     if t is None:
         t = torch.full((B,), T, dtype=torch.int32, device=device)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing(device):
             return t
         _FULL_TREE_LENS[key] = t  # never evicted: captured graphs may hold its address
     return t
+
+
+class VerifyPlan:
+    """:func:`verify_mla` for one static signature: validated, its launch decided, its kernels bound.
+
+    ``VerifyPlan(q, kv, page_table, kv_lens, tree_mask, tree_lens=None, *, sm_scale, out=None, lse=None,
+    config=None, num_splits=None, d_rope=64, kv_scale=None)`` takes example inputs (their values are not
+    read); ``plan.run(q, kv, page_table, kv_lens, tree_mask, tree_lens=None, *, out=None, lse=None,
+    return_lse=False)`` then runs inputs of the same shapes, strides, dtypes and device (a ``ValueError``
+    otherwise) with the per-call work only: value checks where they apply, buffers, launches.
+    ``plan.launch`` says what runs (:func:`plan_launch`). ``out``/``lse`` given at planning fix the layout of
+    the outputs ``run`` may be given; without them ``run`` takes contiguous ones.
+
+    Split partials are the plan's own, one set per CUDA stream, reused by eager calls; a call captured in a
+    CUDA graph gets its own set, which the graph's memory pool keeps. Calls through one plan on one stream
+    are ordered as launched. :func:`verify_mla` keeps plans in a cache (``plan_cache_info()``).
+    """
+
+    def __init__(self, q, kv, page_table, kv_lens, tree_mask, tree_lens=None, *, sm_scale, out=None, lse=None,
+                 config: AttnConfig | None = None, num_splits: int | None = None, d_rope: int = D_ROPE,
+                 kv_scale: float | None = None):
+        _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope, kv_scale, out, lse)
+        B, T, H, D = q.shape
+        self.shape = (B, T, H, D)
+        self.d_lat, self.d_rope = D - d_rope, d_rope
+        self.sm_scale = float(sm_scale)
+        self.kv_scale = kv_scale
+        self.device = q.device
+        self.dtype = q.dtype
+        self.launch = _launch_of(q, kv, page_table, config, num_splits, d_rope)
+        self._kv_fp8 = kv.dtype == KV_FP8
+        self._has_tree_lens = tree_lens is not None
+        out_sig = None if out is None else (out.shape, out.stride())
+        lse_sig = None if lse is None else (lse.shape, lse.stride())
+        self.signature = _key(q, kv, page_table, kv_lens, tree_mask, tree_lens)
+        self._out_sig, self._lse_sig = out_sig, lse_sig
+        out_strides = out.stride() if out is not None else _contiguous_strides((B, T, H, self.d_lat))
+        lse_strides = lse.stride() if lse is not None else (T * H, H, 1)
+        S = self.launch.num_splits
+        M = T * H
+        self._merge = None
+        if S > 1:
+            self._merge = MergePlan(B, S, M, self.d_lat, H, self.launch.partials_dtype, out_strides, lse_strides,
+                                    q.device)
+            o_strides = (S * M * self.d_lat, 0, self.d_lat, M * self.d_lat)
+            l_strides = (S * M, 0, 1, M)
+            self._scratch = StreamScratch(lambda: (
+                torch.empty(B, S, M, self.d_lat, dtype=self.launch.partials_dtype, device=q.device),
+                torch.empty(B, S, M, dtype=torch.float32, device=q.device)))
+        else:
+            o_strides = (*out_strides[:3], 0)
+            l_strides = (*lse_strides[:3], 0)
+        self._lse_scratch = StreamScratch(lambda: torch.empty(B, T, H, dtype=torch.float32, device=q.device))
+        self._o_strides, self._l_strides = o_strides, l_strides
+        route = self.launch.route
+        if route == "triton":
+            kv_scale_f = 1.0 if kv_scale is None else float(kv_scale)
+            grid, constexprs, options = _triton_launch(self.launch, B, T, H, self.d_lat, d_rope, q.dtype, kv.dtype,
+                                                       kv.shape[1])
+            self._grid = grid
+            self._split = KernelLauncher(_verify_mla_kernel, constexprs, **options)
+            self._int_args = _triton_int_args(q, kv, page_table, tree_mask, o_strides, l_strides, self.sm_scale,
+                                              kv_scale_f, S)
+
+    # -- per call ------------------------------------------------------------------------------------
+
+    def run(self, q, kv, page_table, kv_lens, tree_mask, tree_lens=None, *, out=None, lse=None,
+            return_lse: bool = False):
+        """Runs the plan on inputs of its signature; see :func:`verify_mla` for the semantics."""
+        if _key(q, kv, page_table, kv_lens, tree_mask, tree_lens) != self.signature:
+            raise ValueError("the inputs do not match this plan's shapes, strides, dtypes and device "
+                             "(or tree_lens given / not given as at planning)")
+        if out is not None and (out.shape, out.stride()) != (self._out_sig or (out.shape, _contiguous_strides(
+                out.shape))) or out is not None and (out.dtype != self.dtype or out.device != self.device):
+            raise ValueError("out must have the layout, dtype and device the plan was made for")
+        if lse is not None and ((lse.shape, lse.stride()) != (self._lse_sig or (lse.shape, _contiguous_strides(
+                lse.shape))) or lse.dtype != torch.float32 or lse.device != self.device):
+            raise ValueError("lse must have the layout, dtype and device the plan was made for")
+        return self._run(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, return_lse)
+
+    def _run(self, q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, return_lse):
+        B, T, H, _ = self.shape
+        if V.values_checkable(kv_lens, page_table):
+            _check_values(kv, page_table, kv_lens, tree_lens, T)
+        if out is None:
+            out = torch.empty(B, T, H, self.d_lat, dtype=self.dtype, device=self.device)
+        if lse is None:
+            lse = (torch.empty(B, T, H, dtype=torch.float32, device=self.device) if return_lse
+                   else self._lse_scratch.get(self.device))
+        route = self.launch.route
+        if route == "reference":
+            ref_out, ref_lse = verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=self.sm_scale,
+                                                    tree_lens=tree_lens, return_lse=True, d_rope=self.d_rope,
+                                                    kv_scale=self.kv_scale)
+            out.copy_(ref_out)
+            lse.copy_(ref_lse)
+            return (out, lse) if return_lse else out
+        if tree_lens is None:
+            tree_lens = _full_tree_lens(B, T, self.device)
+        S = self.launch.num_splits
+        dst_o, dst_l = self._scratch.get(self.device) if S > 1 else (out, lse)
+        if route == "triton":
+            self._split(self._grid, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, *self._int_args)
+        else:
+            self._run_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l)
+        if S > 1:
+            self._merge.run(dst_o, dst_l, out, lse)
+        return (out, lse) if return_lse else out
+
+    def _run_gluon(self, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l):
+        args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, self._o_strides, self._l_strides,
+                self.sm_scale, self.launch.num_splits)
+        if self.launch.route == "gluon-ws":
+            from ._verify_gluon_ws import launch_verify_gluon_ws
+
+            launch_verify_gluon_ws(*args, l2_prefetch=True)
+        else:
+            from ._verify_gluon import launch_verify_gluon
+
+            launch_verify_gluon(*args, overlap=False)
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, acc = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _key(q, kv, page_table, kv_lens, tree_mask, tree_lens) -> tuple:
+    """A plan's static signature of its inputs: their layouts, and q's and the pool's 16-byte alignment
+    (the Gluon kernels need it)."""
+    return (signature(q, kv, page_table, kv_lens, tree_mask, tree_lens), q.data_ptr() & 15, kv.data_ptr() & 15)
+
+
+def _plan_build(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config, num_splits, d_rope,
+                kv_scale) -> VerifyPlan:
+    return VerifyPlan(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale=sm_scale, out=out, lse=lse,
+                      config=config, num_splits=num_splits, d_rope=d_rope, kv_scale=kv_scale)
+
+
+_PLANS = PlanCache(_plan_build)
+
+
+def _plan(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config, num_splits, d_rope,
+          kv_scale) -> VerifyPlan:
+    try:
+        key = (_key(q, kv, page_table, kv_lens, tree_mask, tree_lens),
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+               None if lse is None else (lse.shape, lse.stride(), lse.dtype, lse.device),
+               sm_scale, config, num_splits, d_rope, kv_scale)
+        hash(key)
+    except (AttributeError, TypeError):  # not tensors / unhashable scalars: validation says what is wrong
+        return _plan_build(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config,
+                           num_splits, d_rope, kv_scale)
+    return _PLANS.get(key, q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config, num_splits,
+                      d_rope, kv_scale)
 
 
 def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False,
@@ -571,11 +818,9 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         tree_lens: ``[B]`` int32 valid nodes per request; rows ``i >= tree_lens[b]`` are padding.
         return_lse: also return ``lse: [B, T, H]`` float32 natural-log log-sum-exp of the scores.
         out, lse: optional preallocated outputs (``[B, T, H, 512]`` q's dtype, ``[B, T, H]`` float32),
-            written in place (static buffers for CUDA graphs); both or neither.
-        config, num_splits: override the per-architecture launch config and the split count. On
-            Hopper with bf16 the table's configs run the Gluon kernels (``kernels/_verify_gluon.py``
-            and its warp-specialised form ``kernels/_verify_gluon_ws.py``; TMA tiles for P % 64 == 0,
-            row gathers for smaller pages); ``AttnConfig(..., kernel="triton")`` forces Triton.
+            written in place (static buffers for CUDA graphs); either may be given alone.
+        config, num_splits: override the per-architecture launch config and the split count
+            (:func:`plan_launch` says what runs otherwise). ``AttnConfig(..., kernel="triton")`` forces Triton.
         d_rope: rope channels at the end of q and kv (Kimi: 64, latent 512); small models use other
             powers of two >= 16.
         kv_scale: for a ``float8_e4m3fn`` pool, its per-tensor dequantisation scale (keys and values
@@ -592,61 +837,17 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     Checks: shapes, dtypes, devices and strides always; lengths against the page table's capacity and
     page ids in use against the pool when the inputs are on the CPU or ``TRITREE_DEBUG=1`` (these need
     the values on the host). Without them, out-of-range page ids are clamped into the pool in the kernel
-    (no fault, wrong rows). CUDA-graph capturable; traced by torch.compile as ``tritree::verify_mla``.
+    (no fault, wrong rows). Eager calls run a :class:`VerifyPlan` cached per static signature (no host
+    sync); CUDA-graph capturable; traced by torch.compile as ``tritree::verify_mla``.
     """
-    _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope, kv_scale)
-    if kv.dtype == KV_FP8 and kv_scale is None:
-        kv_scale = 1.0
-    B, T, H, D = q.shape
-    d_lat = D - d_rope
-    if (out is None) != (lse is None):
-        raise ValueError("out and lse must be given together (or neither)")
-    if out is not None:
-        V.check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=q.device)
-        V.check_shape("out", out, (B, T, H, d_lat), "[B, T, H, latent]")
-        V.check_tensor("lse", lse, ndim=3, dtypes=(torch.float32,), device=q.device, last_contiguous=False)
-        V.check_shape("lse", lse, (B, T, H), "[B, T, H]")
-    if q.device.type == "cpu" and not _interpreting():
-        ref_out, ref_lse = verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=sm_scale,
-                                                tree_lens=tree_lens, return_lse=True, d_rope=d_rope,
-                                                kv_scale=kv_scale)
-        if out is None:
-            out, lse = ref_out.to(q.dtype), ref_lse.to(torch.float32)
-        else:
-            out.copy_(ref_out)
-            lse.copy_(ref_lse)
-        return (out, lse) if return_lse else out
-    if tree_lens is None:
-        tree_lens = _full_tree_lens(B, T, q.device)
-    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(q.device), T * H, page_size=kv.shape[1],
-                               kv_fp8=kv.dtype == KV_FP8)
-    if num_splits is None:
-        split_args = dict(batch=B, row_blocks=triton.cdiv(T * H, cfg.block_m),
-                          max_keys=page_table.shape[1] * kv.shape[1], block_n=cfg.block_n, sms=num_sms(q.device))
-        # Static properties only (torch.compile traces this; _gluon_usable reads storage offsets).
-        if q.device.type == "cuda" and q.dtype == kv.dtype == torch.bfloat16 and kv_scale is None:
-            num_splits = _narrow_num_splits(cfg, T * H, split_args)
-        if num_splits is None:
-            num_splits = choose_num_splits(**split_args, programs_per_sm=cfg.programs_per_sm, whole_waves=True)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    launch_args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(cfg.scalar_page),
-                   int(num_splits))
-    if cfg.kernel not in ("triton",) + GLUON_KERNELS:
-        raise ValueError(f"config.kernel must be 'triton' or one of {GLUON_KERNELS}, got {cfg.kernel!r}")
-    fp8 = {} if kv_scale is None else {"kv_scale": float(kv_scale)}
-    if cfg.kernel != "triton" and not fp8:  # fp8 pools: the Triton kernel with the config's tiles
-        if out is None:
-            out = torch.empty(B, T, H, d_lat, dtype=q.dtype, device=q.device)
-            lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-        _verify_mla_gluon_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args,
-                             bool(cfg.tma), bool(cfg.hoist_pages), bool(cfg.split_scores), cfg.kernel)
-        return (out, lse) if return_lse else out
-    if out is None:
-        out, lse = _verify_mla_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, *launch_args, d_rope=d_rope,
-                                  tma=bool(cfg.tma), hoist_pages=bool(cfg.hoist_pages),
-                                  split_scores=bool(cfg.split_scores), **fp8)
-    else:
-        _verify_mla_out_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, *launch_args, tma=bool(cfg.tma),
-                           hoist_pages=bool(cfg.hoist_pages), split_scores=bool(cfg.split_scores), **fp8)
-    return (out, lse) if return_lse else out
+    if not eager():
+        return _verify_traced(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, return_lse, out, lse,
+                              config, num_splits, d_rope, kv_scale)
+    plan = _plan(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config, num_splits, d_rope,
+                 kv_scale)
+    return plan._run(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, return_lse)
+
+
+def plan_cache_info() -> dict:
+    """``{"plans": cached verify plans, "builds": plans built so far}``."""
+    return {"plans": len(_PLANS), "builds": _PLANS.builds}
