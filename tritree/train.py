@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from .model import dflash
 from .model.config import DFlashConfig, KimiK2Config
-from .model.kimi_k2 import init_params, prefill, rope_permutation
+from .model.kimi_k2 import init_params, prefill
+from .model.layers import rope_permutation
 
 MASK = 256  # bytes are tokens 0..255; 256 is the draft's mask token
 ASSETS = Path(__file__).parent / "assets" / "tiny"
