@@ -160,3 +160,17 @@ def test_engine_registers_its_teardown_with_dist():
     from tritree import dist, engine
 
     assert engine.close_all_engines in dist._TEARDOWN_HOOKS
+
+
+def test_cited_docs_are_in_the_repository():
+    """Every ``docs/*.md`` the code cites exists; the specification is cited by its path in the repository."""
+    import re
+
+    repo = ROOT.parent
+    sources = [*ROOT.rglob("*.py"), *(repo / "bench").glob("*.py")]
+    cited = {m for p in sources for m in re.findall(r"docs/[\w./-]+\.md", p.read_text())}
+    assert "docs/SPEC.md" in cited
+    assert [c for c in sorted(cited) if not (repo / c).is_file()] == []
+    bare = [f"{p.relative_to(repo)}:{i}" for p in sources for i, line in enumerate(p.read_text().splitlines(), 1)
+            if re.search(r"(?<![\w/])SPEC\.md", line)]
+    assert bare == []

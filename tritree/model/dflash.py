@@ -1,4 +1,4 @@
-"""The DFlash block-diffusion draft as pure functions over a parameter dict (SPEC.md section 3).
+"""The DFlash block-diffusion draft as pure functions over a parameter dict (docs/SPEC.md section 3).
 
 Parameters are keyed by the z-lab checkpoint names (``fc.weight``, ``hidden_norm.weight``,
 ``norm.weight``, ``layers.i.self_attn.q_proj.weight`` ...); the draft has no embedding or lm_head of

@@ -4,7 +4,7 @@ Parameters are keyed by the Hugging Face tensor names without the checkpoint pre
 (``model.layers.0.self_attn.q_b_proj.weight`` ...), except routed experts, which are stacked per layer
 (``model.layers.L.mlp.experts.{gate,up,down}_proj.weight``: ``[E, I, H]``, ``[E, I, H]``, ``[E, H, I]``).
 The rope output rows of ``q_b_proj`` (per head) and ``kv_a_proj_with_mqa`` are permuted at load time from
-the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere (SPEC.md section 2).
+the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere (docs/SPEC.md section 2).
 
 The KV cache is one stacked latent pool ``kv: [layers, num_pages, P, kv_lora_rank + rope]`` with a page
 table and lengths (the conventions of :mod:`tritree`).

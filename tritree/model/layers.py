@@ -32,7 +32,7 @@ def swiglu(x, gate, up, down):
 
 def yarn_inv_freq(d: int, base: float, rope_scaling: dict | None, device=None) -> torch.Tensor:
     """Inverse frequencies of a ``d``-channel rope, YaRN-corrected when ``rope_scaling`` says so
-    (SPEC.md section 2; the ramp of the YaRN paper, as transformers computes it), float32 [d/2]."""
+    (docs/SPEC.md section 2; the ramp of the YaRN paper, as transformers computes it), float32 [d/2]."""
     # Built on the device it is used on: a host-to-device copy cannot be captured in a CUDA graph.
     freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
     rs = rope_scaling or {}
