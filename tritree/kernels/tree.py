@@ -18,6 +18,9 @@ created.
 else a Gumbel-max sample from the temperature / top-k / top-p filtered distribution with a
 counter-based Philox stream keyed by (seed, step, request, node)), then the walk from the root into the
 child whose token equals the pick, on the GPU, no host sync.
+
+``tree_mask_from_parents``: the ancestor bitmask and depth of any batch of trees given by parents (the
+``tree_mask`` that :func:`tritree.verify_mla` reads), by pointer doubling in PyTorch.
 """
 
 from __future__ import annotations
