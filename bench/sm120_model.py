@@ -2,7 +2,7 @@
 
     python -m bench.sm120_model RESULT.txt [RESULT.txt ...] --mma-sync-tflops 434.5 --copy-gbps 4144
 
-No sm_120 GPU is available to this project (SPEC.md section 6). This prints, for each
+No sm_120 GPU is available to this project (docs/SPEC.md section 6). This prints, for each
 ``tritree-sm120`` / ``tritree-fp8`` row of ``bench.verify_sweep`` output run under
 ``DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120`` on the H200:
 

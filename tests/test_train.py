@@ -30,7 +30,7 @@ def test_checkpoints_round_trip_through_the_loaders(tmp_path):
     dp2, dcfg2 = load_dflash_params(str(tmp_path / "d"))
     assert tcfg2.with_(weight_prefix="") == tcfg.with_(weight_prefix="")
     assert dcfg2.with_(rope_scaling=dcfg.rope_scaling) == dcfg  # rope_scaling gains HF's spelling of the keys
-    from tritree.model.kimi_k2 import yarn_inv_freq
+    from tritree.model.layers import yarn_inv_freq
     assert torch.equal(yarn_inv_freq(32, 1e4, dcfg2.rope_scaling), yarn_inv_freq(32, 1e4, dcfg.rope_scaling))
     for k, v in tp.items():
         assert torch.equal(tp2[k], v), k  # the rope rows come back in tritree's order

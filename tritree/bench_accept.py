@@ -16,7 +16,6 @@ import torch
 
 from .roofline import append_jsonl
 
-
 SHIPPED_PROMPTS = Path(__file__).parent / "assets" / "tiny" / "heldout_prompts.json"
 
 
@@ -46,8 +45,9 @@ def heldout_prompts(n: int, length: int, fresh: bool = False) -> tuple[list[list
 
 
 def main(args) -> int:
-    from .cli import shipped_pair
     from .engine import Engine
+    from .train import shipped_pair
+
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     tparams, tcfg, dparams, dcfg, what = shipped_pair(device, torch.float32)

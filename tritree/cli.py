@@ -83,18 +83,6 @@ def demo(args) -> int:
     return 0 if ok else 1
 
 
-def shipped_pair(device, dtype, tp=None):
-    """The tiny target/draft pair trained by ``python -m tritree train`` and shipped in the package
-    (``tp``: this rank's shard of the target)."""
-    from .model.loading import load_dflash_params, load_params
-    from .train import ASSETS
-
-    tparams, tcfg = load_params(str(ASSETS / "target"), device=device, dtype=dtype, tp=tp)
-    dparams, dcfg = load_dflash_params(str(ASSETS / "draft"), device=device, dtype=dtype)
-    return tparams, tcfg, dparams, dcfg, ("the shipped tiny pair (trained on the Python standard library's source, "
-                                          "bytes as tokens; tritree/assets/tiny/TRAINING.md)")
-
-
 def _load_pair(args, device, dtype, tp=None):
     import torch
 
@@ -110,7 +98,7 @@ def _load_pair(args, device, dtype, tp=None):
         tparams, tcfg = load_params(args.model, device=device, dtype=dtype, tp=tp)
         dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype)
         return tparams, tcfg, dparams, dcfg, f"target {args.model}, draft {args.draft}"
-    from .train import ASSETS
+    from .train import ASSETS, shipped_pair
     if not args.random and (ASSETS / "target" / "model.safetensors").exists():
         return shipped_pair(device, dtype, tp)
     tcfg = kimi_tiny()

@@ -100,19 +100,32 @@ def init_tp(world: int | None = None, backend: str | None = None) -> TPGroup:
     return TPGroup(dist.get_world_size(), dist.get_rank())
 
 
+# Callables ``shutdown_tp`` runs before it destroys the group, in registration order. Layers above this
+# module register their own (the engine: ``close_all_engines``), so that this module imports none of them.
+_TEARDOWN_HOOKS: list = []
+
+
+def register_teardown(fn) -> None:
+    """Runs ``fn()`` in :func:`shutdown_tp` before the process group goes (once, however often it is
+    registered): a layer that holds resources tied to the group (CUDA graphs that captured NCCL
+    collectives) frees them there."""
+    if fn not in _TEARDOWN_HOOKS:
+        _TEARDOWN_HOOKS.append(fn)
+
+
 def shutdown_tp() -> None:
     """Destroys the launch's process group (if any). CUDA graphs that captured NCCL collectives must
-    be freed first (pytorch/pytorch#115388: the teardown otherwise hangs): every live engine's graphs
-    are freed (``Engine.close``) and unreachable objects collected before the group goes."""
+    be freed first (pytorch/pytorch#115388: the teardown otherwise hangs): the registered teardown hooks
+    run (:func:`register_teardown`; importing :mod:`tritree.engine` registers one that frees every live
+    engine's graphs, ``Engine.close``) and unreachable objects are collected before the group goes."""
     import gc
 
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return
-    from .engine import close_all_engines
-
-    close_all_engines()
+    for fn in list(_TEARDOWN_HOOKS):
+        fn()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()

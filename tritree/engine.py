@@ -210,6 +210,9 @@ def close_all_engines() -> None:
         eng.close()
 
 
+dist.register_teardown(close_all_engines)  # dist.shutdown_tp frees every engine's graphs first
+
+
 class Engine:
     """Generation with a target/draft pair (parameters as dicts, configs as dataclasses).
 

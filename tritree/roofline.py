@@ -23,7 +23,7 @@ class Ceilings:
         return (t_mem, "memory") if t_mem >= t_mma else (t_mma, "compute")
 
 
-# Paper figures of an RTX PRO 6000 Blackwell (sm_120; SPEC.md section 6), not measurements: no such GPU
+# Paper figures of an RTX PRO 6000 Blackwell (sm_120; docs/SPEC.md section 6), not measurements: no such GPU
 # is available to this project. ``bench/sm120_model.py`` uses them for its roofline model.
 RTX_PRO_6000 = Ceilings(copy_gbps=1790.0, matmul_tflops=504.0)
 

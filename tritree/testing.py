@@ -53,7 +53,7 @@ def random_verify_inputs(B: int, T: int, H: int, P: int, kv_lens: list[int], tre
                          device="cpu") -> dict:
     """Random inputs of :func:`tritree.verify_mla`: ``q, kv, page_table, kv_lens, tree_mask, tree_lens``
     (``tree_lens`` None when not given). Request b holds ``kv_lens[b] + T`` tokens in its pages."""
-    from .kernels.verify_mla import tree_mask_from_parents
+    from .kernels.tree import tree_mask_from_parents
 
     g = torch.Generator().manual_seed(seed)
     parents = random_trees(B, T, kinds, generator=g)

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 
 from .model import dflash
 from .model.config import DFlashConfig, KimiK2Config
-from .model.kimi_k2 import init_params, prefill, rope_permutation
+from .model.kimi_k2 import init_params, prefill
+from .model.layers import rope_permutation
+from .model.loading import load_dflash_params, load_params
 
 MASK = 256  # bytes are tokens 0..255; 256 is the draft's mask token
 ASSETS = Path(__file__).parent / "assets" / "tiny"
@@ -209,6 +211,20 @@ def save_draft(params: dict, cfg: DFlashConfig, path: Path) -> None:
                 dflash_config=dict(target_layer_ids=list(cfg.target_layer_ids), mask_token_id=cfg.mask_token_id,
                                    block_size=cfg.block_size), torch_dtype="float32")
     (path / "config.json").write_text(json.dumps(conf, indent=1))
+
+
+# --------------------------------------------------------------------------------------------------
+# The shipped pair (ASSETS: what ``main`` saves)
+# --------------------------------------------------------------------------------------------------
+
+def shipped_pair(device, dtype, tp=None):
+    """The tiny target/draft pair trained by ``python -m tritree train`` and shipped in the package
+    (``tp``: this rank's shard of the target), with a line that says what it is: ``(tparams, tcfg,
+    dparams, dcfg, what)``."""
+    tparams, tcfg = load_params(str(ASSETS / "target"), device=device, dtype=dtype, tp=tp)
+    dparams, dcfg = load_dflash_params(str(ASSETS / "draft"), device=device, dtype=dtype)
+    return tparams, tcfg, dparams, dcfg, ("the shipped tiny pair (trained on the Python standard library's source, "
+                                          "bytes as tokens; tritree/assets/tiny/TRAINING.md)")
 
 
 def main(args) -> int:

@@ -15,8 +15,8 @@ from .kv_cache import (
     page_table_from_token_table,
     token_table_from_page_table,
 )
-from .tree import Tree, accept_tree, accept_tree_reference, build_tree, build_tree_reference
-from .verify_mla import tree_mask_from_parents, verify_mla, verify_mla_reference
+from .tree import Tree, accept_tree, accept_tree_reference, build_tree, build_tree_reference, tree_mask_from_parents
+from .verify_mla import verify_mla, verify_mla_reference
 
 __all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "verify_mla_reference", "PagePool",
            "PoolExhausted", "defrag_", "kv_commit_", "kv_commit_reference", "kv_gather", "kv_gather_reference",

@@ -72,7 +72,7 @@ class AttnConfig:
 
 # Rows bucket -> config. A launch with M = T*H packed rows takes the first bucket >= M (else the
 # largest). Entries are the measured choices (bench/RESULTS.md, verify attention); sm_120 ones are bounded
-# by its 101,376 B of shared memory (576-wide bf16 K tiles: 32x32 is the largest that fits, docs/SPEC.md §6).
+# by its 101,376 B of shared memory (576-wide bf16 K tiles: 32x32 is the largest that fits, docs/SPEC.md section 6).
 VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),

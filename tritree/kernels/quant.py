@@ -1,4 +1,4 @@
-"""Dequantisation of the quantised checkpoint formats of Kimi K2.x (SPEC.md section 2).
+"""Dequantisation of the quantised checkpoint formats of Kimi K2.x (docs/SPEC.md section 2).
 
 - INT4, compressed-tensors ``pack-quantized`` (K2-Thinking, K2.5, K2.6 routed experts): ``weight_packed``
   int32 ``[out, in / 8]``, ``weight_scale`` ``[out, in / 32]``; ``W[o, i] = (nibble - 8) * scale[o, i // 32]``

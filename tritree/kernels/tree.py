@@ -18,6 +18,9 @@ created.
 else a Gumbel-max sample from the temperature / top-k / top-p filtered distribution with a
 counter-based Philox stream keyed by (seed, step, request, node)), then the walk from the root into the
 child whose token equals the pick, on the GPU, no host sync.
+
+``tree_mask_from_parents``: the ancestor bitmask and depth of any batch of trees given by parents (the
+``tree_mask`` that :func:`tritree.verify_mla` reads), by pointer doubling in PyTorch.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ import triton.language as tl
 
 from . import _validate as V
 from .configs import num_sms
-from .verify_mla import tree_mask_from_parents
 
 
 class Tree(NamedTuple):
@@ -50,6 +52,71 @@ class Tree(NamedTuple):
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# --------------------------------------------------------------------------------------------------
+# Tree mask
+# --------------------------------------------------------------------------------------------------
+
+def _bit_words(T: int, device) -> torch.Tensor:
+    """[T, W] int32: row i has only bit i set (bit j%32 of word j//32)."""
+    W = (T + 31) // 32
+    idx = torch.arange(T, device=device)
+    words = torch.zeros(T, W, dtype=torch.int64, device=device)
+    words[idx, idx // 32] = torch.bitwise_left_shift(torch.ones_like(idx), idx % 32)
+    words = torch.where(words >= 2**31, words - 2**32, words)  # two's complement for bit 31
+    return words.to(torch.int32)
+
+
+def tree_mask_from_parents(parents: torch.Tensor, tree_lens: torch.Tensor | None = None):
+    """Ancestor bitmask and depth of each node of a batch of trees.
+
+    Args:
+        parents: ``[B, T]`` int32/int64, ``parents[b, 0] = -1`` (root), ``parents[b, i] < i``.
+        tree_lens: ``[B]`` valid nodes per request (default: all ``T``). Rows ``i >= tree_lens[b]``
+            are padding.
+
+    Returns:
+        ``(tree_mask, depth)``: ``tree_mask: [B, T, ceil(T/32)] int32`` with bit ``j % 32`` of word
+        ``j // 32`` in row ``i`` set iff node ``j`` is node ``i`` or one of its ancestors;
+        ``depth: [B, T] int32`` (root 0). Padding rows are all zero.
+
+    Pointer doubling: ``ceil(log2 T)`` rounds of gathers, no host sync, any device. A parent index
+    that is not in ``[0, i)`` is treated as "no parent" (``TRITREE_DEBUG=1`` or CPU inputs raise).
+    """
+    V.check_tensor("parents", parents, ndim=2, dtypes=(torch.int32, torch.int64), last_contiguous=False)
+    B, T = parents.shape
+    device = parents.device
+    if T < 1:
+        raise ValueError(f"parents must have at least one node per request, got shape {tuple(parents.shape)}")
+    idx = torch.arange(T, device=device)
+    if tree_lens is None:
+        valid = torch.ones(B, T, dtype=torch.bool, device=device)
+    else:
+        V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
+        if tree_lens.shape[0] != B:
+            raise ValueError(f"tree_lens must have shape [B] = [{B}], got {tuple(tree_lens.shape)}")
+        valid = idx[None, :] < tree_lens[:, None]
+    par = parents.to(torch.int64)
+    if V.values_checkable(parents):
+        ok = (par[:, 0] == -1) & ((par[:, 1:] >= 0) & (par[:, 1:] < idx[None, 1:]) | ~valid[:, 1:]).all(1)
+        if not bool(ok.all()):
+            b = int(torch.nonzero(~ok)[0, 0])
+            raise ValueError(f"parents[{b}] is not a tree in parents-first order (need parents[b, 0] = -1 and "
+                             f"0 <= parents[b, i] < i): {par[b].tolist()}")
+    ptr = torch.where(valid & (par >= 0) & (par < idx[None, :]), par, -1)
+    mask = _bit_words(T, device).unsqueeze(0).expand(B, T, -1).clone()
+    depth = (ptr >= 0).to(torch.int32)
+    W = mask.shape[-1]
+    for _ in range(math.ceil(math.log2(T)) if T > 1 else 0):
+        has = ptr >= 0
+        g = ptr.clamp(min=0)
+        mask = mask | torch.where(has[..., None], torch.gather(mask, 1, g[..., None].expand(B, T, W)), 0)
+        depth = depth + torch.where(has, torch.gather(depth, 1, g), 0)
+        ptr = torch.where(has, torch.gather(ptr, 1, g), -1)
+    mask = torch.where(valid[..., None], mask, 0)
+    depth = torch.where(valid, depth, 0)
+    return mask.contiguous(), depth.to(torch.int32)
 
 
 # --------------------------------------------------------------------------------------------------

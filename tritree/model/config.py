@@ -121,7 +121,7 @@ class KimiK2Config:
 
 
 def kimi_k26(**overrides) -> KimiK2Config:
-    """Kimi K2.6 text model (real values; SPEC.md section 2). ``num_hidden_layers`` can be reduced to
+    """Kimi K2.6 text model (real values; docs/SPEC.md section 2). ``num_hidden_layers`` can be reduced to
     load a slice."""
     return KimiK2Config(**{"weight_prefix": "language_model.", **overrides})
 
@@ -160,13 +160,13 @@ def yarn_amplitude(rope_scaling: dict | None) -> float:
 
 @dataclass(frozen=True)
 class DFlashConfig:
-    """A DFlash block-diffusion draft (SPEC.md section 3): Qwen3 decoder layers fed with the target's
+    """A DFlash block-diffusion draft (docs/SPEC.md section 3): Qwen3 decoder layers fed with the target's
     hidden-state taps, using the target's embedding and lm_head.
 
     ``windows``: per-layer sliding window (``None`` = the whole context); a key at position p is
     visible to the block query at position q iff ``|q - p| < window``. ``rope_amplitude`` multiplies
     cos and sin (K2.6-DFlash: 1.0; legacy vLLM/SGLang ran K2.5-DFlash with 1.41589; a config value,
-    see SPEC.md). Field names follow the HF config; the DFlash ones may sit under ``dflash_config``.
+    see docs/SPEC.md). Field names follow the HF config; the DFlash ones may sit under ``dflash_config``.
     """
 
     vocab_size: int = 163840
@@ -253,7 +253,7 @@ class DFlashConfig:
 
 
 def kimi_k26_dflash(**overrides) -> DFlashConfig:
-    """z-lab Kimi-K2.6-DFlash (SPEC.md section 3): 6 layers, 64/8 heads of 128, block 8, amplitude 1.0."""
+    """z-lab Kimi-K2.6-DFlash (docs/SPEC.md section 3): 6 layers, 64/8 heads of 128, block 8, amplitude 1.0."""
     return DFlashConfig(**overrides)
 
 

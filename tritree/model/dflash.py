@@ -1,4 +1,4 @@
-"""The DFlash block-diffusion draft as pure functions over a parameter dict (SPEC.md section 3).
+"""The DFlash block-diffusion draft as pure functions over a parameter dict (docs/SPEC.md section 3).
 
 Parameters are keyed by the z-lab checkpoint names (``fc.weight``, ``hidden_norm.weight``,
 ``norm.weight``, ``layers.i.self_attn.q_proj.weight`` ...); the draft has no embedding or lm_head of
@@ -13,14 +13,12 @@ never cached.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import dist
 from ..kernels import draft_attention, kv_write_
 from .config import DFlashConfig
-from .kimi_k2 import _lin, apply_rope, cos_sin, rms_norm, swiglu, yarn_inv_freq
+from .layers import apply_rope, cos_sin, linear, random_params, rms_norm, swiglu, yarn_inv_freq
 
 
 def layer_prefix(i: int) -> str:
@@ -47,15 +45,7 @@ def param_shapes(cfg: DFlashConfig) -> dict[str, tuple]:
 
 def init_params(cfg: DFlashConfig, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
     """Random draft parameters."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in param_shapes(cfg).items():
-        if name.endswith("norm.weight"):
-            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
-        out[name] = t.to(device=device, dtype=dtype)
-    return out
+    return random_params(param_shapes(cfg), seed, dtype, device)
 
 
 def new_cache(cfg: DFlashConfig, num_pages: int, page_size: int, page_table: torch.Tensor, kv_lens: torch.Tensor,
@@ -75,7 +65,7 @@ def _rope(cfg: DFlashConfig, positions, dtype):
 def context_features(params, cfg: DFlashConfig, taps: torch.Tensor) -> torch.Tensor:
     """``hidden_norm(fc(concat taps))``: ``taps [B, n, n_taps, hidden]`` -> ``[B, n, hidden]``."""
     B, n = taps.shape[:2]
-    return rms_norm(_lin(taps.reshape(B, n, -1), params["fc.weight"]), params["hidden_norm.weight"], cfg.rms_norm_eps)
+    return rms_norm(linear(taps.reshape(B, n, -1), params["fc.weight"]), params["hidden_norm.weight"], cfg.rms_norm_eps)
 
 
 def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Tensor) -> list:
@@ -88,9 +78,9 @@ def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Te
     out = []
     for i in range(cfg.num_hidden_layers):
         p = layer_prefix(i) + "self_attn."
-        k = rms_norm(_lin(ctx, params[p + "k_proj.weight"]).view(B, n, Hkv, D), params[p + "k_norm.weight"],
+        k = rms_norm(linear(ctx, params[p + "k_proj.weight"]).view(B, n, Hkv, D), params[p + "k_norm.weight"],
                      cfg.rms_norm_eps)
-        out.append((apply_rope(k, cos, sin), _lin(ctx, params[p + "v_proj.weight"]).view(B, n, Hkv, D)))
+        out.append((apply_rope(k, cos, sin), linear(ctx, params[p + "v_proj.weight"]).view(B, n, Hkv, D)))
     return out
 
 
@@ -139,14 +129,14 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
     for i in range(cfg.num_hidden_layers):
         p = layer_prefix(i)
         h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        q = rms_norm(_lin(h, params[p + "self_attn.q_proj.weight"]).view(B, S, Hq, D), params[p + "self_attn.q_norm.weight"],
+        q = rms_norm(linear(h, params[p + "self_attn.q_proj.weight"]).view(B, S, Hq, D), params[p + "self_attn.q_norm.weight"],
                      cfg.rms_norm_eps)
-        k = rms_norm(_lin(h, params[p + "self_attn.k_proj.weight"]).view(B, S, Hkv, D), params[p + "self_attn.k_norm.weight"],
+        k = rms_norm(linear(h, params[p + "self_attn.k_proj.weight"]).view(B, S, Hkv, D), params[p + "self_attn.k_norm.weight"],
                      cfg.rms_norm_eps)
-        v = _lin(h, params[p + "self_attn.v_proj.weight"]).view(B, S, Hkv, D)
+        v = linear(h, params[p + "self_attn.v_proj.weight"]).view(B, S, Hkv, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attend(i, q, k, v)
-        x = x + _lin(o.reshape(B, S, Hq * D), params[p + "self_attn.o_proj.weight"])
+        x = x + linear(o.reshape(B, S, Hq * D), params[p + "self_attn.o_proj.weight"])
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
         x = x + swiglu(h, params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"],
                        params[p + "mlp.down_proj.weight"])

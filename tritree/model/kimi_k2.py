@@ -4,7 +4,7 @@ Parameters are keyed by the Hugging Face tensor names without the checkpoint pre
 (``model.layers.0.self_attn.q_b_proj.weight`` ...), except routed experts, which are stacked per layer
 (``model.layers.L.mlp.experts.{gate,up,down}_proj.weight``: ``[E, I, H]``, ``[E, I, H]``, ``[E, H, I]``).
 The rope output rows of ``q_b_proj`` (per head) and ``kv_a_proj_with_mqa`` are permuted at load time from
-the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere (SPEC.md section 2).
+the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere (docs/SPEC.md section 2).
 
 The KV cache is one stacked latent pool ``kv: [layers, num_pages, P, kv_lora_rank + rope]`` with a page
 table and lengths (the conventions of :mod:`tritree`).
@@ -17,8 +17,6 @@ world of 1 is the single-process model, unchanged.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -26,42 +24,11 @@ from .. import dist
 from ..kernels import kv_write_, verify_mla
 from ..kernels.moe import routed_experts
 from .config import KimiK2Config
-
+from .layers import apply_rope, cos_sin, linear, random_params, rms_norm, swiglu, yarn_inv_freq
 
 # --------------------------------------------------------------------------------------------------
-# Small pieces
+# RoPE
 # --------------------------------------------------------------------------------------------------
-
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def yarn_inv_freq(d: int, base: float, rope_scaling: dict | None, device=None) -> torch.Tensor:
-    """Inverse frequencies of a ``d``-channel rope, YaRN-corrected when ``rope_scaling`` says so
-    (SPEC.md section 2; the ramp of the YaRN paper, as transformers computes it), float32 [d/2]."""
-    # Built on the device it is used on: a host-to-device copy cannot be captured in a CUDA graph.
-    freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
-    rs = rope_scaling or {}
-    if rs.get("type", rs.get("rope_type")) not in ("yarn", "deepseek_yarn"):
-        return freq
-    factor = float(rs["factor"])
-    L0 = float(rs["original_max_position_embeddings"])
-    beta_fast, beta_slow = float(rs.get("beta_fast") or 32), float(rs.get("beta_slow") or 1)
-
-    def corr(r):
-        return d * math.log(L0 / (2 * math.pi * r)) / (2 * math.log(base))
-
-    low, high = corr(beta_fast), corr(beta_slow)
-    if rs.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(d // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
-    return freq / factor * ramp + freq * (1 - ramp)
-
 
 def rope_inv_freq(cfg: KimiK2Config, device=None) -> torch.Tensor:
     """The target's rope inverse frequencies, float32 [qk_rope_head_dim / 2]."""
@@ -71,34 +38,6 @@ def rope_inv_freq(cfg: KimiK2Config, device=None) -> torch.Tensor:
 def rope_cos_sin(cfg: KimiK2Config, positions: torch.Tensor, dtype):
     """cos, sin ``[..., rope]`` (halves layout, no amplitude factor) at integer ``positions``."""
     return cos_sin(rope_inv_freq(cfg, positions.device), positions, dtype)
-
-
-def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype, amplitude: float = 1.0):
-    """cos, sin ``[..., 2 * len(inv_freq)]`` in the halves layout at integer ``positions``, times
-    ``amplitude``; computed in float32 and cast to ``dtype``."""
-    ang = positions[..., None].float() * inv_freq
-    emb = torch.cat([ang, ang], dim=-1)
-    return (emb.cos() * amplitude).to(dtype), (emb.sin() * amplitude).to(dtype)
-
-
-def apply_rope(x, cos, sin):
-    """Half-rotary RoPE; ``x [..., rope]``, cos/sin broadcastable."""
-    h = x.shape[-1] // 2
-    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-    return x * cos + rot * sin
-
-
-def rope_permutation(d: int) -> torch.Tensor:
-    """Checkpoint interleaved pairs (2i, 2i+1) -> halves: P = [0, 2, ..., d-2, 1, 3, ..., d-1]."""
-    return torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
-
-
-def _lin(x, w):
-    return F.linear(x, w.to(x.dtype))
-
-
-def swiglu(x, gate, up, down):
-    return _lin(F.silu(_lin(x, gate)) * _lin(x, up), down)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,18 +83,8 @@ def param_shapes(cfg: KimiK2Config) -> dict[str, tuple]:
 
 
 def init_params(cfg: KimiK2Config, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
-    """Random parameters (already in tritree's halves RoPE layout)."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in param_shapes(cfg).items():
-        if name.endswith("norm.weight") or "layernorm" in name:
-            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        elif name.endswith("e_score_correction_bias"):
-            t = 0.05 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
-        out[name] = t.to(device=device, dtype=torch.float32 if "mlp.gate." in name else dtype)
-    return out
+    """Random parameters (already in tritree's halves RoPE layout); the router's in float32."""
+    return random_params(param_shapes(cfg), seed, dtype, device, float32=("mlp.gate.",))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,10 +141,10 @@ def _mla_inputs(params, cfg, i, h, positions):
     p = layer_prefix(i) + "self_attn."
     B, S, _ = h.shape
     H = cfg.heads
-    cq = rms_norm(_lin(h, params[p + "q_a_proj.weight"]), params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps)
-    q = _lin(cq, params[p + "q_b_proj.weight"]).view(B, S, H, cfg.qk_head_dim)
+    cq = rms_norm(linear(h, params[p + "q_a_proj.weight"]), params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps)
+    q = linear(cq, params[p + "q_b_proj.weight"]).view(B, S, H, cfg.qk_head_dim)
     q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
-    a = _lin(h, params[p + "kv_a_proj_with_mqa.weight"])
+    a = linear(h, params[p + "kv_a_proj_with_mqa.weight"])
     c_kv, k_pe = a.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
     c_kv = rms_norm(c_kv, params[p + "kv_a_layernorm.weight"], cfg.qk_latent_eps)
     cos, sin = rope_cos_sin(cfg, positions, h.dtype)
@@ -244,7 +173,7 @@ def attention_prefill(params, cfg, i, h, positions, tp=None):
     q = torch.cat([q_nope, q_pe], dim=-1)
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                        scale=cfg.softmax_scale).transpose(1, 2)
-    o = _lin(o.reshape(B, S, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"])
+    o = linear(o.reshape(B, S, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"])
     return dist.all_reduce_(tp, o), latent
 
 
@@ -260,7 +189,7 @@ def attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, 
     o_lat = verify_mla(q, layer_kv, cache["page_table"], cache["kv_lens"], tree_mask, sm_scale=cfg.softmax_scale,
                        tree_lens=tree_lens, d_rope=cfg.qk_rope_head_dim)
     o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv.to(h.dtype))  # W_UV after attention
-    return dist.all_reduce_(tp, _lin(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"]))
+    return dist.all_reduce_(tp, linear(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"]))
 
 
 def _layers(cfg, params):

@@ -18,7 +18,8 @@ from safetensors import safe_open
 # At import, not in the function: triton.jit fixes a kernel's interpreter mode when its module loads.
 from ..kernels.quant import dequant_fp8, dequant_int4
 from .config import KimiK2Config
-from .kimi_k2 import layer_prefix, param_shapes, rope_permutation
+from .kimi_k2 import layer_prefix, param_shapes
+from .layers import rope_permutation
 from .parallel import shard_config, shard_slice
 
 _UNSUPPORTED_QUANT = ("qweight", "qzeros", "scales", "weight_zero_point", "input_scale")

@@ -1,4 +1,4 @@
-"""How a Kimi K2 (DeepSeek-V3) target is sharded over a tensor-parallel group (SPEC.md section 2).
+"""How a Kimi K2 (DeepSeek-V3) target is sharded over a tensor-parallel group (docs/SPEC.md section 2).
 
 Rank ``r`` of ``w`` holds:
 
