@@ -149,8 +149,8 @@ class _ArgumentRecorder:
 def test_kernels_under_torch_compile_get_every_parameter():
     """The Triton paths that torch.compile traces (verify_mla's and draft_attention's kernels and the
     split merge, through wrap_triton) pass every parameter, defaulted constexprs included: a default
-    added to a kernel but not to its launch breaks torch.compile only (as the merge's PDL switch did
-    in session 8; the H200's whole GPU suite found it in session 9)."""
+    added to a kernel but not to its launch breaks torch.compile only (as the merge's PDL switch once
+    did; the H200's whole GPU suite found it)."""
     import importlib
 
     from tritree.kernels.configs import AttnConfig
