@@ -1,6 +1,6 @@
 """Markdown tables from verify_sweep JSONL files (for bench/RESULTS.md).
 
-    python -m bench.report bench/results/2026-11-29-h200/sweep.jsonl [--sm120 sm120.jsonl]
+    python -m bench.report sweep.jsonl [--sm120 sm120.jsonl]
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+", help="verify_sweep output (text) of emulated runs")
     ap.add_argument("--mma-sync-tflops", type=float, required=True,
-                    help="bench.mma_sync_ceiling's best rate in the same session")
+                    help="bench.mma_sync_ceiling's best rate on the same machine")
     ap.add_argument("--copy-gbps", type=float, required=True, help="the copy bandwidth measured in the same run")
     args = ap.parse_args(argv)
     lines = [line for path in args.results for line in open(path)]

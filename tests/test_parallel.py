@@ -67,7 +67,7 @@ def test_gloo_tp_equals_single_process(world, single_process, tmp_path, monkeypa
 @pytest.mark.gpu
 def test_nccl_tp_equals_single_process_under_cuda_graphs(tmp_path):
     """The same with NCCL on up to 4 GPUs, the engine's steps captured in CUDA graphs (collectives
-    inside). Not run when written (no GPU in the session)."""
+    inside). Passed on two H200s (TP2): bench/RESULTS.md, section "Decode step, TP2"."""
     world = min(4, torch.cuda.device_count())
     if world < 2:
         pytest.skip("needs 2 GPUs")

@@ -175,7 +175,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
     # a fresh pool's pages out and ``build`` lays them out), and randomly permuted (a fragmented pool)
     # beside it. Timed as bench/verify_sweep times it: calls over input sets rotated past the L2, captured
     # back to back in one graph, as the step's graph runs it among its other kernels. One call a graph
-    # replay (what this reported until session 12) also times the replay's own launch.
+    # replay (reported beside it) also times the replay's own launch.
     T = budget + 1
     attn = {}
     sets_per = rotation_count(batch * (ctx + T) * 576 * 2)

@@ -207,7 +207,7 @@ def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
 @pytest.mark.gpu
 def test_gpu_verify_is_graph_capturable_and_compiles():
     """The whole verify call (tree KV write, verify_mla, grouped MoE) in one CUDA graph; and under
-    torch.compile. Not yet run on a GPU when written (2026-11-29): see the session note."""
+    torch.compile. Passed on the H200: bench/RESULTS.md, section "GPU test suite"."""
     from tritree.model import init_params
 
     cfg = kimi_tiny()

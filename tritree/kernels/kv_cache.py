@@ -222,8 +222,9 @@ def _kv_write_op(kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tens
 # runs right before ``verify_mla``, whose warp-specialised split kernel with ``_verify_gluon_ws.SPLIT_PDL`` is
 # then placed while the write still runs (it waits for the write's completion itself, before its first
 # global read). A no-op before kernels launched without programmatic dependent launch.
-# Session 21 call B (``bench/pdl_layer.py``, T=65,H=8, L=46000, graph-timed, us a layer): 100.7-101.1 with it
-# and the split kernel by PDL, 101.3-101.4 plain. ``TRITREE_KV_WRITE_SIGNALS=0`` turns it off.
+# Measured on the H200 (``bench/pdl_layer.py``, T=65,H=8, L=46000, graph-timed, us a layer): 100.7-101.1 with
+# it and the split kernel by PDL, 101.3-101.4 plain; the shipped layer in bench/RESULTS.md, section
+# "verify_mla: target and engine shapes (bf16)". ``TRITREE_KV_WRITE_SIGNALS=0`` turns it off.
 WRITE_SIGNALS = os.environ.get("TRITREE_KV_WRITE_SIGNALS", "1") == "1"
 
 

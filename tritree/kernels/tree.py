@@ -621,7 +621,7 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
 
 # Opaque to torch.compile (as the KV and MoE ops): the kernels hand work between programs through
 # counters and scratch buffers that Inductor's analysis of user kernels cannot follow; compiled
-# decode steps gave out-of-range token ids without this (H200, session 3).
+# decode steps gave out-of-range token ids without this (measured on the H200).
 @torch.library.custom_op("tritree::build_tree", mutates_args=())
 def _build_tree_op(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor) -> tuple[
         torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
