@@ -24,8 +24,7 @@ import statistics
 import torch
 import triton
 
-from tritree.kernels import _verify_gluon as VG
-from tritree.kernels import _verify_gluon_ws as VGWS
+from tritree.kernels import _verify_gluon_launch as VG
 from tritree.kernels._splitkv import choose_num_splits, split_destinations
 from tritree.kernels.configs import VERIFY_MLA_CONFIGS, lookup, num_sms
 from tritree.kernels.verify_mla import _narrow_num_splits
@@ -52,22 +51,22 @@ def _setup(T: int, H: int, L: int, warm: bool):
     splits = narrow_splits if narrow else choose_num_splits(**split_args, whole_waves=True)
     row_blocks = triton.cdiv(M, VG.BLOCK_M)
     # the narrow last row block (flattened grid) has programs only for its own splits
-    last_splits = VGWS.narrow_splits_for(splits, 1, row_blocks, num_sms(s["q"].device)) if narrow else splits
+    last_splits = VG.narrow_splits_for(splits, 1, row_blocks, num_sms(s["q"].device)) if narrow else splits
     tree_lens = torch.full((1,), T, dtype=torch.int32, device="cuda")
 
     def destinations():
         out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
         # partials in the dtype verify_mla gives this kernel (bf16 for the ws kernel over TMA since session 12)
-        return (out, lse) + split_destinations(out, lse, splits, M, VGWS.partials_narrow_for(cfg.kernel, P))
+        return (out, lse) + split_destinations(out, lse, splits, M, VG.partials_narrow_for(cfg.kernel, P))
 
     def launch(s, dst_o, dst_l, o_strides, l_strides, timeline=True):
         args = (s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
                 l_strides, SM_SCALE, splits)
         if cfg.kernel.startswith("gluon-ws"):  # stamped by the consumer partition
-            VGWS.launch_verify_gluon_ws(*args, l2_prefetch=cfg.kernel != "gluon-ws-noprefetch", timeline=timeline)
+            VG.launch_verify_gluon_ws(*args, timeline=timeline)
         else:
-            VG.launch_verify_gluon(*args, overlap=cfg.kernel == "gluon-overlap", seesaw=cfg.kernel == "gluon-seesaw",
+            VG.launch_verify_gluon(*args,
                                    timeline=timeline)
 
     info = dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, sets=len(sets), narrow=narrow)

@@ -16,41 +16,22 @@ def test_kernel_configs_compile(arch):
         assert r.registers > 0  # the resource report was read
 
 
-def _compile_gluon_module(module: str) -> str:
-    """Runs ``python -m module`` (a Gluon AOT compile for sm_90, outside the interpreter); its stdout."""
+def test_gluon_verify_kernels_compile_for_sm90():
+    """The Gluon (Hopper) verify kernels' shipped launches (plain and warp-specialised; one split and several;
+    TMA tiles at P = 64, 128 and row gathers at P = 1, 16; narrow, full and part-filled last row blocks) fit
+    sm_90's shared memory, and split-PDL builds wait before their first global load
+    (``python -m tritree.kernels.aot --gluon`` exits non-zero otherwise)."""
     import os
     import subprocess
     import sys
 
-    from tritree.kernels import _verify_gluon
+    from tritree.kernels import _verify_gluon_launch as L
 
-    if not _verify_gluon.GLUON_AVAILABLE:
-        pytest.skip(f"this triton has no Gluon: {_verify_gluon._IMPORT_ERROR!r}")
+    if not L.GLUON_AVAILABLE:
+        pytest.skip(f"this triton has no Gluon: {L._IMPORT_ERROR!r}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, env=env, timeout=900)
+    res = subprocess.run([sys.executable, "-m", "tritree.kernels.aot", "--gluon"], capture_output=True, text=True,
+                         env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res.stdout
-
-
-def test_gluon_verify_kernel_compiles_for_sm90():
-    """The Gluon (Hopper) verify kernels, every variant, one split and several, TMA tiles (P = 64, 128)
-    and row gathers (P = 1, 16 for plain and seesaw), fit the
-    sm_90 shared-memory limit (``python -m tritree.kernels._verify_gluon`` exits non-zero otherwise);
-    with programmatic dependent launch of the merge they signal it."""
-    out = _compile_gluon_module("tritree.kernels._verify_gluon")
-    assert out.count("_verify_gluon_kernel sm_90") == 26, out
-    assert out.count("PDL: launch_dependents in the PTX") == 2, out  # the merge's early launch signal
-    assert out.count("Q first: shared") == 2, out  # Q_FIRST / Q_FIRST_SEESAW, plain and seesaw
-    assert out.count("coalesced store: shared") == 2, out  # TRITREE_COALESCED_STORE, plain and seesaw
-
-
-def test_gluon_warp_specialized_verify_kernel_compiles_for_sm90():
-    """The warp-specialised seesaw (``_verify_gluon_ws``: what verify_mla runs on sm_90 above 64 rows
-    with its L2 prefetch and coalesced store, and above 16 rows for pages below 64; also without the
-    prefetch), by column halves and by tiles, one split and several, P = 64 and 128, and its row
-    gathers (P = 1, 16), and with a narrow last row block (8 or 16 rows), fit sm_90's shared memory."""
-    out = _compile_gluon_module("tritree.kernels._verify_gluon_ws")
-    assert out.count("_verify_gluon_ws_kernel sm_90") == 32, out
-    assert out.count("last block part-filled") == 2, out  # two boxes a block without a narrow block
-    assert out.count("rows: shared") == 4, out  # the narrow last row block
-    assert out.count("launch_dependents in the PTX") == 4, out  # the merge's launch signal (at the start; after the store)
+    assert res.stdout.count("gluon sm_90") == 44, res.stdout
+    assert res.stdout.count("wait before first load True") == 24, res.stdout

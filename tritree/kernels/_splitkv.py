@@ -304,3 +304,15 @@ def choose_num_splits(*, batch: int, row_blocks: int, max_keys: int, block_n: in
     want = max(1, (sms * programs_per_sm) // per) if whole_waves else math.ceil(sms * programs_per_sm / per)
     by_len = max(1, max_keys // (block_n * min_tiles_per_split))
     return int(max(1, min(want, by_len, max_splits)))
+
+
+@triton.jit
+def split_chunk(n_keys, pid_s, num_splits, ALIGN: tl.constexpr):
+    """Keys ``[start, end)`` of split ``pid_s`` of ``num_splits`` over ``n_keys`` keys: chunks of
+    ``cdiv(n_keys, num_splits)`` rounded up to a multiple of ``ALIGN`` (a page or a tile), the last one cut
+    at ``n_keys`` (chunks past it are empty: ``start >= end``). Plain ``tl`` scalar ops, so Triton and
+    Gluon kernels share it."""
+    chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), ALIGN) * ALIGN
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, n_keys)
+    return start, end

@@ -274,6 +274,70 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
     return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, divisible, label)
 
 
+def gluon_verify_reports() -> list[str]:
+    """The Gluon verify kernels' shipped launches (``_verify_gluon_launch.plan_verify_gluon``) compiled for
+    sm_90: shared memory within the limit, spills, and for split-PDL builds ``griddepcontrol.wait`` ahead of
+    the first global load. One line a launch, ``FAIL`` where a check fails."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from . import _verify_gluon_launch as L
+
+    cases = [("gluon", T, 8, P, s) for T in (8, 1) for P in (64, 128, 1) for s in (1, 2)]
+    cases += [("gluon-ws", T, H, P, s) for T, H in ((64, 8), (17, 8), (65, 8), (65, 16)) for P in (64, 128, 1, 16)
+              for s in (1, 2)]
+    lines = []
+    for kernel, T, H, P, splits in cases:
+        launch = L.plan_verify_gluon(kernel=kernel, batch=1, T=T, H=H, page_size=P, num_splits=splits, num_sms=132,
+                                     pdl_capable=True)
+        cx = dict(launch.constexprs)
+        layout, layout3 = L._kv_smem_layout(), L._kv_smem3_layout()
+        box = f"tensordesc<bf16[{L.BLOCK_N},64],{layout!r}>"
+        out = "*bf16" if launch.partials_16bit else "*fp32"
+        sig = {"Q": "*bf16", "KV": "*bf16", "kv_desc": box}
+        if kernel == "gluon":
+            sig["kv_desc3"] = f"tensordesc<bf16[{L.D_LAT // 64},{L.BLOCK_N},64],{layout3!r}>" if launch.tma3d else box
+        else:
+            sig["kv_desc3"] = f"tensordesc<bf16[{2 * L.BLOCK_N},64],{layout!r}>" if launch.wide_desc else box
+            sig["kv_desc_pages"] = f"tensordesc<bf16[1,{L.BLOCK_N},64],{layout3!r}>" if launch.pages_desc else box
+            sig["out_desc"] = f"tensordesc<bf16[1,{L.BLOCK_M},64],{layout3!r}>" if launch.partials_desc else box
+        sig.update({"PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32", "Out": out,
+                    "Lse": "*fp32", "sm_scale_log2e": "fp32"})
+        ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
+                "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
+                "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
+        if kernel == "gluon-ws":
+            ints.append("narrow_splits")
+        sig.update({n: "i32" for n in ints})
+        sig.update({k: "constexpr" for k in cx})
+        fn = launch.fn
+        divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse", "stride_qb",
+                     "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh",
+                     "stride_os")
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+        opts = {"num_warps": L.NUM_WARPS, **({"ptx_options": launch.ptx_options} if launch.ptx_options else {})}
+        tag = f"{kernel:8s} T={T:2d} H={H:2d} P={P:3d} splits={'1' if splits == 1 else 'N'}"
+        try:
+            k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
+                               target=GPUTarget("cuda", 90, 32), options=opts)
+        except Exception as e:  # noqa: BLE001
+            lines.append(f"gluon sm_90 {tag} COMPILE FAILED: {type(e).__name__}: {str(e)[:2000]}  FAIL")
+            continue
+        use = resource_usage(k.asm["cubin"])
+        spill = use.get("LOCAL", 0) + use.get("STACK", 0)
+        shared = int(k.metadata.shared)
+        good = shared <= L.SMEM_LIMIT_SM90
+        extra = ""
+        if launch.launch_pdl:
+            ptx = k.asm["ptx"]
+            wait, load = ptx.find("griddepcontrol.wait"), ptx.find("ld.global")
+            good &= 0 <= wait < load
+            extra = f" wait before first load {0 <= wait < load}"
+        # Spills are reported, not fatal (ptxas keeps a few loop-invariant scalars on the stack under O).
+        lines.append(f"gluon sm_90 {tag} shared {shared:7d}/{L.SMEM_LIMIT_SM90} regs {use.get('REG', 0):3d} "
+                     f"spill {spill:5d}{extra}  {'ok' if good else 'FAIL'}")
+    return lines
+
+
 def main(argv=None) -> None:
     import argparse
     import dataclasses
@@ -282,7 +346,14 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", action="append", help="only these architectures (sm_90, sm_120, sm_80)")
     ap.add_argument("--json", action="store_true", help="one JSON list of reports on stdout")
+    ap.add_argument("--gluon", action="store_true", help="the Gluon verify kernels' sm_90 launches only")
     args = ap.parse_args(argv)
+    if args.gluon:
+        lines = gluon_verify_reports()
+        print("\n".join(lines))
+        if any(ln.endswith("FAIL") for ln in lines):
+            raise SystemExit(1)
+        return
     reports = (verify_mla_reports(archs=args.arch) + draft_attention_reports(archs=args.arch)
                + moe_reports(archs=args.arch) + tree_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:
