@@ -918,11 +918,3 @@ def _verify_gluon_ws_kernel(
         [PRODUCER_REGS],
     )
 
-
-def __getattr__(name):
-    # verify_mla imports these host-side names from here until it imports them from _verify_gluon_launch.
-    if name in ("launch_verify_gluon_ws", "partials_narrow_for", "choose_narrow_num_splits", "narrow_rows"):
-        from . import _verify_gluon_launch
-
-        return getattr(_verify_gluon_launch, name)
-    raise AttributeError(name)

@@ -18,9 +18,10 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
+from . import _verify_gluon_launch as GL
 from ._launch import KernelLauncher, PlanCache, StreamScratch, capturing, eager, interpreting, signature
 from ._splitkv import (LOG2E, MergePlan, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
-                       split_destinations, store_rows)
+                       pdl_capable, split_destinations, store_rows)
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
 D_LATENT = 512
@@ -265,7 +266,7 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
     4. Splits: enough (row block, split) programs for one wave of the SMs in whole waves (one resident
        program an SM), no chunk shorter than 4 tiles of the page table's capacity. Warp-specialised
        launches whose last row block holds at most 16 real rows run that block narrow; it counts as 0.75
-       of a block, so the full blocks get the SMs it leaves (``_verify_gluon_ws.choose_narrow_num_splits``).
+       of a block, so the full blocks get the SMs it leaves (``_verify_gluon_launch.choose_narrow_num_splits``).
     5. Split partials in q's dtype where the Gluon kernel stages and stores them 16-bit (half the bytes
        the split programs write and the merge reads); fp32 otherwise.
     """
@@ -279,7 +280,7 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
         raise ValueError(f"config.kernel must be 'triton' or one of {GLUON_KERNELS}, got {cfg.kernel!r}")
     bf16 = q_dtype == kv_dtype == torch.bfloat16
     gluon = (cfg.kernel != "triton" and bf16 and head_dim == D_QK and device.type == "cuda" and gluon_layout
-             and _gluon_available() and torch.cuda.get_device_capability(device)[0] == 9)
+             and GL.GLUON_AVAILABLE and torch.cuda.get_device_capability(device)[0] == 9)
     if num_splits is None:
         split_args = dict(batch=batch, row_blocks=triton.cdiv(M, cfg.block_m), max_keys=max_pages * page_size,
                           block_n=cfg.block_n, sms=num_sms(device))
@@ -290,32 +291,18 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     route = cfg.kernel if gluon else "triton"
-    narrow = gluon and bool(_gluon_partials_narrow(cfg.kernel, page_size))
+    narrow = gluon and bool(GL.partials_narrow_for(cfg.kernel, page_size))
     partials = q_dtype if narrow and q_dtype in (torch.bfloat16, torch.float16) else torch.float32
     return VerifyLaunch(route, cfg, int(num_splits), partials, tma_layout and cfg.tma and page_size >= cfg.block_n)
 
 
-def _gluon_available() -> bool:
-    from ._verify_gluon import GLUON_AVAILABLE
-
-    return GLUON_AVAILABLE
-
-
-def _gluon_partials_narrow(kernel: str, page_size: int):
-    from ._verify_gluon_ws import partials_narrow_for
-
-    return partials_narrow_for(kernel, page_size)
-
-
 def _narrow_num_splits(cfg: AttnConfig, rows: int, split_args: dict) -> int | None:
     """The split count for a launch of the warp-specialised Gluon kernel whose last row block runs narrow
-    (``_verify_gluon_ws.narrow_rows``): the full blocks share the SMs the narrow block leaves. ``None``
+    (``_verify_gluon_launch.narrow_rows``): the full blocks share the SMs the narrow block leaves. ``None``
     where that does not apply. Pure Python on static shapes (traced by torch.compile)."""
-    if not cfg.kernel.startswith("gluon-ws"):
+    if cfg.kernel != "gluon-ws":
         return None
-    from ._verify_gluon_ws import choose_narrow_num_splits, narrow_rows
-
-    return choose_narrow_num_splits(**split_args) if narrow_rows(rows) else None
+    return GL.choose_narrow_num_splits(**split_args) if GL.narrow_rows(rows) else None
 
 
 def _tma_layout(kv: torch.Tensor) -> bool:
@@ -639,6 +626,28 @@ class VerifyPlan:
             self._split = KernelLauncher(_verify_mla_kernel, constexprs, **options)
             self._int_args = _triton_int_args(q, kv, page_table, tree_mask, o_strides, l_strides, self.sm_scale,
                                               kv_scale_f, S)
+        elif route in GLUON_KERNELS:
+            self._plan_gluon(q, kv, page_table, tree_mask, o_strides, l_strides)
+
+    def _plan_gluon(self, q, kv, page_table, tree_mask, o_strides, l_strides):
+        B, T, H, _ = self.shape
+        g = GL.plan_verify_gluon(kernel=self.launch.route, batch=B, T=T, H=H, page_size=kv.shape[1],
+                                 num_splits=self.launch.num_splits, num_sms=num_sms(q.device),
+                                 pdl_capable=pdl_capable(q.device), partials_dtype=self.launch.partials_dtype)
+        self._gluon = g
+        self._grid = g.grid
+        self._split = KernelLauncher(g.fn, dict(g.constexprs), **g.options())
+        narrow = (g.narrow_splits,) if g.kernel == "gluon-ws" else ()
+        self._int_args = (self.sm_scale * LOG2E, q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.stride(1),
+                          page_table.stride(0), page_table.shape[1], kv.shape[0], tree_mask.stride(0),
+                          tree_mask.stride(1), *o_strides, *l_strides, T, H, g.num_splits, *narrow)
+        # Descriptor templates: their shapes and strides are the plan's; each call gives them its pool (and
+        # partials) as base, which is all a launch reads of a descriptor's tensor.
+        example = torch.empty(B, g.num_splits, T * H, self.d_lat, dtype=self.launch.partials_dtype,
+                              device=q.device) if g.partials_desc else None
+        self._desc = [_rebased(d, None) for d in GL.descriptors_for(g, kv, example)]  # hold no pool
+        self._desc_partials = 3 if g.partials_desc else -1
+        self._gluon_ok = False
 
     # -- per call ------------------------------------------------------------------------------------
 
@@ -686,16 +695,30 @@ class VerifyPlan:
         return (out, lse) if return_lse else out
 
     def _run_gluon(self, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l):
-        args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, self._o_strides, self._l_strides,
-                self.sm_scale, self.launch.num_splits)
-        if self.launch.route == "gluon-ws":
-            from ._verify_gluon_ws import launch_verify_gluon_ws
+        descs = [_rebased(d, dst_o if i == self._desc_partials else kv) for i, d in enumerate(self._desc)]
+        args = (q, kv, *descs, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, *self._int_args)
+        if self._gluon_ok or not self._gluon.tma3d:
+            self._split(self._grid, *args)
+            return
+        try:  # the plain kernel's 3-D latent box: a driver may refuse its descriptor
+            self._split(self._grid, *args)
+        except Exception as e:  # noqa: BLE001
+            import warnings
 
-            launch_verify_gluon_ws(*args, l2_prefetch=True)
-        else:
-            from ._verify_gluon import launch_verify_gluon
+            warnings.warn(f"3-D TMA descriptor refused ({type(e).__name__}: {e}); using 9 boxes per tile")
+            GL.USE_TMA3D = False
+            self._plan_gluon(q, kv, page_table, tree_mask, self._o_strides, self._l_strides)
+            self._run_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l)
+        self._gluon_ok = True
 
-            launch_verify_gluon(*args, overlap=False)
+
+def _rebased(desc, base):
+    """A copy of a host TMA descriptor over ``base`` (same shape and strides; a launch reads only the base's
+    pointer and dtype), without re-running its checks."""
+    new = object.__new__(type(desc))
+    new.__dict__.update(desc.__dict__)
+    new.base = base
+    return new
 
 
 def _contiguous_strides(shape) -> tuple:
