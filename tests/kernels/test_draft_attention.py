@@ -98,12 +98,14 @@ def test_cpu_path_without_interpreter_matches_reference():
     if HAS_GPU:
         pytest.skip("CPU path")
     case = make_case(1, 4, 4, 2, 16, 16, [10], torch.float32, seed=4, device="cpu")
-    orig = da._interpreting
+    orig = da.interpreting
     try:
-        da._interpreting = lambda: False
+        da.interpreting = lambda: False
+        da._PLANS.clear()
         check_against_reference(case, torch.float32, window=5)
     finally:
-        da._interpreting = orig
+        da.interpreting = orig
+        da._PLANS.clear()
 
 
 # ---------------------------------------------------------------------------------------------

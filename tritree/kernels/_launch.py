@@ -144,3 +144,20 @@ class StreamScratch:
         if s is None:
             s = self._sets[sid] = self._make()
         return s
+
+
+_FULL_LENGTHS: dict = {}
+
+
+def full_lengths(B: int, n: int, device: torch.device) -> torch.Tensor:
+    """``[B]`` int32 of ``n``'s (an op's ``tree_lens=None``), cached per (device, B, n) so that eager calls, and
+    graphs captured after one, launch no fill kernel (a graph node of its own, ~1 us). Read-only. First met
+    inside a capture (where the fill runs only at replay), a fresh fill that is not cached."""
+    key = (device, B, n)
+    t = _FULL_LENGTHS.get(key)
+    if t is None:
+        t = torch.full((B,), n, dtype=torch.int32, device=device)
+        if capturing(device):
+            return t
+        _FULL_LENGTHS[key] = t  # never evicted: captured graphs may hold its address
+    return t

@@ -11,15 +11,15 @@ own keys.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._splitkv import (LOG2E, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
-                       split_destinations, store_rows)
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, interpreting, signature
+from ._splitkv import (LOG2E, MergePlan, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
+                       split_chunk, split_destinations, store_rows)
 from .configs import AttnConfig, arch_of, lookup, num_sms
 
 # Rows bucket (block slots x heads per KV head) -> config. Kimi-K2.6-DFlash: 64 query / 8 KV heads of
@@ -180,11 +180,11 @@ def _draft_attention_kernel(
         # Page-aligned chunks (P >= BLOCK_N, so tiles never straddle pages): the keys before ``lo``
         # that this adds are outside the window, which the full tiles mask anyway.
         lo = (lo // PAGE_SIZE) * PAGE_SIZE
-        chunk = tl.cdiv(tl.cdiv(ctx_len - lo, num_splits), PAGE_SIZE) * PAGE_SIZE
+        start, end = split_chunk(ctx_len - lo, pid_s, num_splits, PAGE_SIZE)
     else:
-        chunk = tl.cdiv(tl.cdiv(ctx_len - lo, num_splits), BLOCK_N) * BLOCK_N
-    start = lo + pid_s * chunk
-    end = tl.minimum(start + chunk, ctx_len)
+        start, end = split_chunk(ctx_len - lo, pid_s, num_splits, BLOCK_N)
+    start += lo
+    end += lo
     full_end = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -247,38 +247,59 @@ def _draft_attention_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
-# Launcher
+# Launcher: a plan per static signature (eager), the registered op (torch.compile)
 # --------------------------------------------------------------------------------------------------
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+def _choose(q, k_cache, page_table, window, config, num_splits) -> tuple[AttnConfig, int]:
+    """The config (``config`` or the architecture's table by packed rows ``S * Hq / Hkv``) and the split
+    count (one wave of the SMs; no chunk shorter than 4 tiles of the context the window lets a block see)."""
+    B, S, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    cfg = config or lookup(DRAFT_ATTN_CONFIGS, arch_of(q.device), S * (Hq // Hkv))
+    if num_splits is None:
+        max_keys = page_table.shape[1] * k_cache.shape[1]
+        if window is not None:
+            max_keys = min(max_keys, window)
+        num_splits = choose_num_splits(batch=B * Hkv, row_blocks=triton.cdiv(S * (Hq // Hkv), cfg.block_m),
+                                       max_keys=max_keys, block_n=cfg.block_n, sms=num_sms(q.device),
+                                       programs_per_sm=cfg.programs_per_sm)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    return cfg, int(num_splits)
 
 
-def _launch(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, out, lse, sm_scale, window, cfg: AttnConfig,
-            num_splits, launch=None):
+def _launch_parts(q, k_cache, v_cache, page_table, k_blk, v_blk, o_strides, l_strides, sm_scale, window,
+                  cfg: AttnConfig, num_splits):
+    """``(grid, int args after the nine tensors, constexprs, options)`` of the kernel."""
     B, S, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
-    kernel = _draft_attention_kernel if launch is None else launch(_draft_attention_kernel)
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, S * Hq)
-    kernel[(triton.cdiv(S * group, cfg.block_m), num_splits, B * Hkv)](
-        q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk,
-        dst_o, dst_l,
-        sm_scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        page_table.stride(0), page_table.shape[1], k_cache.shape[0],
-        k_blk.stride(0), k_blk.stride(1), k_blk.stride(2),
-        v_blk.stride(0), v_blk.stride(1), v_blk.stride(2),
-        *o_strides, *l_strides,
-        S, Hq, Hkv, num_splits, window if window is not None else 1 << 30,
+    grid = (triton.cdiv(S * group, cfg.block_m), num_splits, B * Hkv)
+    ints = (sm_scale * LOG2E, q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            page_table.stride(0), page_table.shape[1], k_cache.shape[0],
+            k_blk.stride(0), k_blk.stride(1), k_blk.stride(2),
+            v_blk.stride(0), v_blk.stride(1), v_blk.stride(2),
+            *o_strides, *l_strides,
+            S, Hq, Hkv, num_splits, window if window is not None else 1 << 30)
+    constexprs = dict(
         GROUP=group, PAGE_SIZE=k_cache.shape[1], HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_S=max(16, triton.next_power_of_2(S)), SINGLE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None,
-        UPCAST=_interpreting() and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
-        HOIST_PAGES=cfg.hoist_pages and k_cache.shape[1] >= cfg.block_n, PAGE_GROUP=16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        UPCAST=interpreting() and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
+        HOIST_PAGES=cfg.hoist_pages and k_cache.shape[1] >= cfg.block_n, PAGE_GROUP=16)
+    return grid, ints, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _launch(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, out, lse, sm_scale, window, cfg: AttnConfig,
+            num_splits, launch=torch.library.wrap_triton):
+    """The kernel and merge through ``launch`` (``wrap_triton``: what torch.compile traces)."""
+    B, S, Hq, D = q.shape
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, S * Hq)
+    grid, ints, constexprs, options = _launch_parts(q, k_cache, v_cache, page_table, k_blk, v_blk, o_strides,
+                                                    l_strides, sm_scale, window, cfg, num_splits)
+    launch(_draft_attention_kernel)[grid](q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, dst_o, dst_l,
+                                          *ints, **constexprs, **options)
     if num_splits > 1:
         combine_splits(dst_o, dst_l, out, lse, launch=launch)
 
@@ -291,8 +312,7 @@ def _draft_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     _launch(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, out, lse, sm_scale, window if window > 0 else None,
-            AttnConfig.concrete(block_m, block_n, num_warps, num_stages, hoist_pages=hoist_pages), int(num_splits),
-            launch=torch.library.wrap_triton)
+            AttnConfig.concrete(block_m, block_n, num_warps, num_stages, hoist_pages=hoist_pages), int(num_splits))
     return out, lse
 
 
@@ -323,12 +343,81 @@ def _validate(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale,
         raise ValueError(f"page_table must have shape [B, max_pages] with B = {B}, got {tuple(page_table.shape)}")
     V.check_tensor("ctx_lens", ctx_lens, ndim=1, dtypes=(torch.int32,), device=dev)
     V.check_shape("ctx_lens", ctx_lens, (B,), "[B]")
-    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) or sm_scale <= 0:
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+            or sm_scale <= 0:
         raise ValueError(f"sm_scale must be a positive finite float, got {sm_scale!r}")
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise ValueError(f"window must be None or an int >= 1, got {window!r}")
-    if V.values_checkable(ctx_lens, page_table):
-        V.check_paged_lengths(page_table, num_pages, P, ctx_lens, torch.zeros_like(ctx_lens), lens_name="ctx_lens")
+
+
+def _check_values(k_cache, page_table, ctx_lens) -> None:
+    V.check_paged_lengths(page_table, k_cache.shape[0], k_cache.shape[1], ctx_lens, torch.zeros_like(ctx_lens),
+                          lens_name="ctx_lens")
+
+
+class DraftAttentionPlan:
+    """:func:`draft_attention` for one static signature (shapes, strides, dtypes, device, scale, window,
+    config): validated, config and splits chosen, kernels bound once; ``run`` does the per-call work (value
+    checks where they apply, the output, the launches). Split partials as :class:`VerifyPlan`'s: one set per
+    CUDA stream for eager calls, a fresh set inside a graph capture."""
+
+    def __init__(self, q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, *, sm_scale, window=None,
+                 config: AttnConfig | None = None, num_splits: int | None = None):
+        _validate(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, window)
+        B, S, Hq, D = q.shape
+        self.shape, self.dtype, self.device = (B, S, Hq, D), q.dtype, q.device
+        self.sm_scale, self.window = float(sm_scale), window
+        self.signature = signature(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk)
+        self.reference = q.device.type == "cpu" and not interpreting()
+        if self.reference:
+            return
+        self.config, self.num_splits = _choose(q, k_cache, page_table, window, config, num_splits)
+        Sp, M = self.num_splits, S * Hq
+        if Sp > 1:
+            o_strides, l_strides = (Sp * M * D, 0, D, M * D), (Sp * M, 0, 1, M)
+            self._merge = MergePlan(B, Sp, M, D, Hq, torch.float32, (S * Hq * D, Hq * D, D), (S * Hq, Hq, 1),
+                                    q.device)
+            self._scratch = StreamScratch(lambda: (torch.empty(B, Sp, M, D, dtype=torch.float32, device=q.device),
+                                                   torch.empty(B, Sp, M, dtype=torch.float32, device=q.device)))
+        else:
+            o_strides, l_strides = (S * Hq * D, Hq * D, D, 0), (S * Hq, Hq, 1, 0)
+        self._lse_scratch = StreamScratch(lambda: torch.empty(B, S, Hq, dtype=torch.float32, device=q.device))
+        self._grid, self._ints, constexprs, options = _launch_parts(
+            q, k_cache, v_cache, page_table, k_blk, v_blk, o_strides, l_strides, self.sm_scale, window, self.config,
+            Sp)
+        self._kernel = KernelLauncher(_draft_attention_kernel, constexprs, **options)
+
+    def run(self, q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, *, return_lse: bool = False):
+        """Runs the plan on inputs of its signature (a ``ValueError`` otherwise)."""
+        if signature(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk) != self.signature:
+            raise ValueError("the inputs do not match this plan's shapes, strides, dtypes and device")
+        return self._run(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, return_lse)
+
+    def _run(self, q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, return_lse):
+        if V.values_checkable(ctx_lens, page_table):
+            _check_values(k_cache, page_table, ctx_lens)
+        if self.reference:
+            out, lse = draft_attention_reference(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk,
+                                                 sm_scale=self.sm_scale, window=self.window, return_lse=True)
+            out, lse = out.to(q.dtype), lse.to(torch.float32)
+            return (out, lse) if return_lse else out
+        B, S, Hq, D = self.shape
+        out = torch.empty(B, S, Hq, D, dtype=self.dtype, device=self.device)
+        lse = (torch.empty(B, S, Hq, dtype=torch.float32, device=self.device) if return_lse
+               else self._lse_scratch.get(self.device))
+        dst_o, dst_l = self._scratch.get(self.device) if self.num_splits > 1 else (out, lse)
+        self._kernel(self._grid, q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, dst_o, dst_l, *self._ints)
+        if self.num_splits > 1:
+            self._merge.run(dst_o, dst_l, out, lse)
+        return (out, lse) if return_lse else out
+
+
+def _build(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, window, config, num_splits):
+    return DraftAttentionPlan(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale=sm_scale,
+                              window=window, config=config, num_splits=num_splits)
+
+
+_PLANS = PlanCache(_build)
 
 
 def draft_attention(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, *, sm_scale, window=None,
@@ -355,29 +444,29 @@ def draft_attention(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, *, 
         ``out: [B, S, Hq, D]`` in q's dtype (and ``lse``); softmax in fp32. Query head h reads KV
         head ``h // (Hq // Hkv)``.
 
-    Checks shapes, dtypes, devices and strides always; lengths and page ids against the pool when
-    the inputs are on the CPU or ``TRITREE_DEBUG=1``. CUDA-graph capturable; traced by torch.compile
-    as ``tritree::draft_attention``.
+    Every tensor is read through its own strides (the last dimension contiguous). Checks shapes, dtypes,
+    devices and strides always; lengths and page ids against the pool when the inputs are on the CPU or
+    ``TRITREE_DEBUG=1``. Eager calls run a :class:`DraftAttentionPlan` cached per static signature;
+    CUDA-graph capturable; traced by torch.compile as ``tritree::draft_attention``.
     """
-    _validate(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, window)
-    B, S, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    if q.device.type == "cpu" and not _interpreting():
-        out, lse = draft_attention_reference(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk,
-                                             sm_scale=sm_scale, window=window, return_lse=True)
-        out, lse = out.to(q.dtype), lse.to(torch.float32)
+    if not eager():
+        _validate(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, window)
+        if q.device.type == "cpu" and not interpreting():
+            out, lse = draft_attention_reference(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk,
+                                                 sm_scale=sm_scale, window=window, return_lse=True)
+            return (out.to(q.dtype), lse.float()) if return_lse else out.to(q.dtype)
+        cfg, splits = _choose(q, k_cache, page_table, window, config, num_splits)
+        out, lse = _draft_attention_op(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, float(sm_scale),
+                                       int(window or 0), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
+                                       splits, hoist_pages=bool(cfg.hoist_pages))
         return (out, lse) if return_lse else out
-    cfg = config or lookup(DRAFT_ATTN_CONFIGS, arch_of(q.device), S * (Hq // Hkv))
-    if num_splits is None:
-        max_keys = page_table.shape[1] * k_cache.shape[1]
-        if window is not None:
-            max_keys = min(max_keys, window)
-        num_splits = choose_num_splits(batch=B * Hkv, row_blocks=triton.cdiv(S * (Hq // Hkv), cfg.block_m),
-                                       max_keys=max_keys, block_n=cfg.block_n, sms=num_sms(q.device),
-                                       programs_per_sm=cfg.programs_per_sm)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    out, lse = _draft_attention_op(q, k_cache, v_cache, page_table, ctx_lens, k_blk.contiguous(), v_blk.contiguous(),
-                                   float(sm_scale), int(window or 0), cfg.block_m, cfg.block_n, cfg.num_warps,
-                                   cfg.num_stages, int(num_splits), hoist_pages=bool(cfg.hoist_pages))
-    return (out, lse) if return_lse else out
+    try:
+        key = (signature(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk), sm_scale, window, config,
+               num_splits)
+        hash(key)
+    except (AttributeError, TypeError):  # not tensors / unhashable scalars: validation says what is wrong
+        plan = _build(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, window, config, num_splits)
+    else:
+        plan = _PLANS.get(key, q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, window, config,
+                          num_splits)
+    return plan._run(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, return_lse)

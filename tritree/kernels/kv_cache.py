@@ -20,7 +20,6 @@ new lengths.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +28,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _validate as V
+from ._launch import KernelLauncher, PlanCache, eager, full_lengths, interpreting, signature
 from ._splitkv import pdl_capable
 
 KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8)
@@ -104,12 +104,8 @@ def _check_table(page_table, kv_lens, B_expected, device):
     return B
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _use_kernel(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" or _interpreting()
+    return t.device.type == "cuda" or interpreting()
 
 
 def _block_e(E: int) -> int:
@@ -179,10 +175,34 @@ def kv_write_(kv, page_table, kv_lens, new, tree_lens=None, *, stacked=False):
     Args:
         kv: ``[num_pages, P, *tok]`` (or ``[layers, num_pages, P, *tok]`` with ``stacked=True``).
         page_table: ``[B, max_pages]`` int32. kv_lens: ``[B]`` int32.
-        new: ``[B, T, *tok]`` (``[layers, B, T, *tok]`` when stacked), kv's dtype.
+        new: ``[B, T, *tok]`` (``[layers, B, T, *tok]`` when stacked), kv's dtype; read through its own
+            strides (a copy is made per call only where its per-token dims are not one contiguous run).
         tree_lens: ``[B]`` int32; rows ``i >= tree_lens[b]`` are not written.
-    Returns ``kv``.
+    Returns ``kv``. Eager calls run a plan cached per static signature (no host sync unless value checks
+    run: CPU inputs or ``TRITREE_DEBUG=1``).
     """
+    if eager():
+        try:
+            key = (signature(kv, page_table, kv_lens, new, tree_lens), bool(stacked))
+        except AttributeError:  # not tensors: validation says which
+            _WritePlan(kv, page_table, kv_lens, new, tree_lens, stacked)
+            raise
+        _WRITE_PLANS.get(key, kv, page_table, kv_lens, new, tree_lens, stacked).run(kv, page_table, kv_lens, new,
+                                                                                     tree_lens)
+        return kv
+    pool, B, T = _validate_write(kv, page_table, kv_lens, new, tree_lens, stacked)
+    if not _use_kernel(kv):
+        return kv_write_reference(kv, page_table, kv_lens, new, tree_lens, stacked=stacked)
+    if tree_lens is None:
+        tree_lens = torch.full((B,), T, dtype=torch.int32, device=kv.device)
+    if kv.device.type == "cuda":
+        _kv_write_op(kv, page_table, kv_lens, new, tree_lens, stacked)
+    else:
+        _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked)
+    return kv
+
+
+def _validate_write(kv, page_table, kv_lens, new, tree_lens, stacked):
     pool = _pool(kv, stacked)
     V.check_tensor("new", new, dtypes=(kv.dtype,), device=kv.device, last_contiguous=False)
     lead = 3 if stacked else 2
@@ -196,18 +216,57 @@ def kv_write_(kv, page_table, kv_lens, new, tree_lens=None, *, stacked=False):
     if tree_lens is not None:
         V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=kv.device)
         V.check_shape("tree_lens", tree_lens, (B,), "[B]")
-    if V.values_checkable(kv_lens, page_table):
-        n = torch.full((B,), T) if tree_lens is None else tree_lens.cpu().clamp(0, T)
-        V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens, n)
-    if not _use_kernel(kv):
-        return kv_write_reference(kv, page_table, kv_lens, new, tree_lens, stacked=stacked)
-    if tree_lens is None:
-        tree_lens = torch.full((B,), T, dtype=torch.int32, device=kv.device)
-    if kv.device.type == "cuda":
-        _kv_write_op(kv, page_table, kv_lens, new, tree_lens, stacked)
-    else:
-        _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked)
-    return kv
+    return pool, B, T
+
+
+def _check_write_values(pool, page_table, kv_lens, tree_lens, B, T):
+    n = torch.full((B,), T) if tree_lens is None else tree_lens.cpu().clamp(0, T)
+    V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens, n)
+
+
+class _WritePlan:
+    """kv_write_ for one static signature: validated, grid and integer arguments decided, kernel bound."""
+
+    def __init__(self, kv, page_table, kv_lens, new, tree_lens, stacked):
+        pool, B, T = _validate_write(kv, page_table, kv_lens, new, tree_lens, stacked)
+        self.pool_geometry = (pool.num_pages, pool.page_size)
+        self.B, self.T, self.stacked = B, T, bool(stacked)
+        self.kernel = _use_kernel(kv)
+        if not self.kernel:
+            return
+        lead = 3 if stacked else 2
+        self._flat = (pool.layers, B, T, pool.row)
+        self._copy = not new[(0,) * lead].is_contiguous()  # per-token dims not one run: a copy per call
+        newv = new.reshape(self._flat) if self._copy or stacked else new.unsqueeze(0).view(self._flat)
+        rows = min(16, triton.next_power_of_2(T))
+        t_blocks = triton.cdiv(T, rows)
+        block_e = _block_e(pool.row)
+        self._grid = (B * t_blocks, pool.layers, triton.cdiv(pool.row, block_e))
+        self._ints = (*_pool_strides(kv, stacked), newv.stride(0), newv.stride(1), newv.stride(2),
+                      page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks)
+        self._launch = KernelLauncher(_kv_write_kernel, dict(PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e,
+                                                             SIGNAL=write_signals(kv.device)), num_warps=4)
+
+    def run(self, kv, page_table, kv_lens, new, tree_lens):
+        if V.values_checkable(kv_lens, page_table):
+            _check_write_values(_Geometry(*self.pool_geometry), page_table, kv_lens, tree_lens, self.B, self.T)
+        if not self.kernel:
+            kv_write_reference(kv, page_table, kv_lens, new, tree_lens, stacked=self.stacked)
+            return
+        if tree_lens is None:
+            tree_lens = full_lengths(self.B, self.T, kv.device)
+        if self._copy:
+            new = new.reshape(self._flat)
+        self._launch(self._grid, kv, new, page_table, kv_lens, tree_lens, *self._ints)
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    num_pages: int
+    page_size: int
+
+
+_WRITE_PLANS = PlanCache(_WritePlan)
 
 
 # Opaque to torch.compile (declared mutation of kv): traced into, a model's compiled verify gave wrong
@@ -219,18 +278,13 @@ def _kv_write_op(kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tens
 
 
 # The KV write signals dependents at its start (``griddepcontrol.launch_dependents``): in a model's layer it
-# runs right before ``verify_mla``, whose warp-specialised split kernel with ``_verify_gluon_ws.SPLIT_PDL`` is
-# then placed while the write still runs (it waits for the write's completion itself, before its first
-# global read). A no-op before kernels launched without programmatic dependent launch.
-# Measured on the H200 (``bench/pdl_layer.py``, T=65,H=8, L=46000, graph-timed, us a layer): 100.7-101.1 with
-# it and the split kernel by PDL, 101.3-101.4 plain; the shipped layer in bench/RESULTS.md, section
-# "verify_mla: target and engine shapes (bf16)". ``TRITREE_KV_WRITE_SIGNALS=0`` turns it off.
-WRITE_SIGNALS = os.environ.get("TRITREE_KV_WRITE_SIGNALS", "1") == "1"
-
-
+# runs right before ``verify_mla``, whose warp-specialised split kernel (launched by programmatic dependent
+# launch) is then placed while the write still runs and waits for the write's completion itself, before its
+# first global read (bench/RESULTS.md, "one layer's KV write + verify"). A no-op before kernels launched
+# without programmatic dependent launch.
 def write_signals(device: torch.device) -> bool:
-    """Whether the KV write on ``device`` signals dependents (``WRITE_SIGNALS``, ``_splitkv.pdl_capable``)."""
-    return WRITE_SIGNALS and pdl_capable(device)
+    """Whether the KV write on ``device`` signals dependents (``_splitkv.pdl_capable``)."""
+    return pdl_capable(device)
 
 
 def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
@@ -333,7 +387,25 @@ def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False
         accept_len: ``[B]`` int32 in ``[0, T]``.
     Returns ``new_kv_lens = kv_lens + accept_len`` ([B] int32). No host sync unless value checks run
     (CPU inputs or ``TRITREE_DEBUG=1``). Overlapping sources and destinations are handled (see module).
+    Eager calls run a plan cached per static signature.
     """
+    if eager():
+        try:
+            key = (signature(kv, page_table, kv_lens, accept_idx, accept_len), bool(stacked))
+        except AttributeError:  # not tensors: validation says which
+            _CommitPlan(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+            raise
+        return _COMMIT_PLANS.get(key, kv, page_table, kv_lens, accept_idx, accept_len, stacked).run(
+            kv, page_table, kv_lens, accept_idx, accept_len)
+    pool = _validate_commit(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+    if not _use_kernel(kv):
+        return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
+    if kv.device.type == "cuda":
+        return _kv_commit_op(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+    return _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+
+
+def _validate_commit(kv, page_table, kv_lens, accept_idx, accept_len, stacked):
     pool = _pool(kv, stacked)
     B = _check_table(page_table, kv_lens, None, kv.device)
     V.check_tensor("accept_idx", accept_idx, ndim=2, dtypes=(torch.int32,), device=kv.device)
@@ -341,15 +413,49 @@ def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False
     if accept_idx.shape[0] != B:
         raise ValueError(f"accept_idx must have shape [B, T] with B = {B}, got {tuple(accept_idx.shape)}")
     V.check_shape("accept_len", accept_len, (B,), "[B]")
-    if V.values_checkable(kv_lens, page_table, accept_idx, accept_len):
-        _check_accept(accept_idx, accept_len)
-        V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens,
-                              accept_idx.max(dim=1).values.clamp(min=-1).cpu() + 1)
-    if not _use_kernel(kv):
-        return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
-    if kv.device.type == "cuda":
-        return _kv_commit_op(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
-    return _kv_commit_launch(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+    return pool
+
+
+def _check_commit_values(num_pages, page_size, page_table, kv_lens, accept_idx, accept_len):
+    _check_accept(accept_idx, accept_len)
+    V.check_paged_lengths(page_table, num_pages, page_size, kv_lens,
+                          accept_idx.max(dim=1).values.clamp(min=-1).cpu() + 1)
+
+
+class _CommitPlan:
+    """kv_commit_ for one static signature: validated, layout and integer arguments decided, kernel bound."""
+
+    def __init__(self, kv, page_table, kv_lens, accept_idx, accept_len, stacked):
+        pool = _validate_commit(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+        self.geometry = (pool.num_pages, pool.page_size)
+        self.stacked = bool(stacked)
+        self.kernel = _use_kernel(kv)
+        B, T = accept_idx.shape
+        self.B, self.layers = B, pool.layers
+        if not self.kernel:
+            return
+        rows, block_e = _commit_layout(T, pool.row, kv.element_size())
+        self._grid = (triton.cdiv(pool.row, block_e), B, pool.layers)
+        self._ints = (*_pool_strides(kv, stacked), page_table.stride(0), accept_idx.stride(0), T, pool.row,
+                      page_table.shape[1], pool.num_pages)
+        self._launch = KernelLauncher(_kv_commit_kernel, dict(PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e,
+                                                              EVEN_E=pool.row % block_e == 0), num_warps=4)
+
+    def run(self, kv, page_table, kv_lens, accept_idx, accept_len):
+        if V.values_checkable(kv_lens, page_table, accept_idx, accept_len):
+            _check_commit_values(*self.geometry, page_table, kv_lens, accept_idx, accept_len)
+        if not self.kernel:
+            return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=self.stacked)
+        new_lens = torch.empty_like(kv_lens)
+        if self.B == 0:
+            return new_lens
+        if self.layers == 0:
+            return new_lens.copy_(kv_lens + accept_len)
+        self._launch(self._grid, kv, page_table, kv_lens, accept_idx, accept_len, new_lens, *self._ints)
+        return new_lens
+
+
+_COMMIT_PLANS = PlanCache(_CommitPlan)
 
 
 @torch.library.custom_op("tritree::kv_commit_", mutates_args=("kv",))

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, signature
 from .configs import num_sms
 
 
@@ -393,37 +394,56 @@ def _topk_plan(R: int, Vv: int, k: int, device, *, block1=None, block2=None, cta
                      cap if cap is not None else max(1024, 4 * k))
 
 
+class _TopkLaunch:
+    """The two top-k passes for ``[B, D, V]`` logits of given strides, k and plan, kernels bound once; ``run``
+    takes the scratch (``scratch()``: counters, partial maxima, state, candidates, keys) and the outputs."""
+
+    def __init__(self, B: int, D: int, Vv: int, strides: tuple, k: int, device, **plan_overrides):
+        if not 1 <= k <= Vv:
+            raise ValueError(f"k must be in [1, V] = [1, {Vv}], got {k}")
+        p = _topk_plan(B * D, Vv, k, device, **plan_overrides)
+        if p.cap < k:
+            raise ValueError(f"cap must be >= k, got {p.cap} < {k}")
+        self.p, self.B, self.D, self.k, self.device = p, B, D, k, device
+        R = B * D
+        sb = _sum_bits(Vv)
+        self._bound = KernelLauncher(_topk_bound_kernel, dict(
+            G=p.G, RB=p.block1 // p.G, CB=max(1, min(triton.next_power_of_2(p.c1), 8192 // p.G)),
+            WAYS=max(2, min(16, 8192 // p.G))), num_warps=4)
+        self._bound_grid = (R, p.c1)
+        self._bound_ints = (Vv, D, *strides, triton.cdiv(Vv, p.block1), p.bpc1, p.c1, k, math.log(Vv) + 1.0)
+        self._select = KernelLauncher(_topk_select_kernel, dict(BLOCK=p.block2, CP=triton.next_power_of_2(p.c2),
+                                                                BI=64, BJ=64, FB=256), num_warps=4)
+        self._select_grid = (R, p.c2)
+        self._select_ints = (Vv, D, *strides, triton.cdiv(Vv, p.block2), p.bpc2, p.c2, k, p.cap, 2.0 ** sb, 2.0 ** -sb)
+
+    def scratch(self):
+        R, p, dev = self.B * self.D, self.p, self.device
+        counters = torch.empty(3, R, dtype=torch.int32, device=dev)  # arrivals of pass 1, of pass 2, candidates
+        return (counters, counters[0], counters[1], counters[2],
+                torch.empty(R, p.c1, p.G, dtype=torch.int32, device=dev),
+                torch.empty(R, 2, dtype=torch.float32, device=dev),
+                torch.empty(R, p.c2, dtype=torch.int64, device=dev),
+                torch.empty(R, p.cap, dtype=torch.int32, device=dev),
+                torch.empty(R, p.cap, dtype=torch.int64, device=dev),
+                torch.empty(self.B, self.D, self.k, dtype=torch.float32, device=dev),
+                torch.empty(self.B, self.D, self.k, dtype=torch.int32, device=dev))
+
+    def run(self, draft_logits, scratch):
+        counters, arrive1, arrive2, n_cand, part, state, spart, cand, keybuf, lp, ids = scratch
+        counters.zero_()
+        self._bound(self._bound_grid, draft_logits, part, state, arrive1, *self._bound_ints)
+        self._select(self._select_grid, draft_logits, state, spart, n_cand, arrive2, cand, keybuf, lp, ids,
+                     *self._select_ints)
+        return lp, ids
+
+
 def _topk_device(draft_logits: torch.Tensor, k: int, **plan_overrides):
     """GPU (or interpreter) top-k of :func:`topk_per_depth`: a memset and two passes over the logits,
     no host sync, static shapes (CUDA-graph capturable)."""
     B, D, Vv = draft_logits.shape
-    R = B * D
-    dev = draft_logits.device
-    if not 1 <= k <= Vv:
-        raise ValueError(f"k must be in [1, V] = [1, {Vv}], got {k}")
-    p = _topk_plan(R, Vv, k, dev, **plan_overrides)
-    if p.cap < k:
-        raise ValueError(f"cap must be >= k, got {p.cap} < {k}")
-    counters = torch.zeros(3, R, dtype=torch.int32, device=dev)  # arrivals of pass 1, of pass 2, candidates
-    part = torch.empty(R, p.c1, p.G, dtype=torch.int32, device=dev)
-    state = torch.empty(R, 2, dtype=torch.float32, device=dev)
-    spart = torch.empty(R, p.c2, dtype=torch.int64, device=dev)
-    cand = torch.empty(R, p.cap, dtype=torch.int32, device=dev)
-    keybuf = torch.empty(R, p.cap, dtype=torch.int64, device=dev)
-    lp = torch.empty(B, D, k, dtype=torch.float32, device=dev)
-    ids = torch.empty(B, D, k, dtype=torch.int32, device=dev)
-    sxb, sxd, sxv = draft_logits.stride()
-    cmax = math.log(Vv) + 1.0
-    _topk_bound_kernel[(R, p.c1)](draft_logits, part, state, counters[0], Vv, D, sxb, sxd, sxv,
-                                  triton.cdiv(Vv, p.block1), p.bpc1, p.c1, k, cmax,
-                                  G=p.G, RB=p.block1 // p.G, CB=max(1, min(triton.next_power_of_2(p.c1), 8192 // p.G)),
-                                  WAYS=max(2, min(16, 8192 // p.G)), num_warps=4)
-    sb = _sum_bits(Vv)
-    _topk_select_kernel[(R, p.c2)](draft_logits, state, spart, counters[2], counters[1], cand, keybuf, lp, ids,
-                                   Vv, D, sxb, sxd, sxv, triton.cdiv(Vv, p.block2), p.bpc2, p.c2, k, p.cap,
-                                   2.0 ** sb, 2.0 ** -sb, BLOCK=p.block2, CP=triton.next_power_of_2(p.c2),
-                                   BI=64, BJ=64, FB=256, num_warps=4)
-    return lp, ids
+    launch = _TopkLaunch(B, D, Vv, draft_logits.stride(), k, draft_logits.device, **plan_overrides)
+    return launch.run(draft_logits, launch.scratch())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -565,27 +585,84 @@ def build_tree_reference(draft_logits, budget: int, root_tokens):
     return Tree(torch.from_numpy(tokens), par_t, dep, torch.from_numpy(scores), tl_, mask)
 
 
+class _SearchLaunch:
+    """The best-first search kernel over a ``[B, D, K]`` top-k table (rows sorted) for ``budget``, bound once."""
+
+    def __init__(self, B: int, D: int, K: int, budget: int, device):
+        self.B, self.T, self.device = B, budget + 1, device
+        T = budget + 1
+        self.W = W = (T + 31) // 32
+        ns = max(32, triton.next_power_of_2(budget))  # slots: the root and nodes 1 .. budget - 1
+        warps = max(1, min(4, ns // 512))
+        wp = triton.next_power_of_2(W)
+        bn = max(1, min(triton.next_power_of_2(T), 16 * 32 * warps // wp))
+        self._ints = (D, K, budget, T, W)
+        self._launch = KernelLauncher(_ddtree_kernel, dict(NS=ns, PF=1024, BN=bn, WP=wp), num_warps=warps)
+
+    def run(self, lp, ids, root_tokens, ranks=None) -> Tree:
+        B, T, dev = self.B, self.T, self.device
+        tokens = torch.empty(B, T, dtype=torch.int32, device=dev)
+        parents = torch.empty(B, T, dtype=torch.int32, device=dev)
+        depth = torch.empty(B, T, dtype=torch.int32, device=dev)
+        scores = torch.empty(B, T, dtype=torch.float32, device=dev)
+        tree_lens = torch.empty(B, dtype=torch.int32, device=dev)
+        mask = torch.empty(B, T, self.W, dtype=torch.int32, device=dev)
+        if ranks is None:
+            ranks = torch.empty(B, T, dtype=torch.int32, device=dev)
+        self._launch((B,), lp, ids, root_tokens, tokens, parents, depth, scores, ranks, tree_lens, mask, *self._ints)
+        return Tree(tokens, parents, depth, scores, tree_lens, mask)
+
+
 def _search_device(lp: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tensor, budget: int) -> Tree:
     """The best-first search kernel over a top-k table (``lp``, ``ids``: ``[B, D, K]``, rows sorted)."""
     B, D, K = lp.shape
-    dev = lp.device
-    T = budget + 1
-    W = (T + 31) // 32
-    tokens = torch.empty(B, T, dtype=torch.int32, device=dev)
-    parents = torch.empty(B, T, dtype=torch.int32, device=dev)
-    depth = torch.empty(B, T, dtype=torch.int32, device=dev)
-    scores = torch.empty(B, T, dtype=torch.float32, device=dev)
-    tree_lens = torch.empty(B, dtype=torch.int32, device=dev)
-    ranks = torch.empty(B, T, dtype=torch.int32, device=dev)
-    mask = torch.empty(B, T, W, dtype=torch.int32, device=dev)
-    ns = max(32, triton.next_power_of_2(budget))  # slots: the root and nodes 1 .. budget - 1
-    warps = max(1, min(4, ns // 512))
-    wp = triton.next_power_of_2(W)
-    bn = max(1, min(triton.next_power_of_2(T), 16 * 32 * warps // wp))
-    _ddtree_kernel[(B,)](lp.contiguous(), ids.contiguous(), root_tokens, tokens, parents, depth, scores, ranks,
-                         tree_lens, mask, D, K, budget, T, W, NS=ns, PF=1024,
-                         BN=bn, WP=wp, num_warps=warps)
-    return Tree(tokens, parents, depth, scores, tree_lens, mask)
+    return _SearchLaunch(B, D, K, budget, lp.device).run(lp.contiguous(), ids.contiguous(), root_tokens)
+
+
+def _validate_build(draft_logits, budget, root_tokens):
+    V.check_tensor("draft_logits", draft_logits, ndim=3, dtypes=(torch.float32, torch.float16, torch.bfloat16),
+                   last_contiguous=False)
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise ValueError(f"budget must be an int >= 1, got {budget!r}")
+    B, D, Vv = draft_logits.shape
+    if D < 1 or Vv < 1:
+        raise ValueError(f"draft_logits must have D >= 1 depths and V >= 1 tokens, got {tuple(draft_logits.shape)}")
+    if D > 255 or budget > 32000:
+        raise ValueError(f"build_tree supports D <= 255 and budget <= 32000, got D={D}, budget={budget}")
+    V.check_tensor("root_tokens", root_tokens, ndim=1, dtypes=(torch.int32, torch.int64), device=draft_logits.device)
+    V.check_shape("root_tokens", root_tokens, (B,), "[B]")
+
+
+class _BuildTreePlan:
+    """build_tree for one static signature (logits' and roots' layouts, budget): validated, the top-k and
+    search kernels bound once, their scratch one set per CUDA stream (a fresh set inside a graph capture)."""
+
+    def __init__(self, draft_logits, budget, root_tokens):
+        _validate_build(draft_logits, budget, root_tokens)
+        self.budget = budget
+        dev = draft_logits.device
+        self.reference = dev.type != "cuda" and not _interpreting()
+        if self.reference:
+            return
+        B, D, Vv = draft_logits.shape
+        K = min(budget, Vv)
+        self._topk = _TopkLaunch(B, D, Vv, draft_logits.stride(), K, dev)
+        self._search = _SearchLaunch(B, D, K, budget, dev)
+        self._scratch = StreamScratch(lambda: (self._topk.scratch(),
+                                               torch.empty(B, budget + 1, dtype=torch.int32, device=dev)))
+
+    def run(self, draft_logits, root_tokens) -> Tree:
+        if V.values_checkable(draft_logits) and bool(torch.isnan(draft_logits).any()):
+            raise ValueError("draft_logits contains NaN")
+        if self.reference:
+            t = build_tree_reference(draft_logits, self.budget, root_tokens)
+            return Tree(*(x.to(draft_logits.device) for x in t))
+        topk_scratch, ranks = self._scratch.get(draft_logits.device)
+        lp, ids = self._topk.run(draft_logits, topk_scratch)
+        return self._search.run(lp, ids, root_tokens, ranks)
+
+
+_BUILD_PLANS = PlanCache(_BuildTreePlan)
 
 
 def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor) -> Tree:
@@ -597,25 +674,21 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
         root_tokens: ``[B]`` int token of the root (the last accepted / bonus token).
     Returns a :class:`Tree` (static shapes; fewer nodes than the budget only when fewer are
     reachable: ``sum_d K^d`` with ``K = min(budget, V)``, or when tokens have probability 0: a
-    candidate of score -inf is never created). No host sync: three kernels and a memset.
+    candidate of score -inf is never created). No host sync: three kernels and a memset. Eager calls run
+    a plan cached per static signature.
     """
-    V.check_tensor("draft_logits", draft_logits, ndim=3, dtypes=(torch.float32, torch.float16, torch.bfloat16),
-                   last_contiguous=False)
-    if not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget must be an int >= 1, got {budget!r}")
-    B, D, Vv = draft_logits.shape
-    if D < 1 or Vv < 1:
-        raise ValueError(f"draft_logits must have D >= 1 depths and V >= 1 tokens, got {tuple(draft_logits.shape)}")
-    if D > 255 or budget > 32000:
-        raise ValueError(f"build_tree supports D <= 255 and budget <= 32000, got D={D}, budget={budget}")
-    V.check_tensor("root_tokens", root_tokens, ndim=1, dtypes=(torch.int32, torch.int64), device=draft_logits.device)
-    V.check_shape("root_tokens", root_tokens, (B,), "[B]")
-    if V.values_checkable(draft_logits) and bool(torch.isnan(draft_logits).any()):
-        raise ValueError("draft_logits contains NaN")
-    dev = draft_logits.device
-    if dev.type != "cuda" and not _interpreting():
+    if eager():
+        try:
+            key = (signature(draft_logits, root_tokens), budget)
+            hash(key)
+        except (AttributeError, TypeError):  # not tensors / unhashable budget: validation says which
+            _validate_build(draft_logits, budget, root_tokens)
+            raise
+        return _BUILD_PLANS.get(key, draft_logits, budget, root_tokens).run(draft_logits, root_tokens)
+    _validate_build(draft_logits, budget, root_tokens)
+    if draft_logits.device.type != "cuda" and not _interpreting():
         t = build_tree_reference(draft_logits, budget, root_tokens)
-        return Tree(*(x.to(dev) for x in t))
+        return Tree(*(x.to(draft_logits.device) for x in t))
     return Tree(*_build_tree_op(draft_logits, budget, root_tokens))
 
 
@@ -802,7 +875,20 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
             ``step`` may be a one-element int64 tensor on the device (read by the kernel, so a captured
             graph advances it without recapture).
     Returns ``(accept_idx [B, T] int32 (root first, -1 padded), accept_len [B], bonus [B], picks [B, T])``.
+    Eager calls run a plan cached per static signature.
     """
+    try:
+        key = (signature(tokens, parents, tree_lens, target_logits), temperature, top_k, top_p)
+        hash(key)
+    except (AttributeError, TypeError):  # not tensors / unhashable options: validation says which
+        _AcceptPlan(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
+        raise
+    plan = (_ACCEPT_PLANS.get(key, tokens, parents, tree_lens, target_logits, temperature, top_k, top_p) if eager()
+            else _AcceptPlan(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p))
+    return plan.run(tokens, parents, tree_lens, target_logits, seed, step)
+
+
+def _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p):
     V.check_tensor("tokens", tokens, ndim=2, dtypes=(torch.int32,))
     dev = tokens.device
     B, T = tokens.shape
@@ -820,24 +906,47 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not (0.0 < top_p <= 1.0):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if V.values_checkable(parents, tree_lens, target_logits):
-        idx = torch.arange(T)
-        par = parents.cpu().to(torch.int64)
-        valid = idx[None, :] < tree_lens.cpu()[:, None]
-        ok = (par[:, 0] == -1) | ~valid[:, 0]
-        ok &= ((par[:, 1:] >= 0) & (par[:, 1:] < idx[None, 1:]) | ~valid[:, 1:]).all(1)
-        if not bool(ok.all()):
-            b = int(torch.nonzero(~ok)[0, 0])
-            raise ValueError(f"parents[{b}] is not a tree in parents-first order: {par[b].tolist()}")
-        if bool(torch.isnan(target_logits).any()):
-            raise ValueError("target_logits contains NaN")
-    picks = target_picks(target_logits, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, step=step)
-    if dev.type != "cuda" and not _interpreting():
-        idx_, len_, bonus = accept_tree_reference(tokens, parents, tree_lens, picks)
-        return idx_, len_, bonus, picks
-    accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
-    accept_len = torch.empty(B, dtype=torch.int32, device=dev)
-    bonus = torch.empty(B, dtype=torch.int32, device=dev)
-    _walk_kernel[(B,)](tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, tokens.stride(0), T,
-                       BLOCK_T=triton.next_power_of_2(T), num_warps=4)
-    return accept_idx, accept_len, bonus, picks
+
+
+def _check_accept_values(parents, tree_lens, target_logits):
+    T = parents.shape[1]
+    idx = torch.arange(T)
+    par = parents.cpu().to(torch.int64)
+    valid = idx[None, :] < tree_lens.cpu()[:, None]
+    ok = (par[:, 0] == -1) | ~valid[:, 0]
+    ok &= ((par[:, 1:] >= 0) & (par[:, 1:] < idx[None, 1:]) | ~valid[:, 1:]).all(1)
+    if not bool(ok.all()):
+        b = int(torch.nonzero(~ok)[0, 0])
+        raise ValueError(f"parents[{b}] is not a tree in parents-first order: {par[b].tolist()}")
+    if bool(torch.isnan(target_logits).any()):
+        raise ValueError("target_logits contains NaN")
+
+
+class _AcceptPlan:
+    """accept_tree for one static signature and sampling rule: validated, the walk kernel bound once."""
+
+    def __init__(self, tokens, parents, tree_lens, target_logits, temperature, top_k, top_p):
+        _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.B, self.T = tokens.shape
+        self.device = tokens.device
+        self.reference = self.device.type != "cuda" and not _interpreting()
+        self._walk = KernelLauncher(_walk_kernel, dict(BLOCK_T=triton.next_power_of_2(self.T)), num_warps=4)
+        self._ints = (tokens.stride(0), self.T)
+
+    def run(self, tokens, parents, tree_lens, target_logits, seed, step):
+        if V.values_checkable(parents, tree_lens, target_logits):
+            _check_accept_values(parents, tree_lens, target_logits)
+        picks = target_picks(target_logits, seed=seed, step=step, **self.sampling)
+        if self.reference:
+            idx_, len_, bonus = accept_tree_reference(tokens, parents, tree_lens, picks)
+            return idx_, len_, bonus, picks
+        B, T, dev = self.B, self.T, self.device
+        accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
+        accept_len = torch.empty(B, dtype=torch.int32, device=dev)
+        bonus = torch.empty(B, dtype=torch.int32, device=dev)
+        self._walk((B,), tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, *self._ints)
+        return accept_idx, accept_len, bonus, picks
+
+
+_ACCEPT_PLANS = PlanCache(_AcceptPlan)

@@ -19,9 +19,9 @@ import triton.language as tl
 
 from . import _validate as V
 from . import _verify_gluon_launch as GL
-from ._launch import KernelLauncher, PlanCache, StreamScratch, capturing, eager, interpreting, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, full_lengths, interpreting, signature
 from ._splitkv import (LOG2E, MergePlan, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
-                       pdl_capable, split_destinations, store_rows)
+                       pdl_capable, split_chunk, split_destinations, store_rows)
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
 D_LATENT = 512
@@ -170,11 +170,9 @@ def _verify_mla_kernel(
     # TMA (P >= BLOCK_N, one page per tile): chunks start on page boundaries, so the tiles of a group
     # of PAGE_GROUP pages take their page ids from one vector load before the group.
     if TMA:
-        chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), PAGE_SIZE) * PAGE_SIZE
+        start, end = split_chunk(n_keys, pid_s, num_splits, PAGE_SIZE)
     else:
-        chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
-    start = pid_s * chunk
-    end = tl.minimum(start + chunk, n_keys)
+        start, end = split_chunk(n_keys, pid_s, num_splits, BLOCK_N)
     full_end = start + (tl.maximum(tl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -548,23 +546,6 @@ def _check_values(kv, page_table, kv_lens, tree_lens, T: int) -> None:
 # The plan: decided once per static signature, launched directly
 # --------------------------------------------------------------------------------------------------
 
-_FULL_TREE_LENS: dict = {}
-
-
-def _full_tree_lens(B: int, T: int, device: torch.device) -> torch.Tensor:
-    """``[B]`` int32 of T's (``tree_lens=None``), cached per (device, B, T) so that eager calls, and
-    graphs captured after one, launch no fill kernel (a graph node of its own, ~1 us). Read-only. First met
-    inside a capture (where the fill runs only at replay), a fresh fill."""
-    key = (device, B, T)
-    t = _FULL_TREE_LENS.get(key)
-    if t is None:
-        t = torch.full((B,), T, dtype=torch.int32, device=device)
-        if capturing(device):
-            return t
-        _FULL_TREE_LENS[key] = t  # never evicted: captured graphs may hold its address
-    return t
-
-
 class VerifyPlan:
     """:func:`verify_mla` for one static signature: validated, its launch decided, its kernels bound.
 
@@ -683,7 +664,7 @@ class VerifyPlan:
             lse.copy_(ref_lse)
             return (out, lse) if return_lse else out
         if tree_lens is None:
-            tree_lens = _full_tree_lens(B, T, self.device)
+            tree_lens = full_lengths(B, T, self.device)
         S = self.launch.num_splits
         dst_o, dst_l = self._scratch.get(self.device) if S > 1 else (out, lse)
         if route == "triton":
