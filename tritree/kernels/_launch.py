@@ -25,6 +25,7 @@ import os
 from collections import OrderedDict
 
 import torch
+from triton import knobs
 
 
 def interpreting() -> bool:
@@ -72,26 +73,38 @@ class KernelLauncher:
         return tuple(args[i].data_ptr() & 15 == 0 for i in pos)
 
     def __call__(self, grid, *args) -> None:
+        """``grid``: a 3-tuple of ints."""
         if self._tail is None:
             self.fn[grid](*args, **self.constexprs, **self.options)
             return
         key = self._key(args)
-        binary = self._binaries.get(key)
-        if binary is None:
-            self._binaries[key] = self.fn[grid](*args, **self.constexprs, **self.options)
+        entry = self._binaries.get(key)
+        if entry is None:
+            if len(grid) != 3:
+                raise ValueError(f"{self.fn.__name__}: a KernelLauncher grid has 3 dimensions, got {grid}")
+            binary = self.fn[grid](*args, **self.constexprs, **self.options)
+            self._binaries[key] = (binary, binary.run, binary.function, binary.packed_metadata)
             return
-        binary[grid](*args, *self._tail)
+        binary, run, function, metadata = entry
+        hooks = knobs.runtime
+        if hooks.launch_enter_hook.calls or hooks.launch_exit_hook.calls:  # a profiler's hooks: their metadata
+            binary[grid](*args, *self._tail)
+            return
+        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args, *self._tail)
 
 
 class PlanCache:
     """Plans by static signature, least recently used evicted past ``maxsize`` (eager plans own no memory
     that a captured graph could still use; see each plan's scratch rule)."""
 
-    def __init__(self, build, maxsize: int = 64):
+    def __init__(self, name: str, build, maxsize: int = 64):
+        self.name = name
         self._build = build
         self._plans: OrderedDict = OrderedDict()
         self.maxsize = maxsize
         self.builds = 0
+        _CACHES[name] = self
 
     def get(self, key, *args, **kwargs):
         plan = self._plans.get(key)
@@ -108,6 +121,20 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._plans)
+
+
+_CACHES: dict[str, PlanCache] = {}
+
+
+def plan_cache_info() -> dict:
+    """``{op: {"plans": plans cached, "builds": plans built so far}}`` for every op's plan cache."""
+    return {name: {"plans": len(c), "builds": c.builds} for name, c in _CACHES.items()}
+
+
+def clear_plan_caches() -> None:
+    """Drops every cached plan (and the scratch buffers they own); the next call of each op plans again."""
+    for c in _CACHES.values():
+        c.clear()
 
 
 def signature(*tensors) -> tuple:

@@ -417,7 +417,7 @@ def _build(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, wi
                               window=window, config=config, num_splits=num_splits)
 
 
-_PLANS = PlanCache(_build)
+_PLANS = PlanCache("draft_attention", _build)
 
 
 def draft_attention(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, *, sm_scale, window=None,

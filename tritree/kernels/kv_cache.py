@@ -266,7 +266,7 @@ class _Geometry:
     page_size: int
 
 
-_WRITE_PLANS = PlanCache(_WritePlan)
+_WRITE_PLANS = PlanCache("kv_write_", _WritePlan)
 
 
 # Opaque to torch.compile (declared mutation of kv): traced into, a model's compiled verify gave wrong
@@ -455,7 +455,7 @@ class _CommitPlan:
         return new_lens
 
 
-_COMMIT_PLANS = PlanCache(_CommitPlan)
+_COMMIT_PLANS = PlanCache("kv_commit_", _CommitPlan)
 
 
 @torch.library.custom_op("tritree::kv_commit_", mutates_args=("kv",))

@@ -410,11 +410,11 @@ class _TopkLaunch:
         self._bound = KernelLauncher(_topk_bound_kernel, dict(
             G=p.G, RB=p.block1 // p.G, CB=max(1, min(triton.next_power_of_2(p.c1), 8192 // p.G)),
             WAYS=max(2, min(16, 8192 // p.G))), num_warps=4)
-        self._bound_grid = (R, p.c1)
+        self._bound_grid = (R, p.c1, 1)
         self._bound_ints = (Vv, D, *strides, triton.cdiv(Vv, p.block1), p.bpc1, p.c1, k, math.log(Vv) + 1.0)
         self._select = KernelLauncher(_topk_select_kernel, dict(BLOCK=p.block2, CP=triton.next_power_of_2(p.c2),
                                                                 BI=64, BJ=64, FB=256), num_warps=4)
-        self._select_grid = (R, p.c2)
+        self._select_grid = (R, p.c2, 1)
         self._select_ints = (Vv, D, *strides, triton.cdiv(Vv, p.block2), p.bpc2, p.c2, k, p.cap, 2.0 ** sb, 2.0 ** -sb)
 
     def scratch(self):
@@ -609,7 +609,7 @@ class _SearchLaunch:
         mask = torch.empty(B, T, self.W, dtype=torch.int32, device=dev)
         if ranks is None:
             ranks = torch.empty(B, T, dtype=torch.int32, device=dev)
-        self._launch((B,), lp, ids, root_tokens, tokens, parents, depth, scores, ranks, tree_lens, mask, *self._ints)
+        self._launch((B, 1, 1), lp, ids, root_tokens, tokens, parents, depth, scores, ranks, tree_lens, mask, *self._ints)
         return Tree(tokens, parents, depth, scores, tree_lens, mask)
 
 
@@ -662,7 +662,7 @@ class _BuildTreePlan:
         return self._search.run(lp, ids, root_tokens, ranks)
 
 
-_BUILD_PLANS = PlanCache(_BuildTreePlan)
+_BUILD_PLANS = PlanCache("build_tree", _BuildTreePlan)
 
 
 def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor) -> Tree:
@@ -945,8 +945,8 @@ class _AcceptPlan:
         accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
         accept_len = torch.empty(B, dtype=torch.int32, device=dev)
         bonus = torch.empty(B, dtype=torch.int32, device=dev)
-        self._walk((B,), tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, *self._ints)
+        self._walk((B, 1, 1), tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, *self._ints)
         return accept_idx, accept_len, bonus, picks
 
 
-_ACCEPT_PLANS = PlanCache(_AcceptPlan)
+_ACCEPT_PLANS = PlanCache("accept_tree", _AcceptPlan)

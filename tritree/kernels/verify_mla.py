@@ -11,7 +11,7 @@ prefix is visible to every node, so the tree bitmask is read only in the tiles t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -237,8 +237,7 @@ KV_FP8 = torch.float8_e4m3fn
 GLUON_KERNELS = ("gluon", "gluon-ws")
 
 
-@dataclass(frozen=True)
-class VerifyLaunch:
+class VerifyLaunch(NamedTuple):
     """What every :func:`verify_mla` call of one static signature runs (:func:`plan_launch`)."""
 
     route: str                        # "reference" (CPU), "triton", "gluon" (plain Hopper schedule), "gluon-ws"
@@ -326,11 +325,14 @@ def _gluon_layout(q: torch.Tensor, kv: torch.Tensor) -> bool:
     return kv_ok and q_ok
 
 
-def _launch_of(q, kv, page_table, config, num_splits, d_rope) -> VerifyLaunch:
+def _launch_of(q, kv, page_table, config, num_splits, traced: bool = False) -> VerifyLaunch:
+    """:func:`plan_launch` for these inputs. ``traced`` (torch.compile): without the layout facts, which read
+    storage offsets (the opaque Gluon op and the traced Triton launch read them themselves)."""
     B, T, H, D = q.shape
     return plan_launch(device=q.device, q_dtype=q.dtype, kv_dtype=kv.dtype, batch=B, T=T, H=H, head_dim=D,
-                       page_size=kv.shape[1], max_pages=page_table.shape[1], gluon_layout=_gluon_layout(q, kv),
-                       tma_layout=_tma_layout(kv), config=config, num_splits=num_splits)
+                       page_size=kv.shape[1], max_pages=page_table.shape[1],
+                       gluon_layout=not traced and _gluon_layout(q, kv), tma_layout=not traced and _tma_layout(kv),
+                       config=config, num_splits=num_splits)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -443,7 +445,7 @@ def _verify_traced(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, r
     B, T, H, D = q.shape
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
-    launch = _launch_of(q, kv, page_table, config, num_splits, d_rope)
+    launch = _launch_of(q, kv, page_table, config, num_splits, traced=True)
     cfg = launch.config
     if launch.route == "reference":
         return verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=sm_scale, tree_lens=tree_lens,
@@ -573,7 +575,7 @@ class VerifyPlan:
         self.kv_scale = kv_scale
         self.device = q.device
         self.dtype = q.dtype
-        self.launch = _launch_of(q, kv, page_table, config, num_splits, d_rope)
+        self.launch = _launch_of(q, kv, page_table, config, num_splits)
         self._kv_fp8 = kv.dtype == KV_FP8
         self._has_tree_lens = tree_lens is not None
         out_sig = None if out is None else (out.shape, out.stride())
@@ -722,7 +724,7 @@ def _plan_build(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_s
                       config=config, num_splits=num_splits, d_rope=d_rope, kv_scale=kv_scale)
 
 
-_PLANS = PlanCache(_plan_build)
+_PLANS = PlanCache("verify_mla", _plan_build)
 
 
 def _plan(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config, num_splits, d_rope,
@@ -785,8 +787,3 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
     plan = _plan(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config, num_splits, d_rope,
                  kv_scale)
     return plan._run(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, return_lse)
-
-
-def plan_cache_info() -> dict:
-    """``{"plans": cached verify plans, "builds": plans built so far}``."""
-    return {"plans": len(_PLANS), "builds": _PLANS.builds}
