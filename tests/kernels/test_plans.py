@@ -62,7 +62,7 @@ def test_repeated_call_builds_no_plan_and_syncs_nothing(op, monkeypatch):
     ``TRITREE_DEBUG``), every host-reading tensor method raises during the call."""
     launches = []
     monkeypatch.setattr(_launch.KernelLauncher, "__call__", lambda self, grid, *a: launches.append(self.fn))
-    monkeypatch.setattr(tritree.kernels._validate, "values_checkable", lambda *t: False)
+    monkeypatch.setattr(tritree.kernels._validate, "checks_values", lambda device: False)
     call = _inputs()[op]
     call()  # builds the plan (and may read values: e.g. the reference path)
     builds = CACHES[op].builds

@@ -45,7 +45,7 @@ class KernelLauncher:
     ``launch_pdl``, ``ptx_options``, ...) are fixed at construction. Under the interpreter every launch goes
     through ``fn[grid]``."""
 
-    __slots__ = ("fn", "constexprs", "options", "_tail", "_binaries", "_ptr_positions")
+    __slots__ = ("fn", "constexprs", "options", "_tail", "_binaries", "_ptr_positions", "_tensor_maps")
 
     def __init__(self, fn, constexprs: dict | None = None, **options):
         self.fn = fn
@@ -53,6 +53,7 @@ class KernelLauncher:
         self.options = options
         self._binaries: dict = {}
         self._ptr_positions: tuple | None = None
+        self._tensor_maps: dict = {}
         self._tail = None
         params = getattr(fn, "params", None)
         if params is None:  # Triton's interpreter: launched through fn[grid] every time
@@ -70,7 +71,7 @@ class KernelLauncher:
         pos = self._ptr_positions
         if pos is None:
             pos = self._ptr_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        return tuple(args[i].data_ptr() & 15 == 0 for i in pos)
+        return tuple([args[i].data_ptr() & 15 == 0 for i in pos])
 
     def __call__(self, grid, *args) -> None:
         """``grid``: a 3-tuple of ints."""
@@ -83,15 +84,73 @@ class KernelLauncher:
             if len(grid) != 3:
                 raise ValueError(f"{self.fn.__name__}: a KernelLauncher grid has 3 dimensions, got {grid}")
             binary = self.fn[grid](*args, **self.constexprs, **self.options)
-            self._binaries[key] = (binary, binary.run, binary.function, binary.packed_metadata)
+            self._binaries[key] = (binary, binary.run, binary.function, binary.packed_metadata,
+                                   _descriptor_launch(binary.run))
             return
-        binary, run, function, metadata = entry
+        binary, run, function, metadata, desc_launch = entry
         hooks = knobs.runtime
         if hooks.launch_enter_hook.calls or hooks.launch_exit_hook.calls:  # a profiler's hooks: their metadata
             binary[grid](*args, *self._tail)
             return
-        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+        if desc_launch is not None:
+            raw, positions, metas, coop, pdl = desc_launch
+            run = raw
+            head = (coop, pdl, None, None, metadata, None, None, None)
+            args = self._expand_descriptors((*args, *self._tail), positions, metas)
+            raw(grid[0], grid[1], grid[2], stream, function, *head, *args)
+            return
         run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args, *self._tail)
+
+    def _expand_descriptors(self, args, positions, metas) -> list:
+        """The kernel arguments with each host TMA descriptor replaced by its encoded tensor map, shape and
+        strides (what Triton's launcher passes), the encoding kept per (argument, base pointer): a
+        descriptor's shape and strides are the plan's."""
+        out, prev = [], 0
+        maps = self._tensor_maps
+        for pos, meta in zip(positions, metas):
+            out.extend(args[prev:pos])
+            desc = args[pos]
+            k = (pos, desc.base.data_ptr())
+            enc = maps.get(k)
+            if enc is None:
+                if len(maps) > 256:
+                    maps.clear()
+                enc = maps[k] = tuple(_make_tensordesc_arg(desc, meta))
+            out.extend(enc)
+            prev = pos + 1
+        out.extend(args[prev:])
+        return out
+
+
+def _descriptor_launch(launcher):
+    """For kernels with host TMA descriptors on triton's 3.6-style CUDA launcher (a Python wrapper that
+    re-encodes every descriptor on every launch): ``(raw launch, descriptor positions, their metadata,
+    cooperative, pdl)`` so that encodings can be kept; None where the launcher has another shape (then the
+    launch goes through the launcher as is)."""
+    inner = getattr(launcher, "launch", None)
+    code = getattr(inner, "__code__", None)
+    if code is None or inner.__closure__ is None or _make_tensordesc_arg is None:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in inner.__closure__)))
+    if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+        return None
+    params = list(inspect.signature(type(launcher).__call__).parameters)
+    if params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]:
+        return None
+    if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+        return None
+    positions = tuple(sorted(cells["tensordesc_indices"]))
+    metas = cells["tensordesc_meta"]
+    if not metas or len(metas) != len(positions) or any(m is None for m in metas):
+        return None  # descriptors the launcher decomposes with their tensor: its own path
+    return (cells["launcher"], positions, tuple(metas), launcher.launch_cooperative_grid, launcher.launch_pdl)
+
+
+try:
+    from triton.backends.nvidia.driver import make_tensordesc_arg as _make_tensordesc_arg
+except ImportError:  # pragma: no cover - other triton versions keep the launcher's own path
+    _make_tensordesc_arg = None
 
 
 class PlanCache:
@@ -107,6 +166,8 @@ class PlanCache:
         _CACHES[name] = self
 
     def get(self, key, *args, **kwargs):
+        """The plan of ``key`` (built by ``build(*args, **kwargs)`` on a miss). ``TypeError`` for an
+        unhashable key."""
         plan = self._plans.get(key)
         if plan is None:
             plan = self._build(*args, **kwargs)
@@ -139,12 +200,12 @@ def clear_plan_caches() -> None:
 
 def signature(*tensors) -> tuple:
     """The static facts of tensors a plan depends on: shape, strides, dtype, device (None stays None)."""
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+    return tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors])
 
 
 def capturing(device: torch.device) -> bool:
     """Whether the current CUDA stream is being captured into a graph."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
 
 
 class StreamScratch:
@@ -164,9 +225,9 @@ class StreamScratch:
             if s is None:
                 s = self._sets[None] = self._make()
             return s
-        if torch.cuda.is_current_stream_capturing():
+        if torch._C._cuda_isCurrentStreamCapturing():
             return self._make()
-        sid = torch.cuda.current_stream(device).cuda_stream
+        sid = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch._C._cuda_getDevice())
         s = self._sets.get(sid)
         if s is None:
             s = self._sets[sid] = self._make()

@@ -43,6 +43,12 @@ def values_checkable(*tensors: torch.Tensor) -> bool:
     return debug_checks_enabled() or all(t.device.type == "cpu" for t in tensors)
 
 
+def checks_values(device: torch.device) -> bool:
+    """The plans' form of :func:`values_checkable` (never traced): inputs on ``device`` are value-checked
+    when it is the CPU or ``TRITREE_DEBUG=1``."""
+    return device.type == "cpu" or debug_checks_enabled()
+
+
 def check_paged_lengths(page_table: torch.Tensor, num_pages: int, page_size: int, kv_lens: torch.Tensor,
                         extra: torch.Tensor, lens_name: str = "kv_lens") -> None:
     """Value checks of a paged layout: lengths in range, every page in use a valid id.

@@ -394,7 +394,7 @@ class DraftAttentionPlan:
         return self._run(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, return_lse)
 
     def _run(self, q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, return_lse):
-        if V.values_checkable(ctx_lens, page_table):
+        if V.checks_values(self.device):
             _check_values(k_cache, page_table, ctx_lens)
         if self.reference:
             out, lse = draft_attention_reference(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk,

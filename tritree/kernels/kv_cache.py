@@ -248,7 +248,7 @@ class _WritePlan:
                                                              SIGNAL=write_signals(kv.device)), num_warps=4)
 
     def run(self, kv, page_table, kv_lens, new, tree_lens):
-        if V.values_checkable(kv_lens, page_table):
+        if V.checks_values(kv.device):
             _check_write_values(_Geometry(*self.pool_geometry), page_table, kv_lens, tree_lens, self.B, self.T)
         if not self.kernel:
             kv_write_reference(kv, page_table, kv_lens, new, tree_lens, stacked=self.stacked)
@@ -442,7 +442,7 @@ class _CommitPlan:
                                                               EVEN_E=pool.row % block_e == 0), num_warps=4)
 
     def run(self, kv, page_table, kv_lens, accept_idx, accept_len):
-        if V.values_checkable(kv_lens, page_table, accept_idx, accept_len):
+        if V.checks_values(kv.device):
             _check_commit_values(*self.geometry, page_table, kv_lens, accept_idx, accept_len)
         if not self.kernel:
             return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=self.stacked)

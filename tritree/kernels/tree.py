@@ -652,7 +652,7 @@ class _BuildTreePlan:
                                                torch.empty(B, budget + 1, dtype=torch.int32, device=dev)))
 
     def run(self, draft_logits, root_tokens) -> Tree:
-        if V.values_checkable(draft_logits) and bool(torch.isnan(draft_logits).any()):
+        if V.checks_values(draft_logits.device) and bool(torch.isnan(draft_logits).any()):
             raise ValueError("draft_logits contains NaN")
         if self.reference:
             t = build_tree_reference(draft_logits, self.budget, root_tokens)
@@ -935,7 +935,7 @@ class _AcceptPlan:
         self._ints = (tokens.stride(0), self.T)
 
     def run(self, tokens, parents, tree_lens, target_logits, seed, step):
-        if V.values_checkable(parents, tree_lens, target_logits):
+        if eager() and V.checks_values(self.device):
             _check_accept_values(parents, tree_lens, target_logits)
         picks = target_picks(target_logits, seed=seed, step=step, **self.sampling)
         if self.reference:

@@ -650,7 +650,7 @@ class VerifyPlan:
 
     def _run(self, q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, return_lse):
         B, T, H, _ = self.shape
-        if V.values_checkable(kv_lens, page_table):
+        if V.checks_values(self.device):
             _check_values(kv, page_table, kv_lens, tree_lens, T)
         if out is None:
             out = torch.empty(B, T, H, self.d_lat, dtype=self.dtype, device=self.device)
@@ -734,12 +734,11 @@ def _plan(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, 
                None if out is None else (out.shape, out.stride(), out.dtype, out.device),
                None if lse is None else (lse.shape, lse.stride(), lse.dtype, lse.device),
                sm_scale, config, num_splits, d_rope, kv_scale)
-        hash(key)
+        return _PLANS.get(key, q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config,
+                          num_splits, d_rope, kv_scale)
     except (AttributeError, TypeError):  # not tensors / unhashable scalars: validation says what is wrong
         return _plan_build(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config,
                            num_splits, d_rope, kv_scale)
-    return _PLANS.get(key, q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config, num_splits,
-                      d_rope, kv_scale)
 
 
 def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=None, return_lse=False,
