@@ -611,6 +611,8 @@ def test_gpu_ws_shapes(T, H, P, kv_lens):
     check_reference_then_graph_replay(case, config=cfg)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 16])
 def test_gpu_small_pages_table_in_a_graph(P):
     """The small-pages table (the warp-specialised kernel's row gathers on Hopper) against the
     reference, then captured in a CUDA graph and replayed into poisoned outputs."""
