@@ -1,6 +1,9 @@
 """Runs verify_mla on one shape a few times (for ncu / quick checks).
 
-    python -m bench.one_case B T H L P [BM,BN,warps,stages]
+    python -m bench.one_case B T H L P [CONFIG]
+
+CONFIG: ``verify_sweep.parse_config``'s ``BM,BN,warps,stages[,programs_per_sm[,tma[,split_scores]]][,KERNEL]``
+(default: the table's).
 """
 import sys
 

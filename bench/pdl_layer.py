@@ -1,7 +1,7 @@
 """The KV write and the verify attention of one layer, as a model's layer runs them (``kv_write_`` of the tree's
-latent rows, then ``verify_mla``), graph-timed back to back over rotated input sets, with the verify split kernel
-launched plainly or by programmatic dependent launch (``_verify_gluon_ws.SPLIT_PDL``) after a KV write that
-signals at its start (``kv_cache.WRITE_SIGNALS``). Variants interleaved in one process.
+latent rows, then ``verify_mla``), graph-timed back to back over rotated input sets. On Hopper the KV write
+signals its dependents at its start and the warp-specialised verify split kernel is launched by programmatic
+dependent launch where its launch rule says so (``_verify_gluon_launch``), so it is placed while the write runs.
 
     python -m bench.pdl_layer --ctx 46000 --T 65 --H 8 --rounds 3
 """
@@ -15,26 +15,14 @@ from tritree.kernels import kv_write_, verify_mla
 from tritree.roofline import graph_time_us, rotation_count
 from tritree.testing import random_verify_inputs
 
-VARIANTS = {
-    "plain (session 20)": {("tritree.kernels._verify_gluon_ws", "SPLIT_PDL"): False,
-                           ("tritree.kernels.kv_cache", "WRITE_SIGNALS"): False,
-                           ("tritree.kernels._splitkv", "MERGE_SIGNALS"): False},
-    "split-pdl + write signals": {("tritree.kernels._verify_gluon_ws", "SPLIT_PDL"): True,
-                                  ("tritree.kernels.kv_cache", "WRITE_SIGNALS"): True,
-                                  ("tritree.kernels._splitkv", "MERGE_SIGNALS"): False},
-    "shipped (+ merge signals)": {},
-}
 
-
-def main() -> int:
-    import importlib
-
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ctx", type=int, default=46000)
     ap.add_argument("--T", type=int, default=65)
     ap.add_argument("--H", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     T, H, L = args.T, args.H, args.ctx
     fns = []
     for seed in range(rotation_count((L + T) * 576 * 2)):
@@ -48,18 +36,7 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; T={T} H={H} L={L}: kv_write_ + verify_mla, "
           f"graph-timed, us a layer", flush=True)
     for r in range(args.rounds):
-        for name, switches in VARIANTS.items():
-            saved = []
-            for (mod, attr), value in switches.items():
-                m = importlib.import_module(mod)
-                saved.append((m, attr, getattr(m, attr)))
-                setattr(m, attr, value)
-            try:
-                us = graph_time_us(fns)
-            finally:
-                for m, attr, value in saved:
-                    setattr(m, attr, value)
-            print(f"round {r + 1} {name:40s} {us:7.1f} us", flush=True)
+        print(f"round {r + 1} {graph_time_us(fns):7.1f} us", flush=True)
     return 0
 
 

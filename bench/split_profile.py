@@ -1,6 +1,6 @@
 """Where a verify_mla call's time goes: the attention kernel vs the split combine (torch.profiler).
 
-    python -m bench.split_profile --shapes "8,8;64,8;16,64" --configs "table;64,64,8,2,1,0,1,0,1,gluon-seesaw"
+    python -m bench.split_profile --shapes "8,8;64,8;16,64" --configs "table;64,64,8,2,1,1,1,gluon-ws"
 
 Each case runs ``--iters`` eager calls over input sets rotated past the L2 and prints the mean device
 time of every kernel that ran, per call (B = 1, bf16, L = ``--ctx``, P = ``--page-size``).
@@ -42,22 +42,15 @@ def profile_case(T, H, L, P, cfg, iters):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8,8;16,8;64,8;16,64;65,8;17,8", help="T,H;...")
-    ap.add_argument("--configs", default="table", help="'table' or BM,BN,warps,stages,...[,kernel]; ...")
+    ap.add_argument("--configs", default="table",
+                    help="'table' or verify_sweep.parse_config's BM,BN,warps,stages[,programs_per_sm[,tma"
+                         "[,split_scores]]][,KERNEL]; ...")
     ap.add_argument("--ctx", type=int, default=46000)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--no-prefetch", action="store_true", help="Gluon seesaw without its L2 prefetch")
     ap.add_argument("--combine", default="",
                     help="MIN_PROGRAMS,CHUNK_VALUES[,WARPS8_VALUES] of the split merge (combine_config)")
-    ap.add_argument("--variant", default="", help="a verify_sweep SWITCHES name: its module switches set")
     args = ap.parse_args(argv)
-    if args.variant:
-        import importlib
-
-        from .verify_sweep import SWITCHES
-
-        for module, name, value in SWITCHES[args.variant]:
-            setattr(importlib.import_module(module), name, value)
     if args.combine:
         from tritree.kernels import _splitkv
 
@@ -65,10 +58,6 @@ def main(argv=None):
         _splitkv._COMBINE_MIN_PROGRAMS, _splitkv._COMBINE_CHUNK_VALUES = bounds[:2]
         if len(bounds) > 2:
             _splitkv._COMBINE_WARPS8_VALUES = bounds[2]
-    if args.no_prefetch:
-        from tritree.kernels import _verify_gluon
-
-        _verify_gluon.L2_PREFETCH = False
     for shape in args.shapes.split(";"):
         T, H = map(int, shape.split(","))
         for c in args.configs.split(";"):
@@ -76,8 +65,7 @@ def main(argv=None):
             k = profile_case(T, H, args.ctx, args.page_size, cfg, args.iters)
             total = sum(k.values())
             parts = "  ".join(f"{name} {us:.1f}" for name, us in sorted(k.items(), key=lambda x: -x[1]))
-            tag = c + (" no-prefetch" if args.no_prefetch else "") + (f" combine {args.combine}" if args.combine else "")
-            tag += f" {args.variant}" if args.variant else ""
+            tag = c + (f" combine {args.combine}" if args.combine else "")
             print(f"T={T:>3} H={H:>2} P={args.page_size:>2} [{tag}] total {total:.1f} us: {parts}", flush=True)
 
 

@@ -1,10 +1,11 @@
 """Where a Gluon verify program's time goes: ``%globaltimer`` stamps inside the kernel (H200, bench only).
 
     python -m bench.timeline [--shapes "8,8;64,8;65,8"] [--ctx 4096,46000] [--warm | --graph]
+    python bench/timeline.py ...
 
-Runs the table's Gluon kernel for the shape (plain, seesaw, or the warp-specialised seesaw, whose
-consumer partition stamps; B = 1, P = 64) with ``TIMELINE``: every program stamps its start, Q landed, prefix loop done, masked tail done and its
-partial stored, over its first five lse partial slots (so the lse of that launch is wrong; nothing
+Runs the table's Gluon kernel for the shape (the plain one, or the warp-specialised one, whose consumer
+partition stamps; B = 1, P = 64) with ``TIMELINE``: every program stamps its start, Q landed, prefix loop
+done, masked tail done and its partial stored, over its first five lse partial slots (so the lse of that launch is wrong; nothing
 else reads it). Prints, per case, the kernel's span (first start to last stamp) and, over programs,
 the median and maximum of: start skew (start - first start), Q, prefix loop, tail, store; then the
 parts of the program that finished last. ``%globaltimer`` ticks in ns but may update only every
@@ -12,14 +13,16 @@ parts of the program that finished last. ``%globaltimer`` ticks in ns but may up
 
 The launches rotate over input sets that together exceed the L2 (as ``verify_sweep``'s graph-timed rows
 do), so the launch read finds none of its KV left in the L2 by the one before it; ``--warm``: one set,
-launched again and again (what this script did up to session 15: a 53 MB pool at L = 46,000 against the
-H200's 50 MB of L2, so part of each launch's KV was still there from the previous one).
+launched again and again (a 53 MB pool at L = 46,000 against the H200's 50 MB of L2, so part of each
+launch's KV is still there from the previous one).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 import triton
@@ -30,7 +33,11 @@ from tritree.kernels.configs import VERIFY_MLA_CONFIGS, lookup, num_sms
 from tritree.kernels.verify_mla import _narrow_num_splits
 from tritree.roofline import rotation_count
 
-from .verify_sweep import SM_SCALE, build_sets
+try:
+    from .verify_sweep import SM_SCALE, build_sets
+except ImportError:  # run as a file: python bench/timeline.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.verify_sweep import SM_SCALE, build_sets
 
 PARTS = ("skew", "Q", "prefix", "tail", "store")
 
@@ -57,7 +64,7 @@ def _setup(T: int, H: int, L: int, warm: bool):
     def destinations():
         out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
-        # partials in the dtype verify_mla gives this kernel (bf16 for the ws kernel over TMA since session 12)
+        # partials in the dtype verify_mla gives this kernel (bf16: partials_narrow_for)
         return (out, lse) + split_destinations(out, lse, splits, M, VG.partials_narrow_for(cfg.kernel, P))
 
     def launch(s, dst_o, dst_l, o_strides, l_strides, timeline=True):
@@ -66,8 +73,7 @@ def _setup(T: int, H: int, L: int, warm: bool):
         if cfg.kernel.startswith("gluon-ws"):  # stamped by the consumer partition
             VG.launch_verify_gluon_ws(*args, timeline=timeline)
         else:
-            VG.launch_verify_gluon(*args,
-                                   timeline=timeline)
+            VG.launch_verify_gluon(*args, timeline=timeline)
 
     info = dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, sets=len(sets), narrow=narrow)
     return sets, info, row_blocks, last_splits, destinations, launch

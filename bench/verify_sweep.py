@@ -118,95 +118,7 @@ def to_fp8_sets(sets):
     return sets
 
 
-# Variants that run the table's kernels with one module switch set: the split merge by programmatic
-# dependent launch (TRITREE_MERGE_PDL), the seesaw's chunks in whole pages (TRITREE_PAIR_CHUNKS=0), Q's
-# copies after the first tiles' in the plain schedule (TRITREE_Q_FIRST=0) or first in the seesaw
-# (TRITREE_Q_FIRST_SEESAW=1), the output rows re-laid out before their store (TRITREE_COALESCED_STORE=1).
-# (Not kept, measured no faster: session 9's "tritree-fused", the merge
-# inside the split kernel, commit 995064a; session 10's "tritree-tailpf", the masked tail's L2 prefetch,
-# commit 5e2d6ff; session 11's "tritree-p16", bf16 split partials, commit 2c17548.)
-SWITCHES = {"tritree-pdl": [("tritree.kernels._splitkv", "MERGE_PDL", True)],
-            "tritree-pagechunks": [("tritree.kernels._verify_gluon", "PAIR_CHUNKS", False)],
-            "tritree-qlast": [("tritree.kernels._verify_gluon", "Q_FIRST", False)],
-            "tritree-qfirst-seesaw": [("tritree.kernels._verify_gluon", "Q_FIRST_SEESAW", True)],
-            "tritree-coalesced": [("tritree.kernels._verify_gluon", "COALESCED_STORE", True)],
-            "tritree-partials16": [("tritree.kernels._splitkv", "PARTIALS_16BIT", True)],
-            "tritree-partials16-coalesced": [("tritree.kernels._splitkv", "PARTIALS_16BIT", True),
-                                             ("tritree.kernels._verify_gluon", "COALESCED_STORE", True)],
-            # row gathers (P < 64): bf16 partials behind the staged store, either alone
-            "tritree-gather16": [("tritree.kernels._verify_gluon_ws", "PARTIALS_16BIT_GATHER", True),
-                                 ("tritree.kernels._verify_gluon_ws", "COALESCED_STORE_GATHER", True)],
-            "tritree-gather16-plain": [("tritree.kernels._verify_gluon_ws", "PARTIALS_16BIT_GATHER", True)],
-            "tritree-gather-coalesced": [("tritree.kernels._verify_gluon_ws", "COALESCED_STORE_GATHER", True)],
-            # the plain Gluon kernel's split partials in fp32 from its MMA layout (before session 13)
-            "tritree-plain32": [("tritree.kernels._verify_gluon", "PARTIALS_16BIT_PLAIN", False)],
-            # before session 14: Q's padding rows as copies of the request's first row; the ws kernel's
-            # staged store of 16-bit rows through an fp32 stage
-            "tritree-qdup": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False)],
-            "tritree-stage32": [("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)],
-            # a 64-row last row block where it holds <= 16 real rows (before session 14)
-            "tritree-wide-last": [("tritree.kernels._verify_gluon_ws", "NARROW_LAST_BLOCK", False)],
-            "tritree-s13": [("tritree.kernels._verify_gluon", "Q_ZERO_PAD", False),
-                            ("tritree.kernels._verify_gluon_ws", "STAGE_16BIT", False)]}
-# (session 16's variants tritree-tail*, tritree-pad* ran the switches of commit 1df0a18, since reverted)
-SWITCHES.update({"tritree-ws-O1-narrow": [("tritree.kernels._verify_gluon_ws", "PTXAS_NARROW", "-O1")],
-                 # the narrow launches at triton's default (-O3: the same build every compile; -O1 is not)
-                 "tritree-ws-O3-narrow": [("tritree.kernels._verify_gluon_ws", "PTXAS_NARROW", None)],
-                 "tritree-ws-O1-full": [("tritree.kernels._verify_gluon_ws", "PTXAS_FULL", "-O1")],
-                 # the ws kernel's producer partition (TMA copies) with 32 registers, the consumers then 232
-                 "tritree-ws-preg32": [("tritree.kernels._verify_gluon_ws", "PRODUCER_REGS", 32)],
-                 # a pair's tiles as two 64-row boxes per column block even where they are adjacent (session 16)
-                 "tritree-ws-boxes64": [("tritree.kernels._verify_gluon_ws", "WIDE_COPIES", False)],
-                 # ... one box where adjacent in launches without a narrow block too (session 18: shipped at -O1
-                 # where the rows fill the last block): two boxes there (before session 18), one box at -O3
-                 "tritree-ws-boxes64-full": [("tritree.kernels._verify_gluon_ws", "WIDE_FULL", False)],
-                 "tritree-ws-wide-full-O3": [("tritree.kernels._verify_gluon_ws", "PTXAS_WIDE_FULL", None)],
-                 # the split merge of 16-bit partials: up to 8 splits a chunk (before session 18), and
-                 # 256-column programs with up to 16 or 8
-                 "tritree-merge8": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 8)],
-                 "tritree-merge16-256": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 16),
-                                         ("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
-                 "tritree-merge8-256": [("tritree.kernels._splitkv", "_COMBINE_16BIT_MAX_CHUNK", 8),
-                                        ("tritree.kernels._splitkv", "_COMBINE_16BIT_WIDE", False)],
-                 # the ws pair loop's softmax by triton's cross-warp reductions (before session 18)
-                 "tritree-ws-xwg-off": [("tritree.kernels._verify_gluon_ws", "XWG_SOFTMAX", False)],
-                 # the pair buffers released by a partition barrier and an mbarrier arrival (before session 19)
-                 "tritree-ws-named-off": [("tritree.kernels._verify_gluon_ws", "NAMED_RELEASE", False)],
-                 # the masked tail's tree-mask words loaded after each tile's scores (before session 19)
-                 "tritree-ws-early-mask-off": [("tritree.kernels._verify_gluon_ws", "EARLY_TAIL_MASK", False)],
-                 # the full blocks' masked tiles one at a time by the consumers' copies (before session 20)
-                 "tritree-ws-masked-pairs-off": [("tritree.kernels._verify_gluon_ws", "MASKED_PAIRS", False)],
-                 # the merge by programmatic dependent launch, signalled after each program's partial store
-                 "tritree-pdl-end": [("tritree.kernels._splitkv", "MERGE_PDL", True),
-                                     ("tritree.kernels._verify_gluon_ws", "PDL_AT_END", True)],
-                 # the ws kernel's masked pairs after its full pairs (before session 21)
-                 "tritree-ws-masked-first-off": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", False)],
-                 # the ws kernel's 16-bit partials staged and stored by threads (before session 21)
-                 "tritree-ws-tma-store-off": [("tritree.kernels._verify_gluon_ws", "TMA_STORE", False)],
-                 # the ws split kernel launched plainly (before session 21)
-                 "tritree-split-pdl-off": [("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", False)],
-                 # ... by PDL, but the merge signalling nothing (placed when the merge ends)
-                 "tritree-merge-signals-off": [("tritree.kernels._splitkv", "MERGE_SIGNALS", False)],
-                 # the ws kernel as session 20 shipped it (all four of session 21 off)
-                 "tritree-s20": [("tritree.kernels._verify_gluon_ws", "MASKED_FIRST", False),
-                                 ("tritree.kernels._verify_gluon_ws", "TMA_STORE", False),
-                                 ("tritree.kernels._verify_gluon_ws", "SPLIT_PDL", False),
-                                 ("tritree.kernels._splitkv", "MERGE_SIGNALS", False)]})
-
-
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):
-    if variant in SWITCHES:  # the table's kernels with module switches set
-        import importlib
-
-        settings = [(importlib.import_module(m), name, value) for m, name, value in SWITCHES[variant]]
-        before = [getattr(m, name) for m, name, _ in settings]
-        for m, name, value in settings:
-            setattr(m, name, value)
-        try:
-            return run_case(B, T, H, L, P, "tritree", ceil, config, check, trees, fragmented) | {"variant": variant}
-        finally:
-            for (m, name, _), old in zip(settings, before):
-                setattr(m, name, old)
     fp8 = variant == "tritree-fp8"
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
@@ -257,16 +169,19 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, tr
 
 
 def parse_config(text: str) -> AttnConfig:
-    """``BM,BN,warps,stages[,programs_per_sm[,scalar_page[,tma[,hoist_pages[,split_scores]]]]][,KERNEL]``
-    (KERNEL: a non-numeric last field, e.g. ``gluon``: :class:`AttnConfig` ``kernel``)."""
-    parts = text.split(",")
+    """``BM,BN,warps,stages[,programs_per_sm[,tma[,split_scores]]][,KERNEL]`` (KERNEL: a non-numeric last
+    field, ``gluon`` / ``gluon-ws`` / ``triton``: :class:`AttnConfig` ``kernel``), e.g. ``64,64,8,2,1,1,1,gluon-ws``."""
+    parts = [p.strip() for p in text.split(",")]
     kernel = "triton"
-    if not parts[-1].strip().isdigit():
-        kernel = parts.pop().strip()
+    if not parts[-1].isdigit():
+        kernel = parts.pop()
     v = [int(x) for x in parts]
+    if not 4 <= len(v) <= 7:
+        raise ValueError(f"a verify config is BM,BN,warps,stages[,programs_per_sm[,tma[,split_scores]]][,KERNEL]; "
+                         f"got {text!r}")
     flag = lambda i: bool(v[i]) if len(v) > i else False  # noqa: E731
-    return AttnConfig(*v[:4], programs_per_sm=v[4] if len(v) > 4 else 1, scalar_page=flag(5), tma=flag(6),
-                      hoist_pages=flag(7), split_scores=flag(8), kernel=kernel)
+    return AttnConfig(*v[:4], programs_per_sm=v[4] if len(v) > 4 else 1, tma=flag(5), split_scores=flag(6),
+                      kernel=kernel)
 
 
 def fmt_row(r):
@@ -284,15 +199,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", *SWITCHES, "tritree-sm120", "torch", "flashinfer"],
-                    help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; "
-                         "tritree-<switch>: the table's kernels with one module switch set (SWITCHES); flashinfer: "
+                    choices=["tritree", "tritree-fp8", "tritree-sm120", "torch", "flashinfer"],
+                    help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-sm120: "
+                         "the sm_120 table under mma.sync emulation; torch: the dense PyTorch version; flashinfer: "
                          "FlashInfer's MLA kernel (with --trees chain)")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")
     ap.add_argument("--fragmented", action="store_true",
                     help="pages randomly permuted at every page size (default: at P = 1 only)")
-    ap.add_argument("--configs", default="", help="semicolon-separated BM,BN,warps,stages to try instead of the table")
+    ap.add_argument("--configs", default="",
+                    help="semicolon-separated configs to try instead of the table (parse_config: "
+                         "BM,BN,warps,stages[,programs_per_sm[,tma[,split_scores]]][,KERNEL])")
     ap.add_argument("--filter", default="", help="python expression over B,T,H,L,P selecting cases")
     ap.add_argument("--out", default="verify_sweep.jsonl")
     ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")

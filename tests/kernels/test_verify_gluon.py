@@ -1,66 +1,304 @@
-"""The Hopper Gluon verify kernels (``tritree.kernels._verify_gluon``, ``_verify_gluon_ws``) against the
-float64 reference: bf16 inputs, outputs poisoned with NaN, one split and many, every schedule (plain,
-overlapped, seesaw tile pairs, the warp-specialised seesaw by tiles and by column halves), fp32 and bf16
-partials; token-granular and small-page pools (P = 1, 16: the cp.async gather path, fragmented page
-tables) for the plain and seesaw schedules."""
+"""The Hopper Gluon verify kernels: the plain one (``_verify_gluon_plain``) and the warp-specialised one
+(``_verify_gluon_ws``), launched through ``_verify_gluon_launch``.
+
+On the CPU: the static launch rules (``plan_verify_gluon``: grid, the narrow block's split count, the
+constexprs and launch options of a shape; ``descriptors_for``; which kernel and split count ``verify_mla``
+picks for a shape on an H200). On an sm_90 GPU: the launches ``verify_mla`` makes (pages of 1, 16, 64 and
+128; one split and several; a narrow last row block; masked pairs; wide copies; partials by TMA; row
+gathers) against the float64 reference, bf16, the output, lse and split partials poisoned with NaN before
+the launch and every element checked written."""
 
 import math
 
 import pytest
 import torch
 
-from tritree.kernels import _verify_gluon as VG
-from tritree.kernels import _verify_gluon_ws as VGWS
+from tritree.kernels import _verify_gluon_launch as L
 from tritree.kernels._splitkv import combine_splits, split_destinations
 
 from ..conftest import HAS_GPU
 from .test_verify_mla import SM_SCALE, assert_matches_reference, make_case, poison_unused_slots
 
+H200_SMS = 132
+
 
 def _gluon_ok():
-    return HAS_GPU and VG.GLUON_AVAILABLE and torch.cuda.get_device_capability()[0] == 9
+    return HAS_GPU and L.GLUON_AVAILABLE and torch.cuda.get_device_capability()[0] == 9
 
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _gluon_ok(), reason="needs an sm_90 GPU and triton's Gluon")]
+def sm90(test):
+    """A GPU test that needs an sm_90 GPU and triton's Gluon."""
+    return pytest.mark.gpu(pytest.mark.skipif(not _gluon_ok(), reason="needs an sm_90 GPU and triton's Gluon")(test))
 
 
-VARIANTS = {"plain": dict(overlap=False, seesaw=False), "overlap": dict(overlap=True, seesaw=False),
-            "seesaw": dict(overlap=False, seesaw=True)}
+# ---- static rules (CPU) --------------------------------------------------------------------------
+
+def plan(kernel="gluon-ws", *, T, H, P=64, splits, B=1, sms=H200_SMS, pdl=True, **kw):
+    return L.plan_verify_gluon(kernel=kernel, batch=B, T=T, H=H, page_size=P, num_splits=splits, num_sms=sms,
+                               pdl_capable=pdl, **kw)
 
 
-def run_gluon(case, num_splits, variant, partial_dtype=torch.float32):
-    q = case["q"]
+def cx(launch):
+    return dict(launch.constexprs)
+
+
+def test_plan_narrow_last_row_block():
+    """T=65,H=8 (8 full row blocks and 8 rows) at P=64 with verify_mla's 15 splits on 132 SMs: a 1-D grid of
+    the full blocks' 8 x 15 programs and the narrow block's 12, narrow rows 8, masked pairs, wide copies,
+    partials by TMA, the wait for the prior grid with PDL, ptxas -O1."""
+    g = plan(T=65, H=8, splits=15)
+    assert g.kernel == "gluon-ws" and g.fn is L._verify_gluon_ws_kernel
+    assert g.grid == (8 * 15 + 12, 1, 1) and g.num_splits == 15 and g.narrow_splits == 12
+    c = cx(g)
+    assert c["NARROW_ROWS"] == 8 and c["PAGE_SIZE"] == 64 and not c["SINGLE_SPLIT"]
+    assert c["WIDE_COPIES"] and c["MASKED_PAIRS"] and c["WAIT_PRIOR"] and c["TMA_STORE"]
+    assert c["PRODUCER_WARPS"] == 4 and c["PRODUCER_REGS"] == 24 and c["TIMELINE"] == 0
+    assert (c["BLOCK_M"], c["BLOCK_N"], c["D_LAT"], c["D_PE"]) == (64, 64, 512, 64)
+    assert g.launch_pdl and g.ptx_options == "-O1"
+    assert g.options() == {"num_warps": 8, "launch_pdl": True, "ptx_options": "-O1"}
+    assert g.wide_desc and g.pages_desc and g.partials_desc and not g.tma3d and g.partials_16bit
+    # two requests: the full blocks' programs already fill the SMs, the narrow block gets one split
+    assert plan(T=65, H=8, splits=15, B=2).grid == (8 * 15 + 1, 1, 2)
+    # explicit splits below the SMs' share: the narrow block has as many as the full ones
+    g = plan(T=65, H=8, splits=4)
+    assert g.narrow_splits == 4 and g.grid == (8 * 4 + 4, 1, 1)
+
+
+def test_plan_without_pdl():
+    """A device without programmatic dependent launch: the same launch, no wait and no ``launch_pdl``."""
+    g = plan(T=65, H=8, splits=15, pdl=False)
+    assert not cx(g)["WAIT_PRIOR"] and not g.launch_pdl
+    assert g.options() == {"num_warps": 8, "ptx_options": "-O1"}
+    assert g.grid == (132, 1, 1) and cx(g)["MASKED_PAIRS"] and cx(g)["WIDE_COPIES"]
+
+
+@pytest.mark.parametrize("T,H,rows", [(65, 8, 8), (33, 8, 8), (129, 8, 8), (65, 16, 16), (33, 12, 12)])
+def test_plan_narrow_rows(T, H, rows):
+    """At least 5 row blocks and at most 8 / 16 real rows in the last: narrow (8 / 16 rows)."""
+    g = plan(T=T, H=H, splits=3)
+    blocks = math.ceil(T * H / 64)
+    assert cx(g)["NARROW_ROWS"] == (8 if rows <= 8 else 16)
+    assert g.grid == ((blocks - 1) * 3 + g.narrow_splits, 1, 1) and g.narrow_splits == 3
+    assert cx(g)["MASKED_PAIRS"] and cx(g)["WIDE_COPIES"] and cx(g)["WAIT_PRIOR"] and g.ptx_options == "-O1"
+
+
+def test_plan_part_filled_last_block_is_plain():
+    """T=17,H=8 (two full row blocks and 8 rows: fewer than 5 blocks): no narrow block, a 2-D grid, no masked
+    pairs, no wide copies, no PDL, ptxas' default; partials still by TMA."""
+    for splits in (1, 44):
+        g = plan(T=17, H=8, splits=splits)
+        c = cx(g)
+        assert g.grid == (3, splits, 1) and g.narrow_splits == splits and c["NARROW_ROWS"] == 0
+        assert not c["MASKED_PAIRS"] and not c["WIDE_COPIES"] and not c["WAIT_PRIOR"]
+        assert not g.launch_pdl and g.ptx_options is None and g.options() == {"num_warps": 8}
+        assert not g.wide_desc and not g.pages_desc
+        assert c["TMA_STORE"] == (splits > 1) == g.partials_desc and c["SINGLE_SPLIT"] == (splits == 1)
+
+
+@pytest.mark.parametrize("T,H", [(64, 8), (16, 64), (16, 8), (8, 64)])
+def test_plan_full_row_blocks(T, H):
+    """Rows that fill the last block: no narrow block (a 2-D grid), masked pairs, wide copies, PDL, -O1."""
+    g = plan(T=T, H=H, splits=8, B=2)
+    c = cx(g)
+    assert g.grid == (T * H // 64, 8, 2) and c["NARROW_ROWS"] == 0
+    assert c["MASKED_PAIRS"] and c["WIDE_COPIES"] and c["WAIT_PRIOR"] and g.launch_pdl and g.ptx_options == "-O1"
+    g1 = plan(T=T, H=H, splits=1)
+    assert not cx(g1)["TMA_STORE"] and not g1.partials_desc and cx(g1)["SINGLE_SPLIT"]
+
+
+@pytest.mark.parametrize("P", [1, 16])
+def test_plan_row_gathers(P):
+    """Pages below a tile: the producer gathers rows (40 registers), no masked pairs, no wide copies, ptxas'
+    default; the narrow block, PDL and partials by TMA follow the same rules as over TMA."""
+    for (T, H), narrow, pdl in (((64, 8), 0, True), ((17, 8), 0, False), ((65, 8), 8, True), ((16, 8), 0, True)):
+        g = plan(T=T, H=H, P=P, splits=6)
+        c = cx(g)
+        assert c["PRODUCER_REGS"] == 40 and c["PAGE_SIZE"] == P
+        assert not c["MASKED_PAIRS"] and not c["WIDE_COPIES"] and g.ptx_options is None
+        assert not g.wide_desc and not g.pages_desc
+        assert c["NARROW_ROWS"] == narrow and c["WAIT_PRIOR"] == pdl == g.launch_pdl
+        assert c["TMA_STORE"] and g.partials_desc and g.partials_16bit
+
+
+def test_plan_partials_by_tma_only_into_contiguous_partials():
+    g = plan(T=65, H=8, splits=15, contiguous_partials=False)
+    assert not cx(g)["TMA_STORE"] and not g.partials_desc
+    assert cx(g)["MASKED_PAIRS"] and g.grid == (132, 1, 1)
+
+
+@pytest.mark.parametrize("P", [64, 128])
+def test_plan_plain_kernel_over_tma(P):
+    """The plain kernel (up to 64 rows): grid ``(row blocks, splits, B)``, the 3-D latent box, bf16 partials
+    re-laid out before their store with several splits; no PDL, no ptxas options."""
+    for T, H in ((8, 8), (1, 8), (4, 16), (3, 5)):
+        g1 = plan("gluon", T=T, H=H, P=P, splits=1, B=3)
+        gn = plan("gluon", T=T, H=H, P=P, splits=66, B=3)
+        assert g1.fn is L._verify_gluon_kernel and g1.grid == (1, 1, 3) and gn.grid == (1, 66, 3)
+        assert g1.tma3d and cx(g1)["TMA3D"] and gn.tma3d and g1.partials_16bit and gn.partials_16bit
+        assert not cx(g1)["COALESCED_STORE"] and cx(gn)["COALESCED_STORE"]
+        assert cx(g1)["SINGLE_SPLIT"] and not cx(gn)["SINGLE_SPLIT"] and not cx(gn)["TIMELINE"]
+        for g in (g1, gn):
+            assert not g.launch_pdl and g.ptx_options is None and g.options() == {"num_warps": 8}
+            assert "NARROW_ROWS" not in cx(g) and "WAIT_PRIOR" not in cx(g)
+    assert plan("gluon", T=8, H=16, P=P, splits=4).grid == (2, 4, 1)
+
+
+@pytest.mark.parametrize("P", [1, 16])
+def test_plan_plain_kernel_row_gathers(P):
+    """The plain kernel over pages below a tile (an explicit config: verify_mla's tables send them to the ws
+    kernel): row gathers, fp32 partials, no 3-D box, nothing re-laid out."""
+    g = plan("gluon", T=8, H=8, P=P, splits=8)
+    assert not g.tma3d and not cx(g)["TMA3D"] and not cx(g)["COALESCED_STORE"] and not g.partials_16bit
+    assert plan("gluon", T=8, H=8, P=P, splits=1).partials_16bit  # one split: the bf16 output itself
+
+
+def test_plan_plain_kernel_9_box_fallback(monkeypatch):
+    monkeypatch.setattr(L, "USE_TMA3D", False)
+    g = plan("gluon", T=8, H=8, splits=2)
+    assert not g.tma3d and not cx(g)["TMA3D"] and cx(g)["COALESCED_STORE"]
+
+
+def test_plan_rejects():
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        plan("gluon-seesaw", T=8, H=8, splits=1)
+    with pytest.raises(ValueError, match="num_splits"):
+        plan(T=8, H=8, splits=0)
+    with pytest.raises(TypeError, match="16-bit"):
+        plan(T=65, H=8, splits=4, partials_dtype=torch.float32)
+    # one split writes the bf16 output, whatever the partials' dtype
+    assert plan(T=65, H=8, splits=1, partials_dtype=torch.float32).partials_16bit
+
+
+def test_partials_narrow_for():
+    """16-bit split partials for the ws kernel at every page size and the plain one over TMA; fp32 else."""
+    for P in (1, 16, 64, 128):
+        assert L.partials_narrow_for("gluon-ws", P) is True
+    assert L.partials_narrow_for("gluon", 64) is True and L.partials_narrow_for("gluon", 128) is True
+    for kernel, P in (("gluon", 1), ("gluon", 16), ("triton", 64)):
+        assert L.partials_narrow_for(kernel, P) is None
+
+
+def test_narrow_rows_and_splits():
+    assert [L.narrow_rows(r) for r in (64, 72, 136, 264, 520, 1040, 396, 152, 512, 1032)] == [0, 0, 0, 8, 8, 16, 16,
+                                                                                              0, 0, 8]
+    assert L.choose_narrow_num_splits(batch=1, row_blocks=9, max_keys=46_080, block_n=64, sms=132) == 15
+    assert L.narrow_splits_for(15, 1, 9, 132) == 12
+
+
+def test_descriptors_for():
+    """Which TMA descriptors a launch takes (an unused slot holds the 64-row one)."""
+    kv = torch.zeros(10, 64, 576, dtype=torch.bfloat16)
+    dst = torch.zeros(1, 15, 520, 512, dtype=torch.bfloat16)
+    d = L.descriptors_for(plan(T=65, H=8, splits=15), kv, dst)
+    assert [x.block_shape for x in d] == [[64, 64], [128, 64], [1, 64, 64], [1, 64, 64]]
+    assert d[2].shape == [10, 64, 576] and d[3].shape == [15, 520, 512]
+    with pytest.raises(ValueError, match="dst_o"):
+        L.descriptors_for(plan(T=65, H=8, splits=15), kv)
+    d = L.descriptors_for(plan(T=17, H=8, splits=1), kv)
+    assert len(d) == 4 and all(x is d[0] for x in d) and d[0].block_shape == [64, 64]
+    d = L.descriptors_for(plan("gluon", T=8, H=8, splits=1), kv)
+    assert [x.block_shape for x in d] == [[64, 64], [8, 64, 64]] and d[1].shape == [9, 640, 64]
+    kv1 = torch.zeros(10, 16, 576, dtype=torch.bfloat16)  # row gathers: slot 0 of each page, never read
+    d = L.descriptors_for(plan(T=64, H=8, P=16, splits=1), kv1)
+    assert d[0].shape == [10, 576] and all(x is d[0] for x in d)
+
+
+def test_page_size_check():
+    """Page sizes the kernels take: powers of two below 64 (gathers) and multiples of 64 (TMA)."""
+    if not L.GLUON_AVAILABLE:
+        pytest.skip("no Gluon")
+    q = torch.zeros(1, 1, 1, 576, dtype=torch.bfloat16)
+    for P in (1, 2, 4, 8, 16, 32, 64, 128):
+        L._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1)
+    for P in (3, 48, 96):
+        with pytest.raises(ValueError):
+            L._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1)
+    with pytest.raises(TypeError):
+        L._check(q.half(), torch.zeros(4, 64, 576, dtype=torch.bfloat16), 1)
+
+
+def h200_launch(monkeypatch, *, B=1, T, H, P, L_keys=46_000):
+    """``verify_mla``'s launch decision (``plan_launch``) for bf16 inputs on an H200 (sm_90, 132 SMs)."""
+    import importlib
+
+    if not L.GLUON_AVAILABLE:
+        pytest.skip(f"this triton has no Gluon: {L._IMPORT_ERROR!r}")
+    vm = importlib.import_module("tritree.kernels.verify_mla")
+    monkeypatch.setenv("TRITREE_ARCH", "sm_90")
+    monkeypatch.setattr(vm, "num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    max_pages = (L_keys + T + P - 1) // P + 1
+    return vm.plan_launch(device=torch.device("cuda"), q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, batch=B, T=T,
+                          H=H, head_dim=576, page_size=P, max_pages=max_pages, gluon_layout=True, tma_layout=True)
+
+
+@pytest.mark.parametrize("B,T,H,P,route,splits,grid", [
+    (1, 65, 8, 64, "gluon-ws", 15, (8 * 15 + 12, 1, 1)),   # narrow: the SMs the full blocks leave
+    (1, 65, 8, 1, "gluon-ws", 15, (8 * 15 + 12, 1, 1)),
+    (2, 65, 8, 64, "gluon-ws", 7, (8 * 7 + 7, 1, 2)),
+    (4, 65, 8, 64, "gluon-ws", 3, (8 * 3 + 3, 1, 4)),
+    (1, 65, 16, 64, "gluon-ws", 7, (16 * 7 + 7, 1, 1)),
+    (1, 33, 8, 64, "gluon-ws", 27, (4 * 27 + 24, 1, 1)),
+    (1, 64, 8, 64, "gluon-ws", 16, (8, 16, 1)),
+    (1, 16, 64, 64, "gluon-ws", 8, (16, 8, 1)),
+    (1, 17, 8, 64, "gluon-ws", 44, (3, 44, 1)),
+    (1, 8, 8, 16, "gluon-ws", 132, (1, 132, 1)),          # small pages above 16 rows: the ws kernel
+    (1, 3, 8, 1, "gluon-ws", 132, (1, 132, 1)),
+    (1, 8, 8, 64, "gluon", 132, (1, 132, 1)),             # up to 64 rows over TMA: the plain kernel
+    (1, 8, 8, 128, "gluon", 132, (1, 132, 1)),
+    (1, 1, 8, 64, "triton", 132, None),                   # up to 16 rows: Triton
+    (1, 2, 8, 1, "triton", 132, None),
+])
+def test_verify_mla_launches_on_h200(B, T, H, P, route, splits, grid, monkeypatch):
+    """The kernel, split count and grid verify_mla runs for a shape on an H200 (132 SMs, 46,000 prefix
+    keys): one wave of programs; a narrow last row block's programs fill the SMs the full blocks leave."""
+    launch = h200_launch(monkeypatch, B=B, T=T, H=H, P=P)
+    assert (launch.route, launch.num_splits) == (route, splits)
+    if grid is not None:
+        assert launch.partials_dtype == torch.bfloat16
+        g = plan(route, B=B, T=T, H=H, P=P, splits=splits, partials_dtype=launch.partials_dtype)
+        assert g.grid == grid and g.grid[0] * g.grid[1] <= H200_SMS // B
+
+
+# ---- GPU: the kernels against the reference -----------------------------------------------------
+
+def run_kernel(case, kernel, num_splits, *, contiguous_partials=True):
+    """``out, lse`` of one launch of ``kernel`` (``"gluon"``: ``launch_verify_gluon``; ``"gluon-ws"``:
+    ``launch_verify_gluon_ws``) into verify_mla's destinations (``split_destinations`` with the partials'
+    dtype of ``partials_narrow_for``), then the merge. Output, lse and partials poisoned with NaN first;
+    every partial row of every split checked written. ``contiguous_partials=False``: the partials as a
+    strided view (the staged store instead of TMA boxes)."""
+    q, kv = case["q"], case["kv"]
     B, T, H, _ = q.shape
+    rows = T * H
     out = torch.full((B, T, H, 512), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((B, T, H), float("nan"), dtype=torch.float32, device=q.device)
     tree_lens = case["tree_lens"]
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H)
-    if num_splits > 1:  # partials poisoned too: every (split, row) must be written
-        if dst_o.dtype != partial_dtype:
-            dst_o = torch.empty_like(dst_o, dtype=partial_dtype)
+    narrow = L.partials_narrow_for(kernel, kv.shape[1])
+    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, rows, narrow)
+    if num_splits > 1:
+        if not contiguous_partials:
+            dst_o = torch.empty(B, num_splits, rows, 1024, dtype=dst_o.dtype, device=q.device)[..., :512]
             o_strides = (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1))
         dst_o.fill_(float("nan"))
         dst_l.fill_(float("nan"))
-    args = (q, case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
-            l_strides, SM_SCALE, num_splits)
-    if variant in ("ws", "wscs", "wscs-nopf"):
-        VGWS.launch_verify_gluon_ws(*args, colsplit=variant != "ws", l2_prefetch=variant != "wscs-nopf")
-    else:
-        VG.launch_verify_gluon(*args, **VARIANTS[variant])
+        assert dst_o.dtype == (q.dtype if narrow else torch.float32)
+    launch = L.launch_verify_gluon_ws if kernel == "gluon-ws" else L.launch_verify_gluon
+    launch(q, kv, case["page_table"], case["kv_lens"], case["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
+           l_strides, SM_SCALE, num_splits)
     if num_splits > 1:
-        rows = T * H
-        assert not torch.isnan(dst_o[:, :, :rows]).any(), "some partial outputs were not written"
-        assert not torch.isnan(dst_l[:, :, :rows]).any(), "some partial lse were not written"
-        combine_splits(dst_o.float(), dst_l, out, lse)
+        torch.cuda.synchronize()
+        assert not torch.isnan(dst_o).any(), "some partial outputs were not written"
+        assert not torch.isnan(dst_l).any(), "some partial lse were not written"
+        combine_splits(dst_o, dst_l, out, lse)
     torch.cuda.synchronize()
     return out, lse
 
 
-def check(case, num_splits, variant, partial_dtype=torch.float32):
-    out, lse = run_gluon(case, num_splits, variant, partial_dtype)
+def check(case, kernel, num_splits, **kw):
+    out, lse = run_kernel(case, kernel, num_splits, **kw)
     assert_matches_reference(case, out, lse, torch.bfloat16)
 
 
@@ -69,9 +307,10 @@ def _splits_for(case, many):
         return 1
     P = case["kv"].shape[1]
     n = int(case["kv_lens"].max()) + case["q"].shape[1]
-    return max(2, min(64, math.ceil(n / (4 * P))))
+    return max(2, min(64, math.ceil(n / (4 * max(P, 64)))))
 
 
+KERNELS = ["gluon", "gluon-ws"]
 CASES = [
     # (B, T, H, P, kv_lens, tree_lens, kinds)
     (1, 8, 8, 64, [46_000], None, ("random",)),
@@ -86,125 +325,178 @@ CASES = [
     (2, 12, 5, 128, [3 * 128 + 64, 2 * 128], None, ("chain", "random")),  # P = 128, odd / even tiles
 ]
 
-# The warp-specialised seesaw (``_verify_gluon_ws``, TMA pools): "wscs" = O += P V by column halves (what
-# verify_mla runs above 64 rows), "wscs-nopf" = the same without the L2 prefetch (65..256 rows until
-# session 11), "ws" = by tiles.
-VARIANT_IDS = list(VARIANTS) + ["ws", "wscs", "wscs-nopf"]
+# The ws kernel's launches with a narrow last row block, full row blocks (masked pairs, wide copies) and a
+# part-filled one, two requests (the second's tree shorter), at the page sizes verify_mla sends it.
+WS_SHAPES = [
+    # (T, H, P, kv_lens)
+    (65, 8, 64, [46_000 + 45, 700 + 64 - 65]),   # the engine's budget-64 shape: narrow 8 rows
+    (33, 8, 64, [20_000 + 3, 1_000]),            # 5 row blocks, narrow 8
+    (65, 16, 64, [20_000 + 45, 3_000 + 7]),      # narrow 16
+    (129, 8, 64, [8_000 + 63, 64]),              # 17 row blocks, narrow 8
+    (64, 8, 64, [30_000 + 45, 3_000 + 7]),       # full row blocks
+    (16, 64, 64, [30_000 + 45, 130]),            # full, 64 heads
+    (17, 8, 64, [20_000 + 3, 3_000 + 7]),        # part-filled, not narrow
+    (65, 8, 128, [30_000 + 100, 1_000 + 64]),    # P = 128, narrow
+    (16, 8, 128, [10_000 + 48, 256]),            # P = 128, full: the last tile at slot 64 of a page
+    (65, 8, 1, [20_000 + 45, 700]),              # row gathers, narrow
+    (19, 8, 1, [20_000 + 45, 70]),               # row gathers, part-filled
+    (64, 8, 16, [20_000 + 5, 1_000 + 3]),        # row gathers, full
+]
 
 
-@pytest.mark.parametrize("variant", VARIANT_IDS)
+@sm90
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("many", [False, True], ids=["splits1", "splitsN"])
 @pytest.mark.parametrize("c", CASES, ids=lambda c: f"B{c[0]}T{c[1]}H{c[2]}P{c[3]}L{c[4][0]}")
-def test_gluon_matches_reference(c, many, variant):
+def test_gluon_matches_reference(c, many, kernel):
     B, T, H, P, kv_lens, tree_lens, kinds = c
     case = make_case(B, T, H, P, kv_lens, tree_lens, kinds, torch.bfloat16, seed=sum(kv_lens) + T * H)
-    check(case, _splits_for(case, many), variant)
+    check(case, kernel, _splits_for(case, many))
 
 
-@pytest.mark.parametrize("variant", VARIANT_IDS)
+@sm90
+@pytest.mark.parametrize("T,H,P,kv_lens", WS_SHAPES, ids=lambda v: str(v) if not isinstance(v, list) else f"L{v[0]}")
+def test_ws_launches_of_verify_mla(T, H, P, kv_lens):
+    """The ws kernel at verify_mla's split count for the shape on this GPU (the narrow block's own count
+    where it has one), one split, and a few more splits than programs fit (the narrow block's surplus
+    slots written empty), with the unused pool slots NaN."""
+    import importlib
+
+    vm = importlib.import_module("tritree.kernels.verify_mla")
+    case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
+                                         seed=T + H + P))
+    q, kv, pt = case["q"], case["kv"], case["page_table"]
+    launch = vm.plan_launch(device=q.device, q_dtype=q.dtype, kv_dtype=kv.dtype, batch=2, T=T, H=H, head_dim=576,
+                            page_size=P, max_pages=pt.shape[1], gluon_layout=True, tma_layout=True)
+    assert launch.route == "gluon-ws"
+    for splits in sorted({launch.num_splits, 1, 9}):
+        check(case, "gluon-ws", splits)
+
+
+@sm90
+@pytest.mark.parametrize("T,H,P", [(65, 8, 64), (64, 8, 64), (17, 8, 64), (65, 8, 1)])
+def test_ws_partials_staged_into_strided_partials(T, H, P):
+    """Partials that are not one contiguous ``[B, splits, rows, 512]`` tensor: stored by the threads from the
+    staged rows instead of TMA boxes."""
+    case = poison_unused_slots(make_case(2, T, H, P, [20_000 + 45, 1_000 + 5], [T, T // 2 + 1], ("random", "chain"),
+                                         torch.bfloat16, seed=T + P + 1))
+    check(case, "gluon-ws", 8, contiguous_partials=False)
+
+
+@sm90
+@pytest.mark.parametrize("kernel,T,H", [("gluon", 8, 8), ("gluon-ws", 8, 8), ("gluon-ws", 64, 8),
+                                        ("gluon-ws", 65, 8)])
 @pytest.mark.parametrize("num_splits", [2, 3, 5])
-def test_gluon_split_parities(num_splits, variant):
-    """Chunks with odd and even tile counts (and a remainder) in one launch."""
-    case = make_case(1, 8, 8, 64, [21 * 64 + 17], None, ("random",), torch.bfloat16, seed=num_splits)
-    check(case, num_splits, variant)
+def test_gluon_split_parities(num_splits, kernel, T, H):
+    """Chunks with odd and even tile counts (and a remainder) in one launch; the ws kernel's masked pairs
+    (full blocks, narrow block) of one, two and more tiles."""
+    case = make_case(1, T, H, 64, [21 * 64 + 17], None, ("random",), torch.bfloat16, seed=num_splits + T)
+    check(case, kernel, num_splits)
 
 
-@pytest.mark.parametrize("variant", VARIANT_IDS)
-def test_gluon_never_reads_garbage_outside_the_request(variant):
-    """NaN in every pool slot no request uses: TMA reads whole tiles only inside the committed prefix,
-    the tail is masked."""
-    case = poison_unused_slots(make_case(2, 19, 8, 64, [3_000 + 37, 1_000 + 5], [19, 11], ("random", "chain"),
-                                         torch.bfloat16, seed=5))
-    check(case, 3, variant)
-    check(case, 1, variant)
+@sm90
+@pytest.mark.parametrize("kernel,T", [("gluon", 19), ("gluon-ws", 19), ("gluon-ws", 64), ("gluon-ws", 65)])
+def test_gluon_never_reads_garbage_outside_the_request(kernel, T):
+    """NaN in every pool slot no request uses: TMA reads whole tiles only inside the committed prefix (a
+    masked pair's tile moved back from the request's end), the tail is masked."""
+    case = poison_unused_slots(make_case(2, T, 8, 64, [3_000 + 37, 1_000 + 5], [T, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=5 + T))
+    check(case, kernel, 3)
+    check(case, kernel, 1)
 
 
-@pytest.mark.parametrize("variant", VARIANT_IDS)
+@sm90
+@pytest.mark.parametrize("kernel,T", [("gluon", 8), ("gluon-ws", 8), ("gluon-ws", 65)])
 @pytest.mark.parametrize("num_splits", [7, 200])
-def test_gluon_many_splits_with_empty_chunks(num_splits, variant):
+def test_gluon_many_splits_with_empty_chunks(num_splits, kernel, T):
     """More splits than pages: some programs get empty key ranges (m = -inf, l = 0)."""
-    case = make_case(1, 8, 8, 64, [500], None, ("random",), torch.bfloat16, seed=num_splits)
-    check(case, num_splits, variant)
+    case = make_case(1, T, 8, 64, [500], None, ("random",), torch.bfloat16, seed=num_splits + T)
+    check(case, kernel, num_splits)
 
 
-@pytest.mark.parametrize("variant", VARIANT_IDS)
-def test_gluon_bf16_partials(variant):
-    """Partials stored in bf16 (the kernel casts ``o / l`` to the destination's type; lse stays fp32)."""
-    case = make_case(2, 19, 8, 64, [3_000, 1_000], [19, 11], ("random", "chain"), torch.bfloat16, seed=11)
-    check(case, 4, variant, partial_dtype=torch.bfloat16)
-
-
-@pytest.mark.parametrize("variant", VARIANT_IDS)
-def test_gluon_9_box_fallback(variant, monkeypatch):
-    """The 9-boxes-per-tile TMA path (used if the driver refuses the 3-D descriptor) stays correct."""
-    monkeypatch.setattr(VG, "USE_TMA3D", False)
+@sm90
+def test_gluon_9_box_fallback(monkeypatch):
+    """The plain kernel's 9-boxes-per-tile TMA path (used if the driver refuses the 3-D descriptor)."""
+    monkeypatch.setattr(L, "USE_TMA3D", False)
     case = make_case(1, 8, 8, 64, [5 * 64 + 10], None, ("random",), torch.bfloat16, seed=3)
-    check(case, 1, variant)
-    check(case, 2, variant)
+    check(case, "gluon", 1)
+    check(case, "gluon", 2)
 
 
-# ---- gather path: P < 64 (cp.async row gathers instead of TMA), plain and seesaw -------------------
-# "wscs" on pages below a tile: the producer partition gathers the rows (what verify_mla runs there).
-GATHER_VARIANTS = ["plain", "seesaw", "wscs"]
+@sm90
+@pytest.mark.parametrize("T,H,P,layout", [(65, 8, 64, "contiguous"), (65, 8, 64, "mixed"), (129, 8, 64, "mixed"),
+                                          (65, 16, 64, "contiguous"), (33, 8, 128, "fragmented"),
+                                          (16, 8, 64, "mixed"), (16, 64, 64, "contiguous")])
+def test_ws_wide_copies_over_page_layouts(T, H, P, layout):
+    """Wide copies (a pair's two tiles as one 128-row box a column block where they are consecutive pool
+    rows: adjacent pages, or one page of 128; two boxes elsewhere) over contiguous, mixed (adjacent runs
+    broken by swapped pages) and fragmented page tables, unused pool slots NaN."""
+    assert cx(plan(T=T, H=H, P=P, splits=4))["WIDE_COPIES"]
+    case = make_case(2, T, H, P, [30_000 + 45, 3_000 + 7], [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
+                     seed=T + H + P, fragmented=layout == "fragmented")
+    if layout == "mixed":  # swap page pairs: some tile pairs straddle a break in the run, some do not
+        pt = case["page_table"]
+        for b, (i, j) in enumerate([(5, 300), (40, 2)]):
+            pt[b, i], pt[b, j] = pt[b, j].clone(), pt[b, i].clone()
+    case = poison_unused_slots(case)
+    check(case, "gluon-ws", 8)
+    check(case, "gluon-ws", 1)
+
+
+# ---- gather path: P < 64 (cp.async row gathers instead of TMA) ---------------------------------------
 GATHER_PAGE_SIZES = [1, 16]
 
 
+@sm90
 @pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
-@pytest.mark.parametrize("variant", GATHER_VARIANTS)
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("many", [False, True], ids=["splits1", "splitsN"])
 @pytest.mark.parametrize("c", CASES, ids=lambda c: f"B{c[0]}T{c[1]}H{c[2]}L{c[4][0]}")
-def test_gluon_gather_matches_reference(c, many, variant, P):
+def test_gluon_gather_matches_reference(c, many, kernel, P):
     """The cases above with a fragmented pool of page size P (the case's own P ignored)."""
     B, T, H, _, kv_lens, tree_lens, kinds = c
     case = make_case(B, T, H, P, kv_lens, tree_lens, kinds, torch.bfloat16, seed=sum(kv_lens) + T * H + P,
                      fragmented=True)
-    check(case, _splits_for(case, many), variant)
+    check(case, kernel, _splits_for(case, many))
 
 
+@sm90
 @pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
-@pytest.mark.parametrize("variant", GATHER_VARIANTS)
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("num_splits", [2, 3, 5])
-def test_gluon_gather_split_parities(num_splits, variant, P):
+def test_gluon_gather_split_parities(num_splits, kernel, P):
     """Tile-aligned chunks with odd and even tile counts (and a remainder) in one launch."""
     case = make_case(1, 8, 8, P, [21 * 64 + 17], None, ("random",), torch.bfloat16, seed=num_splits + P)
-    check(case, num_splits, variant)
+    check(case, kernel, num_splits)
 
 
+@sm90
 @pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
-@pytest.mark.parametrize("variant", GATHER_VARIANTS)
-def test_gluon_gather_never_reads_garbage_outside_the_request(variant, P):
+@pytest.mark.parametrize("kernel,T", [("gluon", 19), ("gluon-ws", 19), ("gluon-ws", 65)])
+def test_gluon_gather_never_reads_garbage_outside_the_request(kernel, T, P):
     """NaN in every pool slot no request uses: full tiles gather only committed-prefix rows."""
-    case = poison_unused_slots(make_case(2, 19, 8, P, [3_000 + 37, 1_000 + 5], [19, 11], ("random", "chain"),
-                                         torch.bfloat16, seed=5 + P))
-    check(case, 3, variant)
-    check(case, 1, variant)
+    case = poison_unused_slots(make_case(2, T, 8, P, [3_000 + 37, 1_000 + 5], [T, 11], ("random", "chain"),
+                                         torch.bfloat16, seed=5 + P + T))
+    check(case, kernel, 3)
+    check(case, kernel, 1)
 
 
+@sm90
 @pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
-@pytest.mark.parametrize("variant", GATHER_VARIANTS)
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("num_splits", [7, 200])
-def test_gluon_gather_many_splits_with_empty_chunks(num_splits, variant, P):
+def test_gluon_gather_many_splits_with_empty_chunks(num_splits, kernel, P):
     """More splits than tiles: some programs get empty key ranges (m = -inf, l = 0)."""
     case = make_case(1, 8, 8, P, [500], None, ("random",), torch.bfloat16, seed=num_splits + P)
-    check(case, num_splits, variant)
+    check(case, kernel, num_splits)
 
 
-@pytest.mark.parametrize("P", GATHER_PAGE_SIZES)
-def test_gluon_gather_bf16_partials_and_overlap_fallback(P):
-    """bf16 partials on the gather path; ``overlap=True`` falls back to the plain schedule there."""
-    case = make_case(2, 19, 8, P, [3_000, 1_000], [19, 11], ("random", "chain"), torch.bfloat16, seed=11 + P)
-    check(case, 4, "seesaw", partial_dtype=torch.bfloat16)
-    check(case, 4, "overlap")
-    check(case, 1, "overlap")
-
-
-def test_gluon_gather_page_size_check():
-    """Page sizes the kernel takes: powers of two below 64 (gather) and multiples of 64 (TMA)."""
-    if not VG.GLUON_AVAILABLE:
-        pytest.skip("no Gluon")
-    q = torch.zeros(1, 1, 1, 576, dtype=torch.bfloat16)
-    for P in (1, 2, 4, 8, 16, 32, 64, 128):
-        VG._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1)
-    for P in (3, 48, 96):
-        with pytest.raises(ValueError):
-            VG._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1)
+@sm90
+def test_verify_gluon_wrapper():
+    """``verify_gluon(kernel=...)``: the plan, the launch and the merge, as verify_mla would run them."""
+    case = make_case(2, 65, 8, 64, [5_000 + 45, 700], [65, 33], ("random", "chain"), torch.bfloat16, seed=9)
+    for kernel, splits in (("gluon-ws", 15), ("gluon-ws", 1), ("gluon", 4)):
+        out, lse = L.verify_gluon(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
+                                  sm_scale=SM_SCALE, kernel=kernel, tree_lens=case["tree_lens"], num_splits=splits)
+        torch.cuda.synchronize()
+        assert_matches_reference(case, out, lse, torch.bfloat16)

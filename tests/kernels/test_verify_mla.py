@@ -186,22 +186,22 @@ def test_default_config_and_splits():
     check_against_reference(case, torch.float16)
 
 
-def test_narrow_last_row_block_split_counts(monkeypatch):
+def test_narrow_last_row_block_split_counts():
     """Which launches get a narrow last row block and how the programs are shared (132 SMs): T=65,H=8
     (8 full blocks and 8 rows) 8 x 15 full programs and 12 narrow ones, not 9 x 14; the narrow block never
-    has more splits than the full ones, nor fewer than one; the switch turns it off."""
-    from tritree.kernels import _verify_gluon_ws as vgws
+    has more splits than the full ones, nor fewer than one."""
+    from tritree.kernels import _verify_gluon_launch as GL
 
     # (at least NARROW_MIN_BLOCKS = 5 row blocks: not T=9 or T=17 with H=8)
-    assert [vgws.narrow_rows(r) for r in (64, 72, 136, 264, 520, 1040, 396, 152, 512)] == [0, 0, 0, 8, 8, 16, 16, 0, 0]
+    assert [GL.narrow_rows(r) for r in (64, 72, 136, 264, 520, 1040, 396, 152, 512)] == [0, 0, 0, 8, 8, 16, 16, 0, 0]
     kw = dict(max_keys=46_080, block_n=64, sms=132)
-    assert vgws.choose_narrow_num_splits(batch=1, row_blocks=9, **kw) == 15
-    assert vgws.narrow_splits_for(15, 1, 9, 132) == 12
-    assert vgws.narrow_splits_for(14, 1, 9, 132) == 14  # explicit splits: at most as many as the full blocks
-    assert vgws.choose_narrow_num_splits(batch=1, row_blocks=3, **kw) == 48
-    assert vgws.narrow_splits_for(48, 1, 3, 132) == 36
-    assert vgws.narrow_splits_for(40, 4, 9, 132) == 1  # no SM left: one split
-    assert vgws.choose_narrow_num_splits(batch=1, row_blocks=9, max_keys=512, block_n=64, sms=132) == 2
+    assert GL.choose_narrow_num_splits(batch=1, row_blocks=9, **kw) == 15
+    assert GL.narrow_splits_for(15, 1, 9, 132) == 12
+    assert GL.narrow_splits_for(14, 1, 9, 132) == 14  # explicit splits: at most as many as the full blocks
+    assert GL.choose_narrow_num_splits(batch=1, row_blocks=3, **kw) == 48
+    assert GL.narrow_splits_for(48, 1, 3, 132) == 36
+    assert GL.narrow_splits_for(40, 4, 9, 132) == 1  # no SM left: one split
+    assert GL.choose_narrow_num_splits(batch=1, row_blocks=9, max_keys=512, block_n=64, sms=132) == 2
     # verify_mla's choice, as torch.compile traces it (fullgraph: no graph break)
     from tritree.kernels.verify_mla import _narrow_num_splits
 
@@ -211,29 +211,6 @@ def test_narrow_last_row_block_split_counts(monkeypatch):
     traced = torch.compile(lambda x: x + _narrow_num_splits(cfg, 520, args), fullgraph=True)(torch.zeros(1))
     assert traced.item() == 15 and _narrow_num_splits(cfg, 512, args) is None
     assert _narrow_num_splits(AttnConfig(64, 64, 8, 2, kernel="gluon"), 520, args) is None
-    monkeypatch.setattr(vgws, "NARROW_LAST_BLOCK", False)
-    assert vgws.narrow_rows(520) == 0
-
-
-def test_which_launches_copy_wide(monkeypatch):
-    """``copies_wide``: a pair's adjacent tiles as one box a column block with a narrow last row block
-    (T=65,H=8) and without one where the rows fill the last block (T=16,H=8, T=64,H=8, T=16,H=64), not
-    where the last block is part-filled without being narrow (T=17,H=8) nor for row gathers or by tiles;
-    the switches turn it off, and the ptxas options follow (-O1 for the one-box launches)."""
-    from tritree.kernels import _verify_gluon_ws as vgws
-
-    monkeypatch.setattr(vgws, "WIDE_COPIES", True)
-    monkeypatch.setattr(vgws, "WIDE_FULL", True)
-    wide = lambda rows, colsplit=True, gather=False: vgws.copies_wide(rows, vgws.narrow_rows(rows), colsplit, gather)
-    assert [wide(r) for r in (520, 128, 512, 1024, 136, 192, 1040, 264)] == [True, True, True, True, False, True,
-                                                                           True, True]
-    assert not wide(512, gather=True) and not wide(520, colsplit=False)
-    assert vgws._ptx_options(False, False, True) == {"ptx_options": vgws.PTXAS_WIDE_FULL}
-    assert vgws._ptx_options(False, True, True) == {}  # row gathers: triton's default
-    monkeypatch.setattr(vgws, "WIDE_FULL", False)
-    assert wide(520) and not wide(512)
-    monkeypatch.setattr(vgws, "WIDE_COPIES", False)
-    assert not wide(520)
 
 
 def test_one_node_trees_all_padding_and_mixed():
@@ -253,56 +230,33 @@ def test_functional_and_out_forms_agree():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_16bit_split_partials(dtype, monkeypatch):
-    """``PARTIALS_16BIT``: the split partials in the output's 16-bit dtype (one more rounding of each
-    normalised partial row) stay within the dtype's tolerance, padding rows zero, every element written;
-    fp32 outputs keep fp32 partials."""
+def test_16bit_split_partials(dtype):
+    """Split partials in the output's 16-bit dtype (``split_destinations(..., narrow=True)``, what the Gluon
+    kernels write; one more rounding of each normalised partial row): merged, within the dtype's tolerance
+    of the fp32 partials' merge, padding rows and empty splits included; fp32 outputs and ``narrow=False``
+    keep fp32 partials. And verify_mla with 16-bit outputs and splits against the reference."""
     import tritree.kernels._splitkv as splitkv
 
-    monkeypatch.setattr(splitkv, "PARTIALS_16BIT", True)
     case = make_case(2, 9, 3, 16, [130, 47], [9, 4], ("random", "chain"), dtype, seed=17)
     check_against_reference(case, dtype, config=SMALL, num_splits=3)
     out = torch.empty(2, 9, 3, 512, dtype=dtype)
-    assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 3, 27)[0].dtype == dtype
-    assert splitkv.split_destinations(out.float(), torch.empty(2, 9, 3), 3, 27)[0].dtype == torch.float32
-    assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 3, 27, narrow=False)[0].dtype == torch.float32
+    assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 3, 27, narrow=True)[0].dtype == dtype
+    assert splitkv.split_destinations(out.float(), torch.empty(2, 9, 3), 3, 27, narrow=True)[0].dtype == torch.float32
+    assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 3, 27)[0].dtype == torch.float32
+    assert splitkv.split_destinations(out, torch.empty(2, 9, 3), 1, 27, narrow=True)[0] is out
 
-
-def test_16bit_partials_policy(monkeypatch):
-    """Shipped: bf16 partials for the warp-specialised kernel over TMA with its L2 prefetch and over row
-    gathers (both behind its staged store) and for the plain schedule over TMA (re-laid out), fp32
-    without the prefetch, for the other schedules and the plain one's row gathers;
-    ``PARTIALS_16BIT_WS`` off restores fp32 everywhere, ``PARTIALS_16BIT_GATHER`` off for row gathers."""
-    import tritree.kernels._verify_gluon_ws as vgws
-
-    assert vgws.PARTIALS_16BIT_WS or os.environ.get("TRITREE_PARTIALS_16BIT_WS") == "0"
-    assert vgws.PARTIALS_16BIT_GATHER or os.environ.get("TRITREE_PARTIALS_16BIT_GATHER") == "0"
-    monkeypatch.setattr(vgws, "PARTIALS_16BIT_WS", True)
-    monkeypatch.setattr(vgws, "PARTIALS_16BIT_GATHER", True)
-    monkeypatch.setattr(vgws, "COALESCED_STORE_GATHER", True)
-    assert vgws.narrow_partials(l2_prefetch=True, gather=False)
-    assert vgws.narrow_partials(l2_prefetch=True, gather=True)
-    assert not vgws.narrow_partials(l2_prefetch=False, gather=False)
-    assert vgws.coalesced_store(l2_prefetch=True, gather=True)
-    for P in (1, 16, 64, 128):
-        assert vgws.partials_narrow_for("gluon-ws", P) is True
-    for kernel, P in (("gluon-ws-noprefetch", 64), ("gluon", 1), ("gluon", 16), ("gluon-seesaw", 64),
-                      ("gluon-overlap", 64), ("triton", 64)):
-        assert vgws.partials_narrow_for(kernel, P) is None
-    import tritree.kernels._verify_gluon as vg  # the plain schedule over TMA: bf16, re-laid out
-
-    monkeypatch.setattr(vg, "PARTIALS_16BIT_PLAIN", True)
-    assert vgws.partials_narrow_for("gluon", 64) is True and vgws.partials_narrow_for("gluon", 128) is True
-    monkeypatch.setattr(vg, "PARTIALS_16BIT_PLAIN", False)
-    assert vgws.partials_narrow_for("gluon", 64) is None
-    monkeypatch.setattr(vgws, "PARTIALS_16BIT_GATHER", False)
-    assert not vgws.narrow_partials(l2_prefetch=True, gather=True)
-    assert vgws.partials_narrow_for("gluon-ws", 1) is None and vgws.partials_narrow_for("gluon-ws", 64) is True
-    monkeypatch.setattr(vgws, "PARTIALS_16BIT_GATHER", True)
-    monkeypatch.setattr(vgws, "PARTIALS_16BIT_WS", False)
-    assert not vgws.narrow_partials(l2_prefetch=True, gather=False)
-    assert not vgws.narrow_partials(l2_prefetch=True, gather=True)
-    assert vgws.partials_narrow_for("gluon-ws", 64) is None and vgws.partials_narrow_for("gluon-ws", 1) is None
+    g = torch.Generator().manual_seed(5)
+    part_o = torch.randn(2, 3, 27, 512, generator=g).to(DEVICE)
+    part_l = (torch.randn(2, 3, 27, generator=g) * 4).to(DEVICE)
+    part_l[0, 1] = float("-inf")  # an empty split
+    part_o[0, 1] = 0
+    ref_o, ref_l = torch.empty(2, 9, 3, 512, device=DEVICE), torch.empty(2, 9, 3, device=DEVICE)
+    splitkv.combine_splits(part_o, part_l, ref_o, ref_l)
+    got_o, got_l = torch.empty(2, 9, 3, 512, dtype=dtype, device=DEVICE), torch.empty(2, 9, 3, device=DEVICE)
+    splitkv.combine_splits(part_o.to(dtype), part_l, got_o, got_l)
+    assert torch.equal(got_l, ref_l)
+    err = (got_o.double() - ref_o.double()).norm() / ref_o.double().norm()
+    assert err <= TOL[dtype], f"relative error {err:.3g}"
 
 
 def test_bf16_loads_in_interpreter():
@@ -375,11 +329,29 @@ def test_fp8_pool_without_a_scale_reads_it_unscaled():
 def test_validation_out_buffers():
     c = _valid()
     args = (c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"])
-    with pytest.raises(ValueError, match="together"):
-        verify_mla(*args, sm_scale=0.1, out=torch.empty(2, 4, 2, 512, device=c["q"].device))
     with pytest.raises(ValueError, match="out must have shape"):
         verify_mla(*args, sm_scale=0.1, out=torch.empty(2, 4, 2, 576, device=c["q"].device),
                    lse=torch.empty(2, 4, 2, device=c["q"].device))
+    with pytest.raises(ValueError, match="out must have shape"):
+        verify_mla(*args, sm_scale=0.1, out=torch.empty(2, 4, 2, 576, device=c["q"].device))
+    with pytest.raises(ValueError, match="lse must have shape"):
+        verify_mla(*args, sm_scale=0.1, lse=torch.empty(2, 4, 3, device=c["q"].device))
+
+
+def test_out_without_lse_and_lse_without_out():
+    """Either output buffer may be given alone: written in place, the other allocated (or scratch)."""
+    c = _valid()
+    args = (c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"])
+    ref, ref_lse = verify_mla(*args, sm_scale=0.1, config=SMALL, num_splits=2, return_lse=True)
+    out = torch.full_like(ref, float("nan"))
+    got = verify_mla(*args, sm_scale=0.1, config=SMALL, num_splits=2, out=out)
+    assert got is out and torch.equal(out, ref)
+    out.fill_(float("nan"))
+    got, got_lse = verify_mla(*args, sm_scale=0.1, config=SMALL, num_splits=2, out=out, return_lse=True)
+    assert got is out and torch.equal(out, ref) and torch.equal(got_lse, ref_lse)
+    lse = torch.full_like(ref_lse, float("nan"))
+    got, got_lse = verify_mla(*args, sm_scale=0.1, config=SMALL, num_splits=2, lse=lse, return_lse=True)
+    assert got_lse is lse and torch.equal(lse, ref_lse) and torch.equal(got, ref)
 
 
 def test_kernel_clamps_bad_page_ids_without_faulting(monkeypatch):
@@ -412,10 +384,7 @@ def test_gpu_bf16_large(B, T, H, P, L):
                                  AttnConfig(64, 32, 8, 3, tma=True, split_scores=True),
                                  AttnConfig(64, 64, 8, 1, split_scores=True),
                                  AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
-                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-overlap"),
-                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-seesaw"),
-                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
-                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws-noprefetch")])
+                                 AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")])
 def test_gpu_tma_tiles(cfg):
     case = poison_unused_slots(make_case(2, 19, 8, 64, [46_000, 1_000], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=cfg.block_n))
@@ -439,66 +408,51 @@ def test_gpu_tma_tiles(cfg):
     assert torch.equal(out, ref)
 
 
-def check_switch_changes_no_bit(case, cfg, monkeypatch, module, name, **kw):
-    """Turns ``module.name`` on after a plain run: against the reference, then eagerly and replayed
-    from a CUDA graph into poisoned outputs, bit-equal to the plain run. ``kw``: more ``verify_mla`` arguments."""
+def check_reference_then_graph_replay(case, **kw):
+    """bf16 ``verify_mla`` (``kw``: more arguments) against the float64 reference, then captured in a CUDA
+    graph and replayed twice into NaN-poisoned outputs: the same bits as the eager run."""
+    ref = check_against_reference(case, torch.bfloat16, **kw)
     args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    ref, ref_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, return_lse=True, **kw)
-    monkeypatch.setattr(module, name, True)
-    check_against_reference(case, torch.bfloat16, config=cfg, **kw)
-    out, lse = torch.empty_like(ref), torch.empty_like(ref_lse)
-    verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse, **kw)
-    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    out = torch.empty_like(ref)
+    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse, **kw)
-    for _ in range(3):
+        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
+    for _ in range(2):
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+        assert torch.equal(out, ref)
+    return ref
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P,T,at_end", [("gluon", 64, 19, False), ("gluon-seesaw", 64, 19, False),
-                                               ("gluon-ws", 64, 19, False), ("gluon-ws-noprefetch", 64, 19, False),
-                                               ("gluon-ws", 1, 19, False), ("triton", 64, 19, False),
-                                               ("gluon-ws", 64, 19, True), ("gluon-ws", 64, 65, True)])
-def test_gpu_merge_by_programmatic_dependent_launch(kernel, P, T, at_end, monkeypatch):
-    """``TRITREE_MERGE_PDL``: the split merge launched while the split kernel runs (which signals it
-    early; ``at_end``: the ws kernel signals after each program's partial store, ``PDL_AT_END``; T = 65
-    with its narrow last row block) gives the same bits as the plain launch, eagerly and replayed from a
-    CUDA graph into poisoned outputs."""
-    import tritree.kernels._splitkv as splitkv
-    import tritree.kernels._verify_gluon_ws as ws
+def gluon_launch_of(case, cfg, num_splits=None):
+    """What verify_mla's plan launches for ``case`` with ``cfg`` (a ``_verify_gluon_launch.GluonLaunch``)."""
+    from tritree.kernels.verify_mla import VerifyPlan
 
-    monkeypatch.setattr(ws, "PDL_AT_END", at_end)
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
-    case = poison_unused_slots(make_case(2, T, 8, P, [30_000, 1_000 + 5], [T, 11], ("random", "chain"),
-                                         torch.bfloat16, seed=P + len(kernel)))
-    check_switch_changes_no_bit(case, cfg, monkeypatch, splitkv, "MERGE_PDL")
-    assert splitkv.merge_pdl(8, case["q"].device)
+    plan = VerifyPlan(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
+                      case["tree_lens"], sm_scale=SM_SCALE, config=cfg, num_splits=num_splits)
+    assert plan.launch.route == cfg.kernel
+    return plan._gluon
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("P,T", [(64, 16), (64, 65), (1, 16), (128, 64)])
-def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T, monkeypatch):
-    """``_verify_gluon_ws.SPLIT_PDL``: the ws split kernel launched by programmatic dependent launch (each
-    program waits for the prior grids before its first global read; the merge signals its dependents at
-    its start) gives the same bits as the plain launch, eagerly and replayed from a CUDA graph; and in a
-    graph where a kernel writes the query, the lengths and the pool's tree keys right before each call
-    (inputs poisoned before every replay), every call reads what that kernel wrote."""
-    import tritree.kernels._splitkv as splitkv
-    import tritree.kernels._verify_gluon_ws as ws
+def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T):
+    """The ws split kernel launched by programmatic dependent launch (each program waits for the prior
+    grids before its first global read; the merge and the KV write signal their dependents at their
+    start): against the reference and replayed from a CUDA graph; and in a graph where a kernel writes the
+    query, the lengths and the pool's tree keys right before each call (inputs poisoned before every
+    replay), every call reads what that kernel wrote."""
+    from tritree.kernels._splitkv import pdl_capable
 
-    monkeypatch.setattr(splitkv, "MERGE_SIGNALS", True)
-    monkeypatch.setattr(ws, "SPLIT_PDL", False)
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, 8, P, [30_000, 1_000 + 5], [T, 11], ("random", "chain"),
                                          torch.bfloat16, seed=P + T))
-    check_switch_changes_no_bit(case, cfg, monkeypatch, ws, "SPLIT_PDL")
-    assert ws.split_pdl(case["q"].device, T * 8, ws.narrow_rows(T * 8))
+    launch = gluon_launch_of(case, cfg)
+    assert launch.launch_pdl == pdl_capable(case["q"].device) == dict(launch.constexprs)["WAIT_PRIOR"]
+    check_reference_then_graph_replay(case, config=cfg)
 
     # Two calls in one graph, each right after kernels that write its inputs (a plain launch would order
     # them; here only griddepcontrol.wait does).
@@ -532,135 +486,36 @@ def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,P,splits", [(65, 8, 64, None), (17, 8, 64, None), (64, 64, 64, None), (19, 8, 1, 8),
                                           (40, 4, 128, 3), (65, 8, 64, 1)])
-def test_gpu_ws_tma_store_gives_the_same_bits(T, H, P, splits, monkeypatch):
-    """``_verify_gluon_ws.TMA_STORE``: the 16-bit split partials stored by TMA boxes from the pair buffers (a
-    narrow last block, a part-filled one whose rows past the last the copy clips, 64 heads, row gathers, P =
-    128; one split: the output itself, stored as before) give the bits of the staged store, against the
-    reference, eagerly and replayed from a CUDA graph into poisoned outputs."""
-    import tritree.kernels._verify_gluon_ws as ws
-
-    monkeypatch.setattr(ws, "TMA_STORE", False)
+def test_gpu_ws_tma_store(T, H, P, splits):
+    """The ws kernel's 16-bit split partials stored by TMA boxes from the pair buffers (a narrow last block,
+    a part-filled one whose rows past the last the copy clips, 64 heads, row gathers, P = 128; one split:
+    the output itself, by the staged store): against the reference, then replayed from a CUDA graph into
+    poisoned outputs."""
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 1_000 + 5], [T, T // 2 + 1], ("random", "chain"),
                                          torch.bfloat16, seed=T + H + P))
-    kw = {} if splits is None else {"num_splits": splits}
-    check_switch_changes_no_bit(case, cfg, monkeypatch, ws, "TMA_STORE", **kw)
+    kw = {"config": cfg} if splits is None else {"config": cfg, "num_splits": splits}
+    launch = gluon_launch_of(case, cfg, splits)
+    assert dict(launch.constexprs)["TMA_STORE"] == (launch.num_splits > 1) == launch.partials_desc
+    check_reference_then_graph_replay(case, **kw)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-seesaw", 128), ("gluon", 1),
-                                      ("gluon-seesaw", 16)])
-def test_gpu_q_first_gives_the_same_bits(kernel, P, monkeypatch):
-    """Q's copies issued ahead of the first tiles' (TMA boxes or row gathers; ``Q_FIRST``, the plain
-    schedule's default, and ``Q_FIRST_SEESAW``) give the bits of Q issued after them, eagerly and
-    replayed from a CUDA graph into poisoned outputs."""
-    import tritree.kernels._verify_gluon as vg
+@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon", 128), ("gluon-ws", 64), ("gluon-ws", 1),
+                                      ("gluon-ws", 16), ("triton", 64)])
+def test_gpu_16bit_split_partials(kernel, P):
+    """The Gluon kernels' bf16 split partials (the plain kernel's re-laid out before their store, the ws
+    kernel's by TMA boxes or staged; Triton: fp32) against the float64 reference, then replayed from a
+    CUDA graph into poisoned outputs, the same bits as the eager run."""
+    from tritree.kernels.verify_mla import VerifyPlan
 
-    switch = "Q_FIRST_SEESAW" if "seesaw" in kernel else "Q_FIRST"
-    monkeypatch.setattr(vg, switch, False)
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
-    case = poison_unused_slots(make_case(2, 19, 8, P, [30_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
-                                         torch.bfloat16, seed=P + 5 * len(kernel)))
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, switch)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P", [("gluon", 64), ("gluon-seesaw", 64), ("gluon-ws", 64), ("gluon-ws-noprefetch", 64),
-                                      ("gluon-ws", 1), ("gluon", 1), ("triton", 64)])
-def test_gpu_16bit_split_partials(kernel, P, monkeypatch):
-    """``PARTIALS_16BIT`` on every kernel (the ws kernel's staged store included): bf16 partials
-    against the float64 reference, then eagerly and replayed from a CUDA graph into poisoned outputs,
-    the same bits as the eager run."""
-    import tritree.kernels._splitkv as splitkv
-
-    monkeypatch.setattr(splitkv, "PARTIALS_16BIT", True)
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
     case = poison_unused_slots(make_case(2, 19, 8, P, [20_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
                                          torch.bfloat16, seed=P + 7 * len(kernel)))
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    ref = check_against_reference(case, torch.bfloat16, config=cfg, num_splits=8)
-    out = torch.empty_like(ref)
-    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=cfg, out=out, lse=lse, num_splits=8)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P,splits", [("gluon", 64, 8), ("gluon", 64, 1), ("gluon", 1, 8), ("gluon-seesaw", 64, 8),
-                                             ("gluon-seesaw", 16, 1), ("gluon-ws", 64, 8), ("gluon-ws", 64, 1),
-                                             ("gluon-ws", 1, 8), ("gluon-ws-noprefetch", 64, 8)])
-def test_gpu_coalesced_store_gives_the_same_bits(kernel, P, splits, monkeypatch):
-    """``TRITREE_COALESCED_STORE``: the output / partial rows re-laid out through shared memory before
-    their store (the warp-specialised kernel's default over TMA with its L2 prefetch, turned off here
-    first) give the same bits (one split: the output; several: the partials, then the merge),
-    eagerly and replayed from a CUDA graph into poisoned outputs."""
-    import tritree.kernels._verify_gluon as vg
-    import tritree.kernels._verify_gluon_ws as vgws
-
-    monkeypatch.setattr(vgws, "COALESCED_STORE_PREFETCH", False)
-    monkeypatch.setattr(vgws, "COALESCED_STORE_GATHER", False)
-    monkeypatch.setattr(vg, "PARTIALS_16BIT_PLAIN", False)
-
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
-    case = poison_unused_slots(make_case(2, 19, 8, P, [20_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
-                                         torch.bfloat16, seed=P + splits + 3 * len(kernel)))
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, "COALESCED_STORE", num_splits=splits)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel,P,T,splits", [("gluon", 64, 9, 8), ("gluon-seesaw", 64, 9, 8), ("gluon", 1, 9, 8),
-                                               ("gluon-ws", 64, 65, 8), ("gluon-ws", 64, 65, 1), ("gluon-ws", 1, 65, 8),
-                                               ("gluon-ws-noprefetch", 64, 17, 8)])
-def test_gpu_zero_padded_q_gives_the_same_bits(kernel, P, T, splits, monkeypatch):
-    """``Q_ZERO_PAD`` (the default): Q's padding rows (a last row block with 8 real rows, requests
-    whose tree is shorter than T) zero-filled instead of copied from the request's first row give the
-    same bits, eagerly and replayed from a CUDA graph into poisoned outputs."""
-    import tritree.kernels._verify_gluon as vg
-
-    monkeypatch.setattr(vg, "Q_ZERO_PAD", False)
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
-    case = poison_unused_slots(make_case(2, T, 8, P, [20_000 + 45, 1_000 + 64 - T], [T, T // 2 + 1],
-                                         ("random", "chain"), torch.bfloat16, seed=P + T + splits + len(kernel)))
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vg, "Q_ZERO_PAD", num_splits=splits)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("P,T,splits", [(64, 65, 8), (64, 65, 1), (1, 65, 8), (128, 17, 8)])
-def test_gpu_16bit_stage_gives_the_same_bits(P, T, splits, monkeypatch):
-    """``_verify_gluon_ws.STAGE_16BIT`` (the default): the ws kernel's 16-bit rows (bf16 partials, or the
-    output with one split) scaled and cast before the staged store give the bits of an fp32 stage,
-    eagerly and replayed from a CUDA graph into poisoned outputs."""
-    import tritree.kernels._verify_gluon_ws as vgws
-
-    monkeypatch.setattr(vgws, "STAGE_16BIT", False)
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
-    case = poison_unused_slots(make_case(2, T, 8, P, [20_000 + 45, 1_000 + 64 - T], [T, T // 2 + 1],
-                                         ("random", "chain"), torch.bfloat16, seed=P + T + splits))
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "STAGE_16BIT", num_splits=splits)
-
-
-def check_reference_then_graph_replay(case, **kw):
-    """bf16 ``verify_mla`` (``kw``: more arguments) against the float64 reference, then captured in a CUDA
-    graph and replayed twice into NaN-poisoned outputs: the same bits as the eager run."""
-    ref = check_against_reference(case, torch.bfloat16, **kw)
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    out = torch.empty_like(ref)
-    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, sm_scale=SM_SCALE, tree_lens=case["tree_lens"], out=out, lse=lse, **kw)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref)
+    plan = VerifyPlan(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
+                      case["tree_lens"], sm_scale=SM_SCALE, config=cfg, num_splits=8)
+    assert plan.launch.partials_dtype == (torch.float32 if kernel == "triton" else torch.bfloat16)
+    check_reference_then_graph_replay(case, config=cfg, num_splits=8)
 
 
 @pytest.mark.gpu
@@ -668,13 +523,13 @@ def check_reference_then_graph_replay(case, **kw):
                                           (65, 8, 128, None), (65, 8, 64, 8), (33, 8, 64, 1), (33, 12, 16, None),
                                           (129, 8, 64, None)])
 def test_gpu_narrow_last_row_block(T, H, P, splits):
-    """A last row block of at most 16 real rows run narrow (``_verify_gluon_ws.NARROW_LAST_BLOCK``: the
-    rows as the MMAs' N, its own split count, its extra partial slots empty): against the float64
-    reference (outputs poisoned, two requests, the second's tree shorter, unused pool slots NaN), then
-    replayed from a CUDA graph into poisoned outputs with the same bits."""
-    from tritree.kernels import _verify_gluon_ws as vgws
+    """A last row block of at most 16 real rows run narrow (the rows as the MMAs' N, its own split count,
+    its extra partial slots empty): against the float64 reference (outputs poisoned, two requests, the
+    second's tree shorter, unused pool slots NaN), then replayed from a CUDA graph into poisoned outputs
+    with the same bits."""
+    from tritree.kernels import _verify_gluon_launch as GL
 
-    assert vgws.narrow_rows(T * H) in (8, 16)
+    assert GL.narrow_rows(T * H) in (8, 16)
     case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 700 + 64 - T], [T, T // 2 + 1],
                                          ("random", "chain"), torch.bfloat16, seed=T + H + P))
     kw = {} if splits is None else {"num_splits": splits}
@@ -700,15 +555,12 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     (8, 16, 64, [64 + 3, 64 - 8 + 1], 1),  # a prefix tile, then 3 prefix keys and the tree's 8 (53 rows of zeros
     # in front of them); the second request in one tile (the tile tail)
 ])
-@pytest.mark.parametrize("masked_first", [False, True])
-def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits, masked_first, monkeypatch):
-    """The ws kernel's masked tail in every shape a chunk gives it (one to four tiles, a prefix ending
-    mid-tile or on a page, chunks that are all tail or empty, one split) against the float64 reference
-    with the unused pool slots NaN, then replayed from a CUDA graph into poisoned outputs with the same
-    bits; the masked pairs after the full ones and (``MASKED_FIRST``) ahead of them."""
-    from tritree.kernels import _verify_gluon_ws as vgws
-
-    monkeypatch.setattr(vgws, "MASKED_FIRST", masked_first)
+def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
+    """The ws kernel's masked tiles in every shape a chunk gives them (one to four tiles, a prefix ending
+    mid-tile or on a page, chunks that are all tail or empty, one split; as masked pairs ahead of the full
+    ones where the launch has a narrow block or full row blocks, else one tile at a time) against the
+    float64 reference with the unused pool slots NaN, then replayed from a CUDA graph into poisoned
+    outputs with the same bits."""
     cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                          seed=T + H + P + len(kv_lens)))
@@ -720,16 +572,12 @@ def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits, masked_first, monkeypatch)
 @pytest.mark.parametrize("T,H,P,layout", [(65, 8, 64, "contiguous"), (65, 8, 64, "mixed"), (129, 8, 64, "mixed"),
                                           (65, 16, 64, "contiguous"), (33, 8, 128, "fragmented"),
                                           (16, 8, 64, "mixed"), (16, 64, 64, "contiguous")])
-def test_gpu_ws_wide_copies_give_the_same_bits(T, H, P, layout, monkeypatch):
-    """``_verify_gluon_ws.WIDE_COPIES`` (launches with a narrow last row block; without one, ``WIDE_FULL``, where
-    the rows fill the last block): a pair's two tiles copied as one 128-row box per column block where they are
-    consecutive pool rows (adjacent pages, or one page of 128), two boxes elsewhere. Page tables contiguous,
-    mixed (adjacent runs broken by swapped pages) and fragmented, unused pool slots NaN: against the
-    reference, and bit-equal to two boxes a block, eagerly and from a CUDA graph."""
-    from tritree.kernels import _verify_gluon_ws as vgws
-
-    monkeypatch.setattr(vgws, "WIDE_FULL", True)
-    assert vgws.copies_wide(T * H, vgws.narrow_rows(T * H), True, P % 64 != 0)
+def test_gpu_ws_wide_copies(T, H, P, layout):
+    """Wide copies (launches with a narrow last row block, or rows that fill the last block): a pair's two
+    tiles copied as one 128-row box per column block where they are consecutive pool rows (adjacent pages,
+    or one page of 128), two boxes elsewhere. Page tables contiguous, mixed (adjacent runs broken by swapped
+    pages) and fragmented, unused pool slots NaN: against the reference, then from a CUDA graph."""
+    cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
     case = make_case(2, T, H, P, [30_000 + 45, 3_000 + 7], [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                      seed=T + H + P, fragmented=layout == "fragmented")
     if layout == "mixed":  # swap page pairs: some tile pairs straddle a break in the run, some do not
@@ -737,57 +585,30 @@ def test_gpu_ws_wide_copies_give_the_same_bits(T, H, P, layout, monkeypatch):
         for b, (i, j) in enumerate([(5, 300), (40, 2)]):
             pt[b, i], pt[b, j] = pt[b, j].clone(), pt[b, i].clone()
     case = poison_unused_slots(case)
-    cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
-    monkeypatch.setattr(vgws, "WIDE_COPIES", False)
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, "WIDE_COPIES")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("xwg", [True, False])
-@pytest.mark.parametrize("T,H,P", [(65, 8, 64), (16, 64, 64), (17, 8, 64), (19, 8, 1)])
-def test_gpu_ws_softmax_exchange(T, H, P, xwg, monkeypatch):
-    """``_verify_gluon_ws.XWG_SOFTMAX`` on and off (the pair loop's row maxima exchanged once between the
-    warpgroups, the row sums kept per warpgroup; or triton's cross-warp reductions): against the reference,
-    then from a CUDA graph into poisoned outputs, over narrow, full and part-filled row blocks and row
-    gathers, with a chain tree and a short second request."""
-    from tritree.kernels import _verify_gluon_ws as vgws
-
-    monkeypatch.setattr(vgws, "XWG_SOFTMAX", xwg)
-    cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
-    case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 3_000 + 7], [T, T // 2 + 1], ("random", "chain"),
-                                         torch.bfloat16, seed=T + H + P + xwg))
+    launch = gluon_launch_of(case, cfg)
+    assert dict(launch.constexprs)["WIDE_COPIES"] and launch.wide_desc
     check_reference_then_graph_replay(case, config=cfg)
 
 
-# Switches of the warp-specialised kernel that change only how it synchronises or when it loads, each with
-# the shapes that reach the code it changes, and a seed offset.
-_SAME_BITS_SWITCHES = {
-    # the pair buffers handed back by hardware-barrier arrivals of every consumer thread instead of a
-    # partition barrier and an mbarrier arrival: narrow, full and part-filled row blocks, row gathers, P = 128,
-    # requests with at most one pair a split
-    "NAMED_RELEASE": ([(65, 8, 64, [30_000 + 45, 3_000 + 7]), (16, 64, 64, [30_000 + 45, 130]),
-                       (17, 8, 64, [20_000 + 3, 3_000 + 7]), (19, 8, 1, [20_000 + 45, 70]),
-                       (64, 8, 128, [30_000 + 45, 3_000 + 7])], 7),
-    # the masked tail's tree-mask words loaded before each tile's copy: narrow, part-filled and full row
-    # blocks, row gathers, a request that is all tail, an empty one
-    "EARLY_TAIL_MASK": ([(65, 8, 64, [30_000 + 45, 3_000 + 7]), (17, 8, 64, [20_000 + 3, 130]),
-                         (19, 8, 1, [20_000 + 45, 70]), (16, 64, 128, [30_000 + 45, 0])], 17),
-}
+# Shapes of the ws kernel's synchronisation and tail paths: narrow, full and part-filled row blocks, row
+# gathers, P = 128, requests with at most one pair a split (the pair buffers handed back by hardware-barrier
+# arrivals of every consumer thread), a request that is all tail, an empty one (the masked tail's tree-mask
+# words loaded before each tile's copy); the softmax's row maxima exchanged once between the warpgroups.
+_WS_SHAPES = [(65, 8, 64, [30_000 + 45, 3_000 + 7]), (16, 64, 64, [30_000 + 45, 130]),
+              (17, 8, 64, [20_000 + 3, 3_000 + 7]), (19, 8, 1, [20_000 + 45, 70]),
+              (64, 8, 128, [30_000 + 45, 3_000 + 7]), (17, 8, 64, [20_000 + 3, 130]),
+              (16, 64, 128, [30_000 + 45, 0])]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("switch,T,H,P,kv_lens", [(name, *shape) for name, (shapes, _) in _SAME_BITS_SWITCHES.items()
-                                                  for shape in shapes])
-def test_gpu_ws_switch_gives_the_same_bits(switch, T, H, P, kv_lens, monkeypatch):
-    """``_verify_gluon_ws.NAMED_RELEASE`` / ``EARLY_TAIL_MASK`` (``_SAME_BITS_SWITCHES``) on: against the
-    reference, and bit-equal to the switch off, eagerly and from a CUDA graph into poisoned outputs."""
-    from tritree.kernels import _verify_gluon_ws as vgws
-
+@pytest.mark.parametrize("T,H,P,kv_lens", _WS_SHAPES)
+def test_gpu_ws_shapes(T, H, P, kv_lens):
+    """The ws kernel (``_WS_SHAPES``) against the reference with a chain tree and a short second request,
+    then from a CUDA graph into poisoned outputs."""
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
-                                         seed=T + H + P + _SAME_BITS_SWITCHES[switch][1]))
-    monkeypatch.setattr(vgws, switch, False)
-    check_switch_changes_no_bit(case, cfg, monkeypatch, vgws, switch)
+                                         seed=T + H + P + kv_lens[1]))
+    check_reference_then_graph_replay(case, config=cfg)
 
 
 @pytest.mark.gpu

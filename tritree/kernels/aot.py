@@ -2,6 +2,7 @@
 
 ``python -m tritree.kernels.aot`` compiles every config of every table for its architecture and
 prints shared memory, registers and spills; ``tests/kernels/test_aot_audit.py`` asserts the limits.
+``--gluon``: the Hopper Gluon verify kernels' shipped launches instead (``gluon_verify_reports``).
 Triton compiles for any target on a CPU-only machine; registers and spills come from the
 ``cuobjdump`` that the Triton wheel ships.
 """
