@@ -135,7 +135,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--configs", default="", help="BM,BN,warps,stages[,programs_per_sm,scalar_page,tma,hoist_pages];...")
+    ap.add_argument("--configs", default="", help="BM,BN,warps,stages[,programs_per_sm,tma,hoist_pages];...")
     ap.add_argument("--filter", default="", help="attention shapes: a Python expression over B, S, L, window")
     ap.add_argument("--ctx", type=int, default=46_000)
     ap.add_argument("--no-step", action="store_true")

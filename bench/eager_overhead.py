@@ -6,7 +6,8 @@ waits on the GPU), ``triton.testing.do_bench`` of the eager call, and the graph-
 sets rotated past the L2, captured back to back in one graph: ``tritree.roofline.graph_time_us``).
 ``--profile`` also prints the top of a cProfile of the eager calls of each op.
 
-    python bench/eager_overhead.py [--ops verify_mla,draft_attention,...] [--out rows.jsonl] [--label NAME]
+    python bench/eager_overhead.py [--ops verify_mla,draft_attention,...] [--page-size 1] [--out rows.jsonl]
+        [--label NAME]
 """
 
 from __future__ import annotations
@@ -26,21 +27,20 @@ from tritree.roofline import append_jsonl, graph_time_us, rotation_count, versio
 from tritree.testing import random_verify_inputs
 
 L = 46_000
-P = 64
 
 
-def _verify_cases(T: int, H: int):
+def _verify_cases(T: int, H: int, P: int):
     sets = rotation_count((L + T) * 576 * 2)
     fns = []
     for seed in range(sets):
-        c = random_verify_inputs(1, T, H, P, [L], [T], ("wide",), torch.bfloat16, seed=seed, fragmented=False,
+        c = random_verify_inputs(1, T, H, P, [L], [T], ("wide",), torch.bfloat16, seed=seed, fragmented=P == 1,
                                  device="cuda")
         args = (c["q"], c["kv"], c["page_table"], c["kv_lens"], c["tree_mask"])
         fns.append(lambda a=args, tl_=c["tree_lens"]: tritree.verify_mla(*a, sm_scale=0.1, tree_lens=tl_))
     return fns
 
 
-def _draft_cases(S: int = 8, Hq: int = 64, Hkv: int = 8, D: int = 128, ctx: int = 46_000):
+def _draft_cases(S: int = 8, Hq: int = 64, Hkv: int = 8, D: int = 128, ctx: int = 46_000, P: int = 64):
     g = torch.Generator(device="cuda").manual_seed(0)
     pages = -(-(ctx + S) // P)
     sets = rotation_count(2 * pages * P * Hkv * D * 2)
@@ -57,7 +57,7 @@ def _draft_cases(S: int = 8, Hq: int = 64, Hkv: int = 8, D: int = 128, ctx: int 
     return fns
 
 
-def _kv_cases(T: int = 65, pages: int = 800):
+def _kv_cases(T: int = 65, pages: int = 800, P: int = 64):
     kv = torch.randn(pages, P, 576, device="cuda", dtype=torch.bfloat16)
     pt = torch.arange(pages, dtype=torch.int32, device="cuda")[None]
     lens = torch.tensor([L], dtype=torch.int32, device="cuda")
@@ -81,11 +81,11 @@ def _tree_cases(budget: int = 64, D: int = 7, V: int = 163_840):
     return build, accept
 
 
-def cases(ops):
+def cases(ops, P: int = 64):
     out = {}
     for T, H in ((8, 8), (17, 8), (65, 8), (16, 64)):
         if "verify_mla" in ops:
-            out[f"verify_mla T={T} H={H}"] = _verify_cases(T, H)
+            out[f"verify_mla T={T} H={H} P={P}"] = _verify_cases(T, H, P)
     if "draft_attention" in ops:
         out["draft_attention S=8 Hq=64 Hkv=8"] = _draft_cases()
     if "kv_write_" in ops or "kv_commit_" in ops:
@@ -132,16 +132,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default="verify_mla,draft_attention,kv_write_,kv_commit_,build_tree,accept_tree")
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--page-size", type=int, default=64, help="verify_mla's pool pages (1: a fragmented pool)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of each op's eager calls")
     ap.add_argument("--label", default="", help="a name for this code version in the rows")
     ap.add_argument("--out", default=None, help="append JSON rows here")
     args = ap.parse_args()
     ops = set(args.ops.split(","))
     print(f"# {versions()}; {args.label}", flush=True)
-    print(f"{'case':34s} {'host/call us':>12s} {'eager do_bench us':>18s} {'graph us':>9s} {'eager/graph':>11s}",
+    print(f"{'case':40s} {'host/call us':>12s} {'eager do_bench us':>18s} {'graph us':>9s} {'eager/graph':>11s}",
           flush=True)
     rows = []
-    for name, fns in cases(ops).items():
+    for name, fns in cases(ops, args.page_size).items():
         fn = fns[0]
         for f in fns:
             f()
@@ -149,7 +150,7 @@ def main() -> int:
         host = host_us(fn, args.calls)
         eager = triton.testing.do_bench(fn, warmup=25, rep=200) * 1e3
         graph = graph_time_us(fns)
-        print(f"{name:34s} {host:12.1f} {eager:18.1f} {graph:9.1f} {eager / graph:11.2f}", flush=True)
+        print(f"{name:40s} {host:12.1f} {eager:18.1f} {graph:9.1f} {eager / graph:11.2f}", flush=True)
         rows.append(dict(case=name, host_us=host, eager_us=eager, graph_us=graph, label=args.label,
                          versions=versions()))
         if args.profile:

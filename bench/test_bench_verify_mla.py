@@ -22,8 +22,8 @@ def ceilings():
 @pytest.mark.parametrize("B,T,H,L,P", CASES)
 def test_verify_mla(benchmark, ceilings, variant, B, T, H, L, P):
     from bench.verify_sweep import SM_SCALE, build_sets, torch_verify
-    from tritree.roofline import verify_mla_counts
     from tritree import verify_mla
+    from tritree.roofline import verify_mla_counts
 
     if variant == "torch" and B * T * H * (L + T) * 12 > (8 << 30):
         pytest.skip("dense score tensor too large")

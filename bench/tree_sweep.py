@@ -44,8 +44,9 @@ def main(argv=None):
         grid_build = [(B, budget, 7, "bf16") for B, budget in itertools.product([1, 2], [16, 64])]
         grid_accept = [16, 64]
     else:
+        from tritree.roofline import device_ceilings
         from tritree.roofline import graph_time_us as timer
-        from tritree.roofline import device_ceilings, rotation_count as sets
+        from tritree.roofline import rotation_count as sets
         copy_gbps, V = device_ceilings().copy_gbps, 163_840
         dtypes = args.dtype or ["bf16"]
         grid_build = [(B, budget, D, dt) for dt in dtypes

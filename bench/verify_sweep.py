@@ -27,10 +27,16 @@ import torch
 
 from tritree import tree_mask_from_parents, verify_mla
 from tritree.kernels.configs import AttnConfig
+from tritree.roofline import (
+    Ceilings,
+    cached_ceilings,
+    ceilings_source,
+    graph_time_us,
+    rotation_count,
+    verify_mla_counts,
+    versions,
+)
 from tritree.testing import paged_layout, random_trees
-
-from tritree.roofline import (Ceilings, cached_ceilings, ceilings_source, graph_time_us, rotation_count,
-                              verify_mla_counts, versions)
 
 SM_SCALE = 192**-0.5 * (1 + 0.1 * math.log(64)) ** 2
 GRIDS = {

@@ -10,8 +10,6 @@ import ast
 from functools import lru_cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1] / "tritree"
 AOT = "tritree.kernels.aot"
 

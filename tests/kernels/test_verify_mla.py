@@ -2,7 +2,6 @@
 input validation, and GPU tests in bf16 at large shapes."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritree import verify_mla, verify_mla_reference
+from tritree.kernels import _launch
 from tritree.kernels.configs import AttnConfig
 from tritree.testing import TREE_KINDS, random_verify_inputs
 
@@ -683,23 +683,20 @@ def test_gpu_graph_without_tree_lens_adds_no_fill_and_replays_right():
     """``tree_lens=None``: a cached tensor of T's, so a graph captured after an eager call holds no fill
     kernel; a graph whose capture meets a new (B, T) first fills inside the graph (the cache is not
     fed from a capture, whose fill runs only at replay) and an eager call after it is still right."""
-    import importlib
-
-    vm = importlib.import_module("tritree.kernels.verify_mla")
     for T, eager_first in ((13, True), (14, False)):
         case = make_case(2, T, 8, 64, [3_000, 700], None, ("random",), torch.bfloat16, seed=T)
         args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
         full = torch.full((2,), T, dtype=torch.int32, device=case["q"].device)
         ref, ref_lse = verify_mla(*args, sm_scale=SM_SCALE, tree_lens=full, return_lse=True)
         out, lse = torch.empty_like(ref), torch.empty_like(ref_lse)
-        vm._FULL_TREE_LENS.pop((ref.device, 2, T), None)
+        _launch._FULL_LENGTHS.pop((ref.device, 2, T), None)
         if eager_first:
             verify_mla(*args, sm_scale=SM_SCALE, out=out, lse=lse)
-            assert (ref.device, 2, T) in vm._FULL_TREE_LENS
+            assert (ref.device, 2, T) in _launch._FULL_LENGTHS
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             verify_mla(*args, sm_scale=SM_SCALE, out=out, lse=lse)
-        assert ((ref.device, 2, T) in vm._FULL_TREE_LENS) == eager_first
+        assert ((ref.device, 2, T) in _launch._FULL_LENGTHS) == eager_first
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
@@ -707,14 +704,11 @@ def test_gpu_graph_without_tree_lens_adds_no_fill_and_replays_right():
         assert torch.equal(verify_mla(*args, sm_scale=SM_SCALE), ref)
 
 
-def test_full_tree_lens_is_cached_and_right():
-    import importlib
-
-    vm = importlib.import_module("tritree.kernels.verify_mla")
-    a = vm._full_tree_lens(3, 7, torch.device("cpu"))
+def test_full_lengths_are_cached_and_right():
+    a = _launch.full_lengths(3, 7, torch.device("cpu"))
     assert a.dtype == torch.int32 and a.tolist() == [7, 7, 7]
-    assert vm._full_tree_lens(3, 7, torch.device("cpu")) is a
-    assert vm._full_tree_lens(3, 8, torch.device("cpu")).tolist() == [8, 8, 8]
+    assert _launch.full_lengths(3, 7, torch.device("cpu")) is a
+    assert _launch.full_lengths(3, 8, torch.device("cpu")).tolist() == [8, 8, 8]
 
 
 def test_cpu_path_without_interpreter_matches_reference():

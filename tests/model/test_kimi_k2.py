@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_model(cfg: KimiK2Config, seed=0):
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import DeepseekV3Config
 
     hf_cfg = DeepseekV3Config(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
@@ -173,6 +173,7 @@ def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
     from safetensors.torch import save_file
 
     from tritree.model import init_params
+
     from .._quant_helpers import quantize_fp8_blocks, quantize_int4
 
     cfg = kimi_tiny(hidden_size=64, num_hidden_layers=2)

@@ -163,10 +163,6 @@ def merge_signals(device: torch.device) -> bool:
     return pdl_capable(device)
 
 
-def merge_pdl(num_splits: int, device: torch.device) -> bool:  # the Gluon launchers' import; always off
-    return False
-
-
 @triton.jit
 def _combine_kernel(
     PartO, PartLse, Out, Lse,

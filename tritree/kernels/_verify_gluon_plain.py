@@ -41,9 +41,28 @@ scratch) of the 232,448 an H200 CTA may use: one CTA per SM.
 
 from __future__ import annotations
 
-from ._gluon_common import (_cp_async, _cta_barrier, _gather_pages, _load_q, _now, _page_row_p, _publish_p, _qk,
-                            _softmax, _store_o, _store_timeline, _tail_rows, _tail_tile_p, _tma_load, async_copy,
-                            fence_async_shared, gl, gluon, mbarrier, warpgroup_mma)
+from ._gluon_common import (
+    _cp_async,
+    _cta_barrier,
+    _gather_pages,
+    _load_q,
+    _now,
+    _page_row_p,
+    _publish_p,
+    _qk,
+    _softmax,
+    _store_o,
+    _store_timeline,
+    _tail_rows,
+    _tail_tile_p,
+    _tma_load,
+    async_copy,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    warpgroup_mma,
+)
 from ._splitkv import split_chunk
 
 

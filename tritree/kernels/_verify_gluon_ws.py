@@ -65,11 +65,38 @@ exchange of row maxima 512 + reduction scratch + 11 mbarriers = 230,540 B of the
 
 from __future__ import annotations
 
-from ._gluon_common import (_clock, _cta_barrier, _load_q, _now, _publish_p, _row_scale, _softmax, _store_o,
-                            _store_timeline, _tail_rows, _tail_tile_p, _tma_store, async_copy, fence_async_shared, gl,
-                            gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-from ._verify_gluon_ws_producer import (RELEASE_BAR0, RELEASE_BAR1, _chunk_bounds, _program, _release, _tail_extent,
-                                        _tile_shift, _ws_producer)
+from ._gluon_common import (
+    _clock,
+    _cta_barrier,
+    _load_q,
+    _now,
+    _publish_p,
+    _row_scale,
+    _softmax,
+    _store_o,
+    _store_timeline,
+    _tail_rows,
+    _tail_tile_p,
+    _tma_store,
+    async_copy,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from ._verify_gluon_ws_producer import (
+    RELEASE_BAR0,
+    RELEASE_BAR1,
+    _chunk_bounds,
+    _program,
+    _release,
+    _tail_extent,
+    _tile_shift,
+    _ws_producer,
+)
 
 
 @gluon.jit

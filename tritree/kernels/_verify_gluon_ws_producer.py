@@ -16,8 +16,18 @@ protocol both of its partitions share.
 
 from __future__ import annotations
 
-from ._gluon_common import (_cp_async, _cta_barrier, _gather_pages, _page_row_p, _tma_load, async_copy,
-                            fence_async_shared, gl, gluon, mbarrier)
+from ._gluon_common import (
+    _cp_async,
+    _cta_barrier,
+    _gather_pages,
+    _page_row_p,
+    _tma_load,
+    async_copy,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+)
 from ._splitkv import split_chunk
 
 # The hardware barriers (of 16; triton takes 0..2 here) that release the two halves of the pair buffers,

@@ -18,8 +18,18 @@ import triton.language as tl
 
 from . import _validate as V
 from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, interpreting, signature
-from ._splitkv import (LOG2E, MergePlan, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
-                       split_chunk, split_destinations, store_rows)
+from ._splitkv import (
+    LOG2E,
+    MergePlan,
+    attend_tile,
+    choose_num_splits,
+    combine_splits,
+    page_group,
+    page_of,
+    split_chunk,
+    split_destinations,
+    store_rows,
+)
 from .configs import AttnConfig, arch_of, lookup, num_sms
 
 # Rows bucket (block slots x heads per KV head) -> config. Kimi-K2.6-DFlash: 64 query / 8 KV heads of

@@ -397,7 +397,7 @@ def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False
             raise
         return _COMMIT_PLANS.get(key, kv, page_table, kv_lens, accept_idx, accept_len, stacked).run(
             kv, page_table, kv_lens, accept_idx, accept_len)
-    pool = _validate_commit(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
+    _validate_commit(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
     if not _use_kernel(kv):
         return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
     if kv.device.type == "cuda":

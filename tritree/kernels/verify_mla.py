@@ -20,8 +20,19 @@ import triton.language as tl
 from . import _validate as V
 from . import _verify_gluon_launch as GL
 from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, full_lengths, interpreting, signature
-from ._splitkv import (LOG2E, MergePlan, attend_tile, choose_num_splits, combine_splits, page_group, page_of,
-                       pdl_capable, split_chunk, split_destinations, store_rows)
+from ._splitkv import (
+    LOG2E,
+    MergePlan,
+    attend_tile,
+    choose_num_splits,
+    combine_splits,
+    page_group,
+    page_of,
+    pdl_capable,
+    split_chunk,
+    split_destinations,
+    store_rows,
+)
 from .configs import VERIFY_MLA_CONFIGS, AttnConfig, arch_of, lookup, num_sms
 
 D_LATENT = 512
