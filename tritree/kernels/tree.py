@@ -877,14 +877,25 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
     Returns ``(accept_idx [B, T] int32 (root first, -1 padded), accept_len [B], bonus [B], picks [B, T])``.
     Eager calls run a plan cached per static signature.
     """
+    if not eager():  # traced by torch.compile: the kernel launched as Dynamo traces launches
+        _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
+        picks = target_picks(target_logits, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, step=step)
+        B, T = tokens.shape
+        dev = tokens.device
+        if dev.type != "cuda" and not _interpreting():
+            return (*accept_tree_reference(tokens, parents, tree_lens, picks), picks)
+        accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
+        accept_len = torch.empty(B, dtype=torch.int32, device=dev)
+        bonus = torch.empty(B, dtype=torch.int32, device=dev)
+        _walk_kernel[(B,)](tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, tokens.stride(0), T,
+                           BLOCK_T=triton.next_power_of_2(T), num_warps=4)
+        return accept_idx, accept_len, bonus, picks
     try:
         key = (signature(tokens, parents, tree_lens, target_logits), temperature, top_k, top_p)
-        hash(key)
+        plan = _ACCEPT_PLANS.get(key, tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
     except (AttributeError, TypeError):  # not tensors / unhashable options: validation says which
         _AcceptPlan(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
         raise
-    plan = (_ACCEPT_PLANS.get(key, tokens, parents, tree_lens, target_logits, temperature, top_k, top_p) if eager()
-            else _AcceptPlan(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p))
     return plan.run(tokens, parents, tree_lens, target_logits, seed, step)
 
 
@@ -935,7 +946,7 @@ class _AcceptPlan:
         self._ints = (tokens.stride(0), self.T)
 
     def run(self, tokens, parents, tree_lens, target_logits, seed, step):
-        if eager() and V.checks_values(self.device):
+        if V.checks_values(self.device):
             _check_accept_values(parents, tree_lens, target_logits)
         picks = target_picks(target_logits, seed=seed, step=step, **self.sampling)
         if self.reference:
