@@ -359,7 +359,8 @@ def test_kernel_clamps_bad_page_ids_without_faulting(monkeypatch):
     import tritree.kernels._validate as V
     c = _valid()
     bad = torch.where(c["page_table"] == c["page_table"][0, 0], 10**6, c["page_table"])
-    monkeypatch.setattr(V, "values_checkable", lambda *t: False)
+    monkeypatch.setattr(V, "values_checkable", lambda *t: False)  # the traced path's predicate
+    monkeypatch.setattr(V, "checks_values", lambda device: False)  # the plans'
     out = _call(c, page_table=bad)
     assert torch.isfinite(out).all()
 
