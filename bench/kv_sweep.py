@@ -16,7 +16,7 @@ import time
 import torch
 
 from tritree import PagePool, defrag_, kv_commit_, kv_gather, kv_write_, tree_mask_from_parents, verify_mla
-from tritree.kernels.kv_cache import _move_rounds, plan_defrag
+from tritree.kernels.kv_pool import _move_rounds, plan_defrag
 from tritree.roofline import append_jsonl
 from tritree.testing import random_trees
 

@@ -200,10 +200,10 @@ def greedy_picks(tp: TPGroup | None, logits: torch.Tensor, vocab_size: int) -> t
 
 def target_picks(tp: TPGroup | None, logits: torch.Tensor, vocab_size: int, *, temperature: float = 0.0,
                  top_k=None, top_p=None, seed: int = 0, step=0) -> torch.Tensor:
-    """:func:`tritree.kernels.tree.target_picks` of vocabulary-sharded ``logits [B, T, Vs]``: greedy
+    """:func:`tritree.kernels.accept.target_picks` of vocabulary-sharded ``logits [B, T, Vs]``: greedy
     without gathering (:func:`greedy_picks`); sampling gathers the logits first (exact, but an
     all-gather of ``B T V`` floats: a first version)."""
-    from .kernels.tree import target_picks as picks_full
+    from .kernels.accept import target_picks as picks_full
 
     if temperature == 0.0:
         return greedy_picks(tp, logits, vocab_size)

@@ -8,19 +8,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritree.kernels.kv_cache import (
-    PagePool,
-    PoolExhausted,
     _commit_layout,
     _kv_commit_launch,
     _kv_commit_op,
-    _move_rounds,
-    defrag_,
     kv_commit_,
     kv_commit_reference,
     kv_gather,
     kv_gather_reference,
     kv_write_,
     kv_write_reference,
+)
+from tritree.kernels.kv_pool import (
+    PagePool,
+    PoolExhausted,
+    _move_rounds,
+    defrag_,
     page_table_from_token_table,
     token_table_from_page_table,
 )

@@ -17,6 +17,7 @@ vm = importlib.import_module("tritree.kernels.verify_mla")
 da = importlib.import_module("tritree.kernels.draft_attention")
 kvc = importlib.import_module("tritree.kernels.kv_cache")
 tree = importlib.import_module("tritree.kernels.tree")
+accept = importlib.import_module("tritree.kernels.accept")
 
 SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero")
 
@@ -51,7 +52,7 @@ def _inputs():
 
 
 CACHES = {"verify_mla": vm._PLANS, "draft_attention": da._PLANS, "kv_write_": kvc._WRITE_PLANS,
-          "kv_commit_": kvc._COMMIT_PLANS, "build_tree": tree._BUILD_PLANS, "accept_tree": tree._ACCEPT_PLANS}
+          "kv_commit_": kvc._COMMIT_PLANS, "build_tree": tree._BUILD_PLANS, "accept_tree": accept._ACCEPT_PLANS}
 
 
 @pytest.mark.skipif(HAS_GPU, reason="CPU: the interpreter's launches are recorded, not run")

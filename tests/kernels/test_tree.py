@@ -9,13 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels.tree import (
-    accept_tree,
-    accept_tree_reference,
-    build_tree,
-    build_tree_reference,
-    topk_per_depth,
-)
+from tritree.kernels.accept import accept_tree, accept_tree_reference
+from tritree.kernels.tree import build_tree, build_tree_reference, topk_per_depth
 
 from ..conftest import DEVICE, HAS_GPU
 

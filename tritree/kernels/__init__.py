@@ -1,22 +1,12 @@
 """Triton kernels, one file per op family: reference + kernel(s) + launcher + configs."""
 
 from ._launch import clear_plan_caches, plan_cache_info
+from .accept import accept_tree, accept_tree_reference
 from .configs import AttnConfig, arch_of
 from .draft_attention import DraftAttentionPlan, draft_attention, draft_attention_reference
-from .kv_cache import (
-    PagePool,
-    PoolExhausted,
-    defrag_,
-    kv_commit_,
-    kv_commit_reference,
-    kv_gather,
-    kv_gather_reference,
-    kv_write_,
-    kv_write_reference,
-    page_table_from_token_table,
-    token_table_from_page_table,
-)
-from .tree import Tree, accept_tree, accept_tree_reference, build_tree, build_tree_reference, tree_mask_from_parents
+from .kv_cache import kv_commit_, kv_commit_reference, kv_gather, kv_gather_reference, kv_write_, kv_write_reference
+from .kv_pool import PagePool, PoolExhausted, defrag_, page_table_from_token_table, token_table_from_page_table
+from .tree import Tree, build_tree, build_tree_reference, tree_mask_from_parents
 from .verify_mla import VerifyPlan, plan_launch, verify_mla, verify_mla_reference
 
 __all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "verify_mla_reference", "PagePool",

@@ -1,0 +1,271 @@
+"""Tree acceptance by the target: ``accept_tree``.
+
+The target's pick at every node (argmax with the lowest id on ties at temperature 0, else a Gumbel-max
+sample from the temperature / top-k / top-p filtered distribution with a counter-based Philox stream keyed
+by (seed, step, request, node)), then the walk from the root into the child whose token equals the pick,
+on the GPU, no host sync.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _validate as V
+from ._launch import KernelLauncher, PlanCache, eager, signature
+from .configs import num_sms
+from .tree import _interpreting
+
+# --------------------------------------------------------------------------------------------------
+# Acceptance
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _gumbel_pick_kernel(Logits, Thresh, PartVal, PartIdx, stride_r, R, V, chunk, n_chunks, inv_temp, seed, StepPtr, T,
+                        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Per row (request b, node i) and chunk of the vocabulary: the max over the chunk's v of
+    logits/temp + Gumbel(u(seed, step, b, i, v)) among tokens with logit >= Thresh[row], and its
+    lowest index; the partials are reduced across chunks afterwards (first max = lowest id)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1)
+    r_ok = rows < R
+    b = rows // T
+    i = rows % T
+    base = Logits + rows.to(tl.int64)[:, None] * stride_r
+    thresh = tl.load(Thresh + rows, mask=r_ok, other=0.0)
+    best_val = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_R], dtype=tl.int32)
+    lo = c * chunk
+    hi = tl.minimum(lo + chunk, V)
+    step = tl.load(StepPtr)  # from memory: a captured graph replays with the current step
+    for v0 in range(lo, hi, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        ok = r_ok[:, None] & (v < hi)[None, :]
+        x = tl.load(base + v[None, :], mask=ok, other=float("-inf")).to(tl.float32)
+        # Philox counter: (seed, step) pick the key, (request, node, token) the counter
+        u = tl.rand(seed + step * 1000003, (b * T + i)[:, None].to(tl.int64) * V + v[None, :])
+        u = tl.minimum(tl.maximum(u, 1e-20), 1.0 - 1e-7)
+        g = -tl.log(-tl.log(u))
+        score = tl.where(ok & (x >= thresh[:, None]), x * inv_temp + g, float("-inf"))
+        m = tl.max(score, 1)
+        idx = tl.min(tl.where(score == m[:, None], v[None, :], V), 1)
+        take = m > best_val
+        best_idx = tl.where(take, idx, best_idx)
+        best_val = tl.where(take, m, best_val)
+    tl.store(PartVal + rows * n_chunks + c, best_val, mask=r_ok)
+    tl.store(PartIdx + rows * n_chunks + c, best_idx, mask=r_ok)
+
+
+@triton.jit
+def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_b, T,
+                 BLOCK_T: tl.constexpr):
+    b = tl.program_id(0)
+    row = b.to(tl.int64) * stride_b
+    node = tl.arange(0, BLOCK_T)
+    n = tl.load(TreeLens + b)
+    valid = (node < T) & (node < n)
+    tok = tl.load(Tokens + row + node, mask=valid, other=-1)
+    par = tl.load(Parents + row + node, mask=valid, other=-2)
+    tl.store(AcceptIdx + row + node, -1, mask=node < T)
+    cur = 0
+    length = 0
+    if n > 0:
+        tl.store(AcceptIdx + row, 0)
+        length = 1
+        going = 1
+        while going > 0:
+            pick = tl.load(Picks + row + cur)
+            match = valid & (par == cur) & (tok == pick)
+            nxt = tl.min(tl.where(match, node, BLOCK_T), 0)
+            going = (nxt < BLOCK_T).to(tl.int32)
+            if going > 0:
+                tl.store(AcceptIdx + row + length, nxt)
+                length += 1
+                cur = nxt
+        tl.store(Bonus + b, tl.load(Picks + row + cur))
+    else:
+        tl.store(Bonus + b, -1)
+    tl.store(AcceptLen + b, length)
+
+
+def _filter_threshold(logits2d: torch.Tensor, temperature: float, top_k, top_p) -> torch.Tensor:
+    """Per row, the smallest logit kept by top-k / top-p (ties at the threshold are kept)."""
+    R, Vv = logits2d.shape
+    thresh = torch.full((R,), float("-inf"), device=logits2d.device, dtype=torch.float32)
+    if top_k is not None and top_k < Vv:
+        thresh = torch.maximum(thresh, torch.topk(logits2d.float(), top_k, dim=-1).values[:, -1])
+    if top_p is not None and top_p < 1.0:
+        srt = torch.sort(logits2d.float(), dim=-1, descending=True).values
+        masked = torch.where(srt >= thresh[:, None], srt, float("-inf"))
+        probs = torch.softmax(masked / temperature, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
+        keep = before < top_p
+        last = keep.sum(dim=-1).clamp(min=1) - 1
+        thresh = torch.maximum(thresh, torch.gather(srt, 1, last[:, None])[:, 0])
+    return thresh
+
+
+def target_picks(target_logits, *, temperature=0.0, top_k=None, top_p=None, seed=0, step=0):
+    """``[B, T]`` int32 token the target picks at every node (see module docstring)."""
+    B, T, Vv = target_logits.shape
+    if temperature == 0.0:
+        return torch.argmax(target_logits, dim=-1).to(torch.int32)  # first maximum: lowest id on ties
+    logits2d = target_logits.reshape(B * T, Vv)
+    thresh = _filter_threshold(logits2d, temperature, top_k, top_p)
+    if target_logits.device.type != "cuda" and not _interpreting():  # CPU path: torch's own generator
+        g = torch.Generator().manual_seed((int(seed) * 1000003 + int(step)) & 0x7FFFFFFFFFFF)  # int(tensor) on the CPU
+        u = torch.rand(logits2d.shape, generator=g).clamp(1e-20, 1 - 1e-7)
+        score = torch.where(logits2d.float() >= thresh[:, None], logits2d.float() / temperature - torch.log(-torch.log(u)),
+                            float("-inf"))
+        return torch.argmax(score, dim=-1).to(torch.int32).view(B, T)
+    if logits2d.stride(1) != 1:
+        logits2d = logits2d.contiguous()
+    R = B * T
+    if isinstance(step, torch.Tensor):
+        V.check_tensor("step", step, dtypes=(torch.int64,), device=target_logits.device)
+        if step.numel() != 1:
+            raise ValueError(f"step must be an int or a one-element int64 tensor, got shape {tuple(step.shape)}")
+        step_t = step.reshape(1)
+    else:
+        step_t = torch.full((1,), int(step), dtype=torch.int64, device=target_logits.device)  # no host copy: capturable
+    block_v = min(4096, triton.next_power_of_2(Vv))
+    block_r = max(1, min(64, 4096 // block_v))
+    row_blocks = triton.cdiv(R, block_r)
+    # Split the vocabulary too, so that a few rows still fill the GPU (~4 programs per SM).
+    n_chunks = max(1, min(triton.cdiv(Vv, block_v), triton.cdiv(4 * num_sms(target_logits.device), row_blocks)))
+    chunk = triton.cdiv(triton.cdiv(Vv, n_chunks), block_v) * block_v
+    n_chunks = triton.cdiv(Vv, chunk)
+    part_val = torch.empty(R, n_chunks, dtype=torch.float32, device=target_logits.device)
+    part_idx = torch.empty(R, n_chunks, dtype=torch.int32, device=target_logits.device)
+    _gumbel_pick_kernel[(row_blocks, n_chunks)](
+        logits2d, thresh, part_val, part_idx, logits2d.stride(0), R, Vv, chunk, n_chunks, 1.0 / temperature,
+        int(seed) & 0x7FFFFFFF, step_t, T, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=4)
+    best = torch.argmax(part_val, dim=1, keepdim=True)  # first max: the lowest chunk, so the lowest id
+    return torch.gather(part_idx, 1, best).view(B, T)
+
+
+def accept_tree_reference(tokens, parents, tree_lens, picks):
+    """Python walk over given picks: ``(accept_idx [B, T], accept_len [B], bonus [B])``."""
+    B, T = tokens.shape
+    idx = torch.full((B, T), -1, dtype=torch.int32)
+    lens = torch.zeros(B, dtype=torch.int32)
+    bonus = torch.full((B,), -1, dtype=torch.int32)
+    for b in range(B):
+        n = int(tree_lens[b])
+        if n == 0:
+            continue
+        path, cur = [0], 0
+        while True:
+            nxt = [c for c in range(n) if int(parents[b, c]) == cur and int(tokens[b, c]) == int(picks[b, cur])]
+            if not nxt:
+                break
+            cur = min(nxt)
+            path.append(cur)
+        idx[b, :len(path)] = torch.tensor(path, dtype=torch.int32)
+        lens[b] = len(path)
+        bonus[b] = int(picks[b, cur])
+    return idx, lens, bonus
+
+
+def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float = 0.0, top_k: int | None = None,
+                top_p: float | None = None, seed: int = 0, step: int = 0):
+    """Walks a tree with the target's choices.
+
+    Args:
+        tokens, parents: ``[B, T]`` int32 (a :class:`Tree`'s); tree_lens: ``[B]`` int32.
+        target_logits: ``[B, T, V]`` from the verify pass (row i: the target's distribution after node i).
+        temperature: 0 = greedy (argmax, lowest id on ties); > 0 samples (Gumbel-max) from
+            ``softmax(logits / temperature)`` restricted to the top-k tokens and the top-p nucleus.
+        seed, step: key the counter-based RNG (with request and node): reproducible, graph-capturable.
+            ``step`` may be a one-element int64 tensor on the device (read by the kernel, so a captured
+            graph advances it without recapture).
+    Returns ``(accept_idx [B, T] int32 (root first, -1 padded), accept_len [B], bonus [B], picks [B, T])``.
+    Eager calls run a plan cached per static signature.
+    """
+    if not eager():  # traced by torch.compile: the kernel launched as Dynamo traces launches
+        _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
+        picks = target_picks(target_logits, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, step=step)
+        B, T = tokens.shape
+        dev = tokens.device
+        if dev.type != "cuda" and not _interpreting():
+            return (*accept_tree_reference(tokens, parents, tree_lens, picks), picks)
+        accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
+        accept_len = torch.empty(B, dtype=torch.int32, device=dev)
+        bonus = torch.empty(B, dtype=torch.int32, device=dev)
+        _walk_kernel[(B,)](tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, tokens.stride(0), T,
+                           BLOCK_T=triton.next_power_of_2(T), num_warps=4)
+        return accept_idx, accept_len, bonus, picks
+    try:
+        key = (signature(tokens, parents, tree_lens, target_logits), temperature, top_k, top_p)
+        plan = _ACCEPT_PLANS.get(key, tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
+    except (AttributeError, TypeError):  # not tensors / unhashable options: validation says which
+        _AcceptPlan(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
+        raise
+    return plan.run(tokens, parents, tree_lens, target_logits, seed, step)
+
+
+def _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p):
+    V.check_tensor("tokens", tokens, ndim=2, dtypes=(torch.int32,))
+    dev = tokens.device
+    B, T = tokens.shape
+    V.check_tensor("parents", parents, ndim=2, dtypes=(torch.int32,), device=dev)
+    V.check_shape("parents", parents, (B, T), "[B, T]")
+    V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=dev)
+    V.check_shape("tree_lens", tree_lens, (B,), "[B]")
+    V.check_tensor("target_logits", target_logits, ndim=3, dtypes=(torch.float32, torch.float16, torch.bfloat16),
+                   device=dev, last_contiguous=False)
+    if target_logits.shape[:2] != (B, T):
+        raise ValueError(f"target_logits must have shape [B, T, V] = [{B}, {T}, V], got {tuple(target_logits.shape)}")
+    if not (temperature >= 0.0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def _check_accept_values(parents, tree_lens, target_logits):
+    T = parents.shape[1]
+    idx = torch.arange(T)
+    par = parents.cpu().to(torch.int64)
+    valid = idx[None, :] < tree_lens.cpu()[:, None]
+    ok = (par[:, 0] == -1) | ~valid[:, 0]
+    ok &= ((par[:, 1:] >= 0) & (par[:, 1:] < idx[None, 1:]) | ~valid[:, 1:]).all(1)
+    if not bool(ok.all()):
+        b = int(torch.nonzero(~ok)[0, 0])
+        raise ValueError(f"parents[{b}] is not a tree in parents-first order: {par[b].tolist()}")
+    if bool(torch.isnan(target_logits).any()):
+        raise ValueError("target_logits contains NaN")
+
+
+class _AcceptPlan:
+    """accept_tree for one static signature and sampling rule: validated, the walk kernel bound once."""
+
+    def __init__(self, tokens, parents, tree_lens, target_logits, temperature, top_k, top_p):
+        _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.B, self.T = tokens.shape
+        self.device = tokens.device
+        self.reference = self.device.type != "cuda" and not _interpreting()
+        self._walk = KernelLauncher(_walk_kernel, dict(BLOCK_T=triton.next_power_of_2(self.T)), num_warps=4)
+        self._ints = (tokens.stride(0), self.T)
+
+    def run(self, tokens, parents, tree_lens, target_logits, seed, step):
+        if V.checks_values(self.device):
+            _check_accept_values(parents, tree_lens, target_logits)
+        picks = target_picks(target_logits, seed=seed, step=step, **self.sampling)
+        if self.reference:
+            idx_, len_, bonus = accept_tree_reference(tokens, parents, tree_lens, picks)
+            return idx_, len_, bonus, picks
+        B, T, dev = self.B, self.T, self.device
+        accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
+        accept_len = torch.empty(B, dtype=torch.int32, device=dev)
+        bonus = torch.empty(B, dtype=torch.int32, device=dev)
+        self._walk((B, 1, 1), tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, *self._ints)
+        return accept_idx, accept_len, bonus, picks
+
+
+_ACCEPT_PLANS = PlanCache("accept_tree", _AcceptPlan)
