@@ -14,7 +14,8 @@ P % 64 == 0, ``kernel="gluon-ws"`` above; pages below 64 take ``"gluon-ws"`` abo
   the rest of the process); several splits write bf16 partials re-laid out before their store
   (``COALESCED_STORE``; fp32 partials from the MMA layout measured slower). P < 64: row gathers, fp32
   partials.
-* ``"gluon-ws"`` (``_verify_gluon_ws``): 16-bit partials (the output's dtype) always.
+* ``"gluon-ws"`` (``_verify_gluon_ws``, its producer partition in ``_verify_gluon_ws_producer``): 16-bit partials
+  (the output's dtype) always.
   - Narrow block rule: with at least ``NARROW_MIN_BLOCKS`` row blocks, a last block of at most 8 / 16 real
     rows runs narrow (``NARROW_ROWS``); its split count is what the full blocks' programs leave of the SMs
     (``narrow_splits_for``), and the full blocks' count comes from ``choose_narrow_num_splits``, which
