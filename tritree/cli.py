@@ -93,7 +93,7 @@ def _load_pair(args, device, dtype, tp=None):
     from .model.parallel import shard_params
 
     if bool(args.model) != bool(args.draft):
-        raise SystemExit("--model and --draft go together")
+        _usage_error("generate", "--model and --draft go together")
     if args.model:
         tparams, tcfg = load_params(args.model, device=device, dtype=dtype, tp=tp)
         dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype)
@@ -131,7 +131,7 @@ def generate(args, tp=None) -> int:
     g = torch.Generator().manual_seed(args.seed)
     text = tcfg.vocab_size == 257  # bytes as tokens (the shipped pair)
     if args.prompt_ids:
-        prompts = [[int(t) for t in p.split(",")] for p in args.prompt_ids.split(";")]
+        prompts = args.prompt_ids
     elif text:
         prompts = [list(p.encode()) for p in (args.prompt or ["def __init__(self, ", "import os\nimport sys\n\n\ndef main("])]
     else:
@@ -186,12 +186,67 @@ TP_HELP = ("tensor-parallel ranks: run under 'torchrun --nproc-per-node N -m tri
            "torchrun the command relaunches itself so); default WORLD_SIZE")
 
 
+
+def _usage_error(cmd: str, message: str):
+    """A user's mistake: one line on stderr, exit status 2 (as argparse reports its own)."""
+    print(f"tritree {cmd}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    parse.__name__ = f"int >= {lo}"
+    return parse
+
+
+def _page_size(text: str) -> int:
+    v = _int_at_least(1)(text)
+    if v > 128 or v & (v - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two in [1, 128], got {v}")
+    return v
+
+
+def _float_in(lo: float, hi: float, lo_open: bool = False):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (lo < v if lo_open else lo <= v) or not v <= hi:
+            raise argparse.ArgumentTypeError(f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {text}")
+        return v
+    return parse
+
+
+def _prompt_ids(text: str) -> list[list[int]]:
+    """``'1,2,3;4,5'`` -> ``[[1, 2, 3], [4, 5]]``."""
+    try:
+        prompts = [[int(t) for t in p.split(",")] for p in text.split(";")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, prompts separated by ';', got "
+                                         f"{text!r}") from None
+    if any(t < 0 for p in prompts for t in p):
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
+    return prompts
+
+
+def _directory(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"no such directory: {text!r}")
+    return text
+
+
 def _tensor_parallel(args, argv):
     """The rank's :class:`tritree.dist.TPGroup` (None for one process). ``--tp N`` outside torchrun
     replaces this process with ``torchrun --standalone --nproc-per-node N -m tritree <argv>``."""
     want = getattr(args, "tp", None)
-    if want is not None and want < 1:
-        raise SystemExit(f"--tp must be >= 1, got {want}")
     if (want or 1) > 1 and "WORLD_SIZE" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={want}",
                "-m", "tritree", *argv]
@@ -211,42 +266,44 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tritree", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
     gen = sub.add_parser("generate", help="speculative decoding of a batch of prompts (the default)")
-    gen.add_argument("--model", help="target checkpoint directory (HF layout)")
-    gen.add_argument("--draft", help="DFlash draft checkpoint directory (HF layout)")
+    gen.add_argument("--model", type=_directory, help="target checkpoint directory (HF layout)")
+    gen.add_argument("--draft", type=_directory, help="DFlash draft checkpoint directory (HF layout)")
     gen.add_argument("--prompt", action="append", help="a text prompt (repeatable; the shipped byte-level pair)")
-    gen.add_argument("--prompt-ids", help="prompts as token ids: '1,2,3;4,5' (default: built-in prompts)")
+    gen.add_argument("--prompt-ids", type=_prompt_ids, help="prompts as token ids: '1,2,3;4,5' (default: built-in prompts)")
     gen.add_argument("--random", action="store_true", help="a tiny random pair instead of the shipped one")
     gen.add_argument("--chain", action="store_true", help="the DFlash chain instead of a DDTree")
-    gen.add_argument("--batch", type=int, default=2, help="random prompts when --prompt-ids is not given")
-    gen.add_argument("--max-new-tokens", "-n", type=int, default=None, help="default 16 on the CPU, 64 on a GPU")
-    gen.add_argument("--budget", type=int, default=None, help="draft-tree nodes per step (default 8 CPU, 32 GPU)")
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-k", type=int, default=None)
-    gen.add_argument("--top-p", type=float, default=None)
-    gen.add_argument("--stop", type=int, action="append", default=[], help="stop token id (repeatable)")
-    gen.add_argument("--page-size", type=int, default=16)
-    gen.add_argument("--num-pages", type=int, default=1024)
+    gen.add_argument("--batch", type=_int_at_least(1), default=2, help="random prompts when --prompt-ids is not given")
+    gen.add_argument("--max-new-tokens", "-n", type=_int_at_least(1), default=None,
+                     help="default 16 on the CPU, 64 on a GPU")
+    gen.add_argument("--budget", type=_int_at_least(1), default=None,
+                     help="draft-tree nodes per step (default 8 CPU, 32 GPU)")
+    gen.add_argument("--temperature", type=_float_in(0.0, float("inf")), default=0.0)
+    gen.add_argument("--top-k", type=_int_at_least(1), default=None)
+    gen.add_argument("--top-p", type=_float_in(0.0, 1.0, lo_open=True), default=None)
+    gen.add_argument("--stop", type=_int_at_least(0), action="append", default=[], help="stop token id (repeatable)")
+    gen.add_argument("--page-size", type=_page_size, default=16)
+    gen.add_argument("--num-pages", type=_int_at_least(1), default=1024)
     gen.add_argument("--eager", action="store_true", help="no CUDA graph")
     gen.add_argument("--compile", action="store_true", help="torch.compile the step (GPU)")
     gen.add_argument("--check", action="store_true", help="also decode without speculation and compare")
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
     gen.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--tp", type=int, default=None, help=TP_HELP)
+    gen.add_argument("--tp", type=_int_at_least(1), default=None, help=TP_HELP)
     bench = sub.add_parser("bench", help="benchmarks on a GPU: 'decode' (the motivating scenario)")
     bench.add_argument("which", choices=["decode", "accept"])
-    bench.add_argument("--prompts", type=int, default=16, help="accept: held-out prompts")
-    bench.add_argument("--prompt-len", type=int, default=96, help="accept: prompt bytes")
+    bench.add_argument("--prompts", type=_int_at_least(1), default=16, help="accept: held-out prompts")
+    bench.add_argument("--prompt-len", type=_int_at_least(1), default=96, help="accept: prompt bytes")
     bench.add_argument("--fresh-prompts", action="store_true",
                        help="accept: cut prompts from this machine's held-out files instead of the shipped ones")
-    bench.add_argument("--new", type=int, default=48, help="accept: new tokens per prompt")
+    bench.add_argument("--new", type=_int_at_least(1), default=48, help="accept: new tokens per prompt")
     bench.add_argument("--plot", default="bench/results/acceptance.png", help="accept: PNG path")
-    bench.add_argument("--ctx", type=int, default=46_000, help="committed context tokens")
-    bench.add_argument("--gen", type=int, default=160, help="tokens' worth of steps to time (steps = gen / 8)")
-    bench.add_argument("--budgets", type=int, nargs="+", default=None,
+    bench.add_argument("--ctx", type=_int_at_least(1), default=46_000, help="committed context tokens")
+    bench.add_argument("--gen", type=_int_at_least(1), default=160, help="tokens' worth of steps to time (steps = gen / 8)")
+    bench.add_argument("--budgets", type=_int_at_least(1), nargs="+", default=None,
                        help="decode: 7 16 64 (7 = the DFlash chain's size); accept: 8 16 32 64 128")
-    bench.add_argument("--layers", type=int, default=2, help="target layers of the slice (layer 0 dense, MoE after)")
-    bench.add_argument("--batch", type=int, default=1)
+    bench.add_argument("--layers", type=_int_at_least(1), default=2, help="target layers of the slice (layer 0 dense, MoE after)")
+    bench.add_argument("--batch", type=_int_at_least(1), default=1)
     bench.add_argument("--out", default=None, help="append JSON rows here")
     bench.add_argument("--tp", type=int, default=None, help="decode: " + TP_HELP)
     tr = sub.add_parser("train", help="train the tiny target + DFlash draft on the stdlib's source")
@@ -300,8 +357,10 @@ def _dispatch(args, tp) -> int:
         return bench_main(args, tp)
     import torch
     gpu = torch.cuda.is_available()
-    args.max_new_tokens = args.max_new_tokens or (64 if gpu else 16)
-    args.budget = args.budget or (32 if gpu else 8)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 64 if gpu else 16
+    if args.budget is None:
+        args.budget = 32 if gpu else 8
     return generate(args, tp)
 
 

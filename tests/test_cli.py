@@ -1,0 +1,44 @@
+"""The CLI refuses bad flags with one line naming the flag and exit status 2 (no traceback), and honours
+explicit values instead of replacing them by defaults."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tritree import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--budget", "0"], "--budget"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--budget", "x"], "--budget"),
+    (["--prompt-ids", "1,2;3,x"], "--prompt-ids"),
+    (["--prompt-ids", "1,-2"], "--prompt-ids"),
+    (["--page-size", "3"], "--page-size"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-k", "0"], "--top-k"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--tp", "0"], "--tp"),
+    (["--model", "/no/such/dir", "--draft", "/no/such/dir"], "--model"),
+    (["--model", str(ROOT)], "--draft"),
+])
+def test_bad_flags_exit_2_with_one_line(argv, flag):
+    r = subprocess.run([sys.executable, "-m", "tritree", "generate", *argv], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and flag in r.stderr
+    assert len([line for line in r.stderr.splitlines() if "error" in line]) == 1
+
+
+def test_explicit_values_are_not_replaced(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(cli, "generate", lambda args, tp: seen.update(vars(args)) or 0)
+    monkeypatch.setattr(cli, "_ensure_interpreter_without_gpu", lambda: None)
+    assert cli.main(["generate", "--budget", "1", "--max-new-tokens", "1", "--prompt-ids", "1,2;3"]) == 0
+    assert seen["budget"] == 1 and seen["max_new_tokens"] == 1 and seen["prompt_ids"] == [[1, 2], [3]]
+    assert cli.main(["generate"]) == 0
+    assert seen["budget"] >= 1 and seen["max_new_tokens"] >= 1 and seen["prompt_ids"] is None
