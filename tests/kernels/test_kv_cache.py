@@ -252,8 +252,15 @@ def test_page_pool_allocates_grows_frees_and_reports():
     assert pool.reserve("c", 12) == [0, 1, 2]  # lowest free run
     table = pool.page_table(["b", "c"], max_pages=4)
     assert table.tolist() == [[3, 4, 0, 0], [0, 1, 2, 0]] and table.dtype == torch.int32
+    before = pool.usage()
     with pytest.raises(PoolExhausted, match="needs 6 more pages"):
         pool.reserve("d", 24)
+    assert "d" not in pool.pages and pool.usage() == before  # a refused request leaves the pool as it was
+    with pytest.raises(PoolExhausted):
+        pool.reserve("b", 40)  # a growing request that does not fit keeps its pages
+    assert pool.pages["b"] == [3, 4] and pool.usage() == before
+    with pytest.raises(ValueError, match="n_tokens"):
+        pool.reserve("e", -1)
     with pytest.raises(ValueError, match="power of two"):
         PagePool(4, 3)
 

@@ -95,19 +95,20 @@ class PagePool:
         return len(self.pages.get(request, ())) * self.page_size
 
     def reserve(self, request, n_tokens: int) -> list[int]:
-        """Makes ``request`` own enough pages for ``n_tokens`` tokens (growing only); returns its pages."""
-        if n_tokens < 0:
-            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
-        have = self.pages.setdefault(request, [])
+        """Makes ``request`` own enough pages for ``n_tokens`` tokens (growing only); returns its pages.
+        Raises :class:`PoolExhausted` with the pool unchanged (a new request is not registered) when the
+        free pages do not suffice."""
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+            raise ValueError(f"n_tokens must be an int >= 0, got {n_tokens!r}")
+        have = self.pages.get(request, [])
         need = -(-n_tokens // self.page_size) - len(have)
-        if need <= 0:
-            return list(have)
         if need > len(self._free):
             raise PoolExhausted(
                 f"KV page pool exhausted: request {request!r} needs {need} more pages of {self.page_size} tokens "
                 f"for {n_tokens} tokens, {len(self._free)} of {self.num_pages} are free")
-        new = self._take(need, after=have[-1] if have else None)
-        have.extend(new)
+        if need > 0:
+            have = have + self._take(need, after=have[-1] if have else None)
+        self.pages[request] = have
         return list(have)
 
     def release(self, request) -> None:
