@@ -119,3 +119,52 @@ def test_stream_scratch_is_fresh_inside_a_capture_and_shared_otherwise():
     scratch = _launch.StreamScratch(lambda: made.append(1) or torch.empty(1))
     a = scratch.get(torch.device("cpu"))
     assert scratch.get(torch.device("cpu")) is a and len(made) == 1
+
+
+def test_length_and_token_values_out_of_range_are_refused():
+    """Value ranges checked alike by every op that takes them (CPU inputs; GPU inputs with TRITREE_DEBUG=1):
+    tree_lens in [0, T], root tokens inside the vocabulary."""
+    v = random_verify_inputs(2, 9, 3, 16, [40, 17], [9, 5], ("random", "chain"), torch.float32, seed=1)
+    new = torch.randn(2, 9, 576)
+    for bad in ([10, 5], [-1, 5]):
+        tl_ = torch.tensor(bad, dtype=torch.int32)
+        with pytest.raises(ValueError, match="tree_lens"):
+            tritree.kv_write_(v["kv"], v["page_table"], v["kv_lens"], new, tl_)
+        with pytest.raises(ValueError, match="tree_lens"):
+            tritree.verify_mla(v["q"], v["kv"], v["page_table"], v["kv_lens"], v["tree_mask"], sm_scale=0.1,
+                               tree_lens=tl_)
+        with pytest.raises(ValueError, match="tree_lens"):
+            tritree.tree_mask_from_parents(torch.tensor([[-1] + list(range(8))] * 2, dtype=torch.int32), tl_)
+        with pytest.raises(ValueError, match="tree_lens"):
+            tritree.accept_tree(torch.zeros(2, 9, dtype=torch.int32),
+                                torch.tensor([[-1] + list(range(8))] * 2, dtype=torch.int32), tl_, torch.randn(2, 9, 50))
+    logits = torch.randn(2, 3, 50)
+    for bad in ([50, 1], [0, -1]):
+        with pytest.raises(ValueError, match="root_tokens"):
+            tritree.build_tree(logits, 4, torch.tensor(bad, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("which", ["tokens", "parents", "both"])
+def test_accept_tree_reads_views_of_wider_buffers_by_their_strides(which):
+    """``tokens`` / ``parents`` as column slices of wider int32 buffers (their last dim contiguous): the
+    kernel reads each by its own row stride and writes only its outputs (the buffers' other columns keep
+    their values), matching the reference walk."""
+    g = torch.Generator().manual_seed(5)
+    B, T, V = 3, 7, 20
+    tokens = torch.randint(0, V, (B, T), dtype=torch.int32, generator=g)
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3]] * B, dtype=torch.int32)
+    tree_lens = torch.tensor([7, 4, 1], dtype=torch.int32)
+    target = torch.randn(B, T, V, generator=g)
+    target[:, :, 0] += 5.0  # the target mostly picks token 0
+    tokens[:, 1:] = torch.where(torch.rand(B, T - 1, generator=g) < 0.6, 0, tokens[:, 1:])
+    want = tritree.accept_tree(tokens, parents, tree_lens, target)
+    wide_t = torch.full((B, 3 * T), 77, dtype=torch.int32)
+    wide_p = torch.full((B, 2 * T + 5), 88, dtype=torch.int32)
+    wide_t[:, T:2 * T] = tokens
+    wide_p[:, 5:5 + T] = parents
+    t_in = wide_t[:, T:2 * T] if which in ("tokens", "both") else tokens
+    p_in = wide_p[:, 5:5 + T] if which in ("parents", "both") else parents
+    got = tritree.accept_tree(t_in.to(DEVICE), p_in.to(DEVICE), tree_lens.to(DEVICE), target.to(DEVICE))
+    for a, b in zip(got, want):
+        assert torch.equal(a.cpu(), b.cpu())
+    assert (wide_t[:, :T] == 77).all() and (wide_t[:, 2 * T:] == 77).all() and (wide_p[:, :5] == 88).all()

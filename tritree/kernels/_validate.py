@@ -49,6 +49,16 @@ def checks_values(device: torch.device) -> bool:
     return device.type == "cpu" or debug_checks_enabled()
 
 
+def check_value_range(name: str, x: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
+    """Every value of ``x`` in ``[lo, hi]`` (read on the host: only where values are checked)."""
+    v = x.detach().to("cpu", torch.int64)
+    bad = (v < lo) | (v > hi)
+    if bool(bad.any()):
+        i = tuple(int(j) for j in torch.nonzero(bad)[0])
+        at = f"[{', '.join(map(str, i))}]" if i else ""
+        raise ValueError(f"{name}{at} = {int(v[i])} must be in [{lo}, {hi}]{what}")
+
+
 def check_paged_lengths(page_table: torch.Tensor, num_pages: int, page_size: int, kv_lens: torch.Tensor,
                         extra: torch.Tensor, lens_name: str = "kv_lens") -> None:
     """Value checks of a paged layout: lengths in range, every page in use a valid id.

@@ -60,15 +60,18 @@ def _gumbel_pick_kernel(Logits, Thresh, PartVal, PartIdx, stride_r, R, V, chunk,
 
 
 @triton.jit
-def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_b, T,
+def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, T,
                  BLOCK_T: tl.constexpr):
+    """One program per request. ``Tokens`` / ``Parents`` rows by their own strides (views of wider buffers);
+    ``Picks`` and ``AcceptIdx`` are contiguous ``[B, T]``."""
     b = tl.program_id(0)
-    row = b.to(tl.int64) * stride_b
+    b64 = b.to(tl.int64)
+    row = b64 * T
     node = tl.arange(0, BLOCK_T)
     n = tl.load(TreeLens + b)
     valid = (node < T) & (node < n)
-    tok = tl.load(Tokens + row + node, mask=valid, other=-1)
-    par = tl.load(Parents + row + node, mask=valid, other=-2)
+    tok = tl.load(Tokens + b64 * stride_tb + node, mask=valid, other=-1)
+    par = tl.load(Parents + b64 * stride_pb + node, mask=valid, other=-2)
     tl.store(AcceptIdx + row + node, -1, mask=node < T)
     cur = 0
     length = 0
@@ -195,8 +198,8 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
         accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
         accept_len = torch.empty(B, dtype=torch.int32, device=dev)
         bonus = torch.empty(B, dtype=torch.int32, device=dev)
-        _walk_kernel[(B,)](tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, tokens.stride(0), T,
-                           BLOCK_T=triton.next_power_of_2(T), num_warps=4)
+        _walk_kernel[(B,)](tokens, parents, tree_lens, picks.contiguous(), accept_idx, accept_len, bonus,
+                           tokens.stride(0), parents.stride(0), T, BLOCK_T=triton.next_power_of_2(T), num_warps=4)
         return accept_idx, accept_len, bonus, picks
     try:
         key = (signature(tokens, parents, tree_lens, target_logits), temperature, top_k, top_p)
@@ -229,6 +232,7 @@ def _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top
 
 def _check_accept_values(parents, tree_lens, target_logits):
     T = parents.shape[1]
+    V.check_value_range("tree_lens", tree_lens, 0, T, f" (T = {T} nodes)")
     idx = torch.arange(T)
     par = parents.cpu().to(torch.int64)
     valid = idx[None, :] < tree_lens.cpu()[:, None]
@@ -251,7 +255,7 @@ class _AcceptPlan:
         self.device = tokens.device
         self.reference = self.device.type != "cuda" and not _interpreting()
         self._walk = KernelLauncher(_walk_kernel, dict(BLOCK_T=triton.next_power_of_2(self.T)), num_warps=4)
-        self._ints = (tokens.stride(0), self.T)
+        self._ints = (tokens.stride(0), parents.stride(0), self.T)
 
     def run(self, tokens, parents, tree_lens, target_logits, seed, step):
         if V.checks_values(self.device):
@@ -264,7 +268,8 @@ class _AcceptPlan:
         accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
         accept_len = torch.empty(B, dtype=torch.int32, device=dev)
         bonus = torch.empty(B, dtype=torch.int32, device=dev)
-        self._walk((B, 1, 1), tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, *self._ints)
+        self._walk((B, 1, 1), tokens, parents, tree_lens, picks.contiguous(), accept_idx, accept_len, bonus,
+                   *self._ints)
         return accept_idx, accept_len, bonus, picks
 
 

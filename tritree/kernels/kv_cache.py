@@ -220,7 +220,9 @@ def _validate_write(kv, page_table, kv_lens, new, tree_lens, stacked):
 
 
 def _check_write_values(pool, page_table, kv_lens, tree_lens, B, T):
-    n = torch.full((B,), T) if tree_lens is None else tree_lens.cpu().clamp(0, T)
+    if tree_lens is not None:
+        V.check_value_range("tree_lens", tree_lens, 0, T, f" (T = {T} rows of new)")
+    n = torch.full((B,), T) if tree_lens is None else tree_lens.cpu()
     V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens, n)
 
 

@@ -95,6 +95,8 @@ def tree_mask_from_parents(parents: torch.Tensor, tree_lens: torch.Tensor | None
         valid = idx[None, :] < tree_lens[:, None]
     par = parents.to(torch.int64)
     if V.values_checkable(parents):
+        if tree_lens is not None:
+            V.check_value_range("tree_lens", tree_lens, 0, T, f" (T = {T} nodes)")
         ok = (par[:, 0] == -1) & ((par[:, 1:] >= 0) & (par[:, 1:] < idx[None, 1:]) | ~valid[:, 1:]).all(1)
         if not bool(ok.all()):
             b = int(torch.nonzero(~ok)[0, 0])
@@ -647,8 +649,11 @@ class _BuildTreePlan:
                                                torch.empty(B, budget + 1, dtype=torch.int32, device=dev)))
 
     def run(self, draft_logits, root_tokens) -> Tree:
-        if V.checks_values(draft_logits.device) and bool(torch.isnan(draft_logits).any()):
-            raise ValueError("draft_logits contains NaN")
+        if V.checks_values(draft_logits.device):
+            if bool(torch.isnan(draft_logits).any()):
+                raise ValueError("draft_logits contains NaN")
+            V.check_value_range("root_tokens", root_tokens, 0, draft_logits.shape[-1] - 1,
+                                " (a token id of the draft's vocabulary)")
         if self.reference:
             t = build_tree_reference(draft_logits, self.budget, root_tokens)
             return Tree(*(x.to(draft_logits.device) for x in t))
