@@ -17,7 +17,7 @@ from tritree.kernels import _verify_gluon_launch as L
 from tritree.kernels._splitkv import combine_splits, split_destinations
 
 from ..conftest import HAS_GPU
-from .test_verify_mla import SM_SCALE, assert_matches_reference, make_case, poison_unused_slots
+from .test_verify_mla import SM_SCALE, assert_matches_reference, make_case, page_layout_case, poison_unused_slots
 
 H200_SMS = 132
 
@@ -432,13 +432,7 @@ def test_ws_wide_copies_over_page_layouts(T, H, P, layout):
     rows: adjacent pages, or one page of 128; two boxes elsewhere) over contiguous, mixed (adjacent runs
     broken by swapped pages) and fragmented page tables, unused pool slots NaN."""
     assert cx(plan(T=T, H=H, P=P, splits=4))["WIDE_COPIES"]
-    case = make_case(2, T, H, P, [30_000 + 45, 3_000 + 7], [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
-                     seed=T + H + P, fragmented=layout == "fragmented")
-    if layout == "mixed":  # swap page pairs: some tile pairs straddle a break in the run, some do not
-        pt = case["page_table"]
-        for b, (i, j) in enumerate([(5, 300), (40, 2)]):
-            pt[b, i], pt[b, j] = pt[b, j].clone(), pt[b, i].clone()
-    case = poison_unused_slots(case)
+    case = page_layout_case(T, H, P, layout)
     check(case, "gluon-ws", 8)
     check(case, "gluon-ws", 1)
 

@@ -570,6 +570,18 @@ def test_gpu_ws_tail_shapes(T, H, P, kv_lens, splits):
 
 
 @pytest.mark.gpu
+def page_layout_case(T, H, P, layout):
+    """Two bf16 requests over a ``"contiguous"``, ``"mixed"`` (adjacent runs broken by swapped pages: some
+    tile pairs straddle a break, some do not) or ``"fragmented"`` page table, unused pool slots NaN."""
+    case = make_case(2, T, H, P, [30_000 + 45, 3_000 + 7], [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
+                     seed=T + H + P, fragmented=layout == "fragmented")
+    if layout == "mixed":
+        pt = case["page_table"]
+        for b, (i, j) in enumerate([(5, 300), (40, 2)]):
+            pt[b, i], pt[b, j] = pt[b, j].clone(), pt[b, i].clone()
+    return poison_unused_slots(case)
+
+
 @pytest.mark.parametrize("T,H,P,layout", [(65, 8, 64, "contiguous"), (65, 8, 64, "mixed"), (129, 8, 64, "mixed"),
                                           (65, 16, 64, "contiguous"), (33, 8, 128, "fragmented"),
                                           (16, 8, 64, "mixed"), (16, 64, 64, "contiguous")])
@@ -579,13 +591,7 @@ def test_gpu_ws_wide_copies(T, H, P, layout):
     or one page of 128), two boxes elsewhere. Page tables contiguous, mixed (adjacent runs broken by swapped
     pages) and fragmented, unused pool slots NaN: against the reference, then from a CUDA graph."""
     cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
-    case = make_case(2, T, H, P, [30_000 + 45, 3_000 + 7], [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
-                     seed=T + H + P, fragmented=layout == "fragmented")
-    if layout == "mixed":  # swap page pairs: some tile pairs straddle a break in the run, some do not
-        pt = case["page_table"]
-        for b, (i, j) in enumerate([(5, 300), (40, 2)]):
-            pt[b, i], pt[b, j] = pt[b, j].clone(), pt[b, i].clone()
-    case = poison_unused_slots(case)
+    case = page_layout_case(T, H, P, layout)
     launch = gluon_launch_of(case, cfg)
     assert dict(launch.constexprs)["WIDE_COPIES"] and launch.wide_desc
     check_reference_then_graph_replay(case, config=cfg)
