@@ -582,6 +582,7 @@ def page_layout_case(T, H, P, layout):
     return poison_unused_slots(case)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("T,H,P,layout", [(65, 8, 64, "contiguous"), (65, 8, 64, "mixed"), (129, 8, 64, "mixed"),
                                           (65, 16, 64, "contiguous"), (33, 8, 128, "fragmented"),
                                           (16, 8, 64, "mixed"), (16, 64, 64, "contiguous")])
