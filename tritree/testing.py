@@ -23,7 +23,7 @@ def random_parents(kind: str, T: int, generator: torch.Generator | None = None) 
 def random_trees(B: int, T: int, kinds=("random",), generator=None, device="cpu") -> torch.Tensor:
     """``[B, T]`` int32 parents, request b of shape ``kinds[b % len(kinds)]``."""
     rows = [random_parents(kinds[b % len(kinds)], T, generator) for b in range(B)]
-    return torch.tensor(rows, dtype=torch.int32, device=device)
+    return torch.tensor(rows, dtype=torch.int32, device=device).view(B, T)  # [0, T] when B = 0
 
 
 def paged_layout(capacity_tokens: list[int] | int, B: int, page_size: int, *, extra_pages: int = 0,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 
 import torch
@@ -25,7 +27,7 @@ def check_tensor(name: str, x, *, ndim: int | None = None, dtypes=None, device: 
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise TypeError(f"{name} must have dtype in ({names}), got {str(x.dtype).removeprefix('torch.')}")
     if device is not None and x.device != device:
-        raise ValueError(f"{name} must be on {device} (the device of q), got {x.device}")
+        raise ValueError(f"{name} must be on {device} (the device of the op's first tensor), got {x.device}")
     if last_contiguous and x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tuple(x.stride())}")
 
@@ -33,6 +35,31 @@ def check_tensor(name: str, x, *, ndim: int | None = None, dtypes=None, device: 
 def check_shape(name: str, x: torch.Tensor, expected: tuple, what: str) -> None:
     if tuple(x.shape) != tuple(expected):
         raise ValueError(f"{name} must have shape {what} = {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def check_int(name: str, v, lo: int | None = None, hi: int | None = None, *, power_of_two: bool = False) -> int:
+    """``v`` a Python (or numpy) integer, not a bool, in ``[lo, hi]`` (and a power of two if asked)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+    v = int(v)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ValueError(f"{name} must be in [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}], "
+                         f"got {v}")
+    if power_of_two and (v < 1 or v & (v - 1)):
+        raise ValueError(f"{name} must be a power of two, got {v}")
+    return v
+
+
+def check_float(name: str, v, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> float:
+    """``v`` a finite real number (not a bool) in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r}")
+    v = float(v)
+    low_bad = lo is not None and (v <= lo if lo_open else v < lo)
+    if not math.isfinite(v) or low_bad or (hi is not None and v > hi):
+        span = f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+        raise ValueError(f"{name} must be a finite number in {span}, got {v!r}")
+    return v
 
 
 def values_checkable(*tensors: torch.Tensor) -> bool:

@@ -176,8 +176,8 @@ def _verify_gluon_kernel(
     b = gl.program_id(2)
     if TIMELINE:
         t0 = _now(pid_s)
-    kv_len = gl.load(KvLens + b)
-    tree_len = gl.load(TreeLens + b)
+    kv_len = gl.maximum(gl.load(KvLens + b), 0)  # unchecked lengths kept in range
+    tree_len = gl.minimum(gl.maximum(gl.load(TreeLens + b), 0), T)
     n_keys = kv_len + tree_len
     if GATHER:  # pages no longer align chunks: tile-aligned ones
         start, end = split_chunk(n_keys, pid_s, num_splits, BLOCK_N)

@@ -435,7 +435,7 @@ def _ws_consumer(Q, KV, PageTable, TreeMask, Out, Lse, sm_scale_log2e,
         t0 = _now(b)
         if TIMELINE == 2:
             c0 = _clock(b)
-    tree_len = gl.load(TreeLens + b)
+    tree_len = gl.minimum(gl.maximum(gl.load(TreeLens + b), 0), T)
 
     # ---- Q: row copies (as the plain kernel's), while the producer issues the first pair ----------
     _load_q(Q, q_lat, q_pe, b, pid_m, T, H, tree_len, stride_qb, stride_qt, stride_qh, ld_layout, BLOCK_M, D_LAT)
@@ -596,8 +596,8 @@ def _verify_gluon_ws_kernel(
     b = gl.program_id(2)
     if WAIT_PRIOR:
         _wait_prior_grid(b)
-    kv_len = gl.load(KvLens + b)
-    tree_len = gl.load(TreeLens + b)
+    kv_len = gl.maximum(gl.load(KvLens + b), 0)  # unchecked lengths kept in range
+    tree_len = gl.minimum(gl.maximum(gl.load(TreeLens + b), 0), T)
     start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
     full_end = start + (gl.maximum(gl.minimum(end, kv_len) - start, 0) // BLOCK_N) * BLOCK_N
     n_full = (full_end - start) // BLOCK_N

@@ -126,8 +126,8 @@ def _tail_extent(KvLens, TreeLens, T, H, num_splits, narrow_splits, n_pairs, NAR
     tails stay one tile at a time, ``_masked_tail_halves``)."""
     _, pid_s, splits, narrow = _program(T, H, num_splits, narrow_splits, NARROW_ROWS, BLOCK_M)
     b = gl.program_id(2)
-    kv_len = gl.load(KvLens + b)
-    tree_len = gl.load(TreeLens + b)
+    kv_len = gl.maximum(gl.load(KvLens + b), 0)  # unchecked lengths kept in range
+    tree_len = gl.minimum(gl.maximum(gl.load(TreeLens + b), 0), T)
     start, end = _chunk_bounds(kv_len, tree_len, pid_s, splits, PAGE_SIZE)
     rest = end - (start + n_pairs * 2 * BLOCK_N)
     n_masked = gl.where(rest > BLOCK_N, gl.cdiv(rest, 2 * BLOCK_N), 0)

@@ -8,8 +8,6 @@ on the GPU, no host sync.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -81,7 +79,8 @@ def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, 
         going = 1
         while going > 0:
             pick = tl.load(Picks + row + cur)
-            match = valid & (par == cur) & (tok == pick)
+            # children come after their parent: a table that is not a tree (unchecked) cannot loop forever
+            match = valid & (par == cur) & (tok == pick) & (node > cur)
             nxt = tl.min(tl.where(match, node, BLOCK_T), 0)
             going = (nxt < BLOCK_T).to(tl.int32)
             if going > 0:
@@ -190,6 +189,7 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
     """
     if not eager():  # traced by torch.compile: the kernel launched as Dynamo traces launches
         _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
+        _check_rng(seed, step)
         picks = target_picks(target_logits, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, step=step)
         B, T = tokens.shape
         dev = tokens.device
@@ -222,12 +222,17 @@ def _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top
                    device=dev, last_contiguous=False)
     if target_logits.shape[:2] != (B, T):
         raise ValueError(f"target_logits must have shape [B, T, V] = [{B}, {T}, V], got {tuple(target_logits.shape)}")
-    if not (temperature >= 0.0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not (0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    V.check_float("temperature", temperature, lo=0.0)
+    if top_k is not None:
+        V.check_int("top_k", top_k, 1)
+    if top_p is not None:
+        V.check_float("top_p", top_p, lo=0.0, hi=1.0, lo_open=True)
+
+
+def _check_rng(seed, step):
+    V.check_int("seed", seed)
+    if not isinstance(step, torch.Tensor):
+        V.check_int("step", step)
 
 
 def _check_accept_values(parents, tree_lens, target_logits):
@@ -260,6 +265,7 @@ class _AcceptPlan:
     def run(self, tokens, parents, tree_lens, target_logits, seed, step):
         if V.checks_values(self.device):
             _check_accept_values(parents, tree_lens, target_logits)
+        _check_rng(seed, step)
         picks = target_picks(target_logits, seed=seed, step=step, **self.sampling)
         if self.reference:
             idx_, len_, bonus = accept_tree_reference(tokens, parents, tree_lens, picks)

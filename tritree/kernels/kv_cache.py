@@ -118,8 +118,10 @@ def _block_e(E: int) -> int:
 
 @triton.jit
 def _row_offsets(PageTable, page_base, pos, ok, max_pages, num_pages, stride_kp, stride_ks, PAGE_SIZE: tl.constexpr):
-    """Element offsets (int64) of logical positions ``pos`` of one request, clamped into the pool."""
-    col = tl.minimum(tl.maximum(pos // PAGE_SIZE, 0), max_pages - 1)
+    """Element offsets (int64) of logical positions ``pos`` of one request, clamped into the pool (a negative
+    position, from lengths no check has seen, is row 0 of the first page, never before it)."""
+    pos = tl.maximum(pos, 0)
+    col = tl.minimum(pos // PAGE_SIZE, max_pages - 1)
     page = tl.load(PageTable + page_base + col, mask=ok, other=0)
     page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
     return page * stride_kp + (pos % PAGE_SIZE).to(tl.int64) * stride_ks
@@ -239,7 +241,9 @@ class _WritePlan:
         lead = 3 if stacked else 2
         self._flat = (pool.layers, B, T, pool.row)
         self._copy = not new[(0,) * lead].is_contiguous()  # per-token dims not one run: a copy per call
-        newv = new.reshape(self._flat) if self._copy or stacked else new.unsqueeze(0).view(self._flat)
+        # the copy's own layout (reshape alone may return a view that keeps a strided last dimension)
+        newv = (new.reshape(self._flat).contiguous() if self._copy else new.reshape(self._flat) if stacked
+                else new.unsqueeze(0).view(self._flat))
         rows = min(16, triton.next_power_of_2(T))
         t_blocks = triton.cdiv(T, rows)
         block_e = _block_e(pool.row)
@@ -258,7 +262,7 @@ class _WritePlan:
         if tree_lens is None:
             tree_lens = full_lengths(self.B, self.T, kv.device)
         if self._copy:
-            new = new.reshape(self._flat)
+            new = new.reshape(self._flat).contiguous()
         self._launch(self._grid, kv, new, page_table, kv_lens, tree_lens, *self._ints)
 
 
@@ -294,7 +298,8 @@ def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
     lead = 3 if stacked else 2
     B, T = new.shape[lead - 2], new.shape[lead - 1]
     newv = (new if stacked else new.unsqueeze(0))
-    newv = newv.view(*newv.shape[:3], pool.row) if newv[0, 0, 0].is_contiguous() else newv.reshape(*newv.shape[:3], pool.row)
+    flat = (*newv.shape[:3], pool.row)
+    newv = newv.view(flat) if newv[0, 0, 0].is_contiguous() else newv.reshape(flat).contiguous()
     rows = min(16, triton.next_power_of_2(T))
     t_blocks = triton.cdiv(T, rows)
     block_e = _block_e(pool.row)
@@ -570,11 +575,9 @@ def kv_gather(kv, page_table, kv_lens, max_len: int | None = None, *, stacked=Fa
     pool = _pool(kv, stacked)
     B = _check_table(page_table, kv_lens, None, kv.device)
     if max_len is None:
-        S = int(kv_lens.max()) if B else 0
+        S = max(int(kv_lens.max()), 0) if B else 0  # (negative lengths, unchecked: nothing to gather)
     else:
-        S = int(max_len)
-        if S < 0:
-            raise ValueError(f"max_len must be >= 0, got {max_len}")
+        S = V.check_int("max_len", max_len, 0)
     if V.values_checkable(kv_lens, page_table):
         V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens, torch.zeros(B, dtype=torch.int64))
     if not _use_kernel(kv):

@@ -291,9 +291,12 @@ def page_table_from_token_table(req_to_token: torch.Tensor, page_size: int = 1, 
     memory viewed as ``[num_slots // P, P, ...]``. With P > 1 every page's tokens must be one aligned run
     of slots (checked for the first ``kv_lens[b]`` tokens when given, else all)."""
     V.check_tensor("req_to_token", req_to_token, ndim=2, dtypes=(torch.int32, torch.int64), last_contiguous=False)
-    if page_size < 1 or page_size & (page_size - 1):
-        raise ValueError(f"page_size must be a power of two, got {page_size}")
+    page_size = V.check_int("page_size", page_size, 1, power_of_two=True)
     B, S = req_to_token.shape
+    if kv_lens is not None:
+        V.check_tensor("kv_lens", kv_lens, ndim=1, dtypes=(torch.int32, torch.int64), device=req_to_token.device)
+        V.check_shape("kv_lens", kv_lens, (B,), "[B]")
+        V.check_value_range("kv_lens", kv_lens, 0, S, f" (the table's {S} tokens)")
     n_pages = -(-S // page_size)
     padded = torch.zeros(B, n_pages * page_size, dtype=torch.int64, device=req_to_token.device)
     padded[:, :S] = req_to_token
@@ -312,6 +315,9 @@ def page_table_from_token_table(req_to_token: torch.Tensor, page_size: int = 1, 
 def token_table_from_page_table(page_table: torch.Tensor, page_size: int, max_tokens: int | None = None):
     """``[B, max_pages * P]`` (or ``max_tokens``) int32 slot of each token: ``page * P + offset``."""
     V.check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), last_contiguous=False)
+    page_size = V.check_int("page_size", page_size, 1, power_of_two=True)
+    if max_tokens is not None:
+        max_tokens = V.check_int("max_tokens", max_tokens, 0)
     B, n_pages = page_table.shape
     slots = page_table.to(torch.int64)[:, :, None] * page_size + torch.arange(page_size, device=page_table.device)
     slots = slots.reshape(B, n_pages * page_size)

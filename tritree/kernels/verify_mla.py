@@ -163,8 +163,9 @@ def _verify_mla_kernel(
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = tl.program_id(2)
-    kv_len = tl.load(KvLens + b)
-    tree_len = tl.load(TreeLens + b)
+    # lengths no check has seen (GPU inputs without TRITREE_DEBUG) kept in range: any result, no stray access
+    kv_len = tl.maximum(tl.load(KvLens + b), 0)
+    tree_len = tl.minimum(tl.maximum(tl.load(TreeLens + b), 0), T)
     n_keys = kv_len + tree_len
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -522,20 +523,18 @@ def _validate(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, d_rope
     V.check_tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), device=dev)
     if page_table.shape[0] != B:
         raise ValueError(f"page_table must have shape [B, max_pages] with B = {B}, got {tuple(page_table.shape)}")
-    if page_table.shape[1] * P < T:
-        raise ValueError(f"page_table capacity {page_table.shape[1]} pages x {P} = {page_table.shape[1] * P} "
-                         f"tokens cannot hold T = {T} tree tokens")
     V.check_tensor("kv_lens", kv_lens, ndim=1, dtypes=(torch.int32,), device=dev)
     V.check_shape("kv_lens", kv_lens, (B,), "[B]")
     W = (T + 31) // 32
     V.check_tensor("tree_mask", tree_mask, ndim=3, dtypes=(torch.int32,), device=dev)
     V.check_shape("tree_mask", tree_mask, (B, T, W), "[B, T, ceil(T/32)]")
+    if page_table.shape[1] * P < T:
+        raise ValueError(f"page_table capacity {page_table.shape[1]} pages x {P} = {page_table.shape[1] * P} "
+                         f"tokens cannot hold T = {T} tree tokens")
     if tree_lens is not None:
         V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=dev)
         V.check_shape("tree_lens", tree_lens, (B,), "[B]")
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
-            or sm_scale <= 0:
-        raise ValueError(f"sm_scale must be a positive finite float, got {sm_scale!r}")
+    V.check_float("sm_scale", sm_scale, lo=0.0, lo_open=True)
     if out is not None:
         V.check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=dev)
         V.check_shape("out", out, (B, T, H, d_lat), "[B, T, H, latent]")

@@ -1,0 +1,708 @@
+"""Samples of every public op for the API fuzzer (``tests/test_api_fuzz.py``), in the style of PyTorch's
+OpInfo samples: each ``sample_*`` draws one valid call (small shapes), says how to run the op and its
+reference, which tensors it writes, and the dimension names of every tensor (so a mutation of one
+dimension knows which arguments an error may name).
+
+Valid calls run with every tensor placed as a view of a larger, poisoned buffer (an offset, padded rows,
+padded dimensions in another storage order, a column slice; a strided last dimension where the op reads
+it by stride): the outputs must match the reference and nothing outside the outputs may change.
+
+Run as ``python -m tests._api_samples MODE OP EXAMPLES SEED`` (MODE: ``valid``, ``invalid``,
+``invalid_structure`` (no bad values: GPU inputs without value checks) or ``unchecked`` (bad values run
+unchecked; nothing may be written outside the outputs)): the fuzzer runs each op in a subprocess, so
+that an out-of-bounds write that kills the process is a failed test, not a dead test run.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from hypothesis import strategies as st
+
+import tritree
+from tritree import testing as TT
+
+SM_SCALE = 0.07
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+
+
+@dataclass
+class Sample:
+    """One valid call of a public op.
+
+    ``tensors``: contiguous inputs by argument name (outputs given to the op included); ``dims``: a
+    name per dimension of each tensor (an int: a size fixed by the op; a name shared by several tensors:
+    sizes that must agree; a name of one tensor: free); ``run(t)``: the op on tensors ``t``;
+    ``reference(t)``: the expected result on contiguous copies ``t`` (written tensors updated in place);
+    ``check(got, want)``: compares ``run``'s result with ``reference``'s; ``written``: tensors the op
+    writes; ``lead``: tensors whose trailing dims must stay one contiguous run (how many leading dims a
+    layout may pad or reorder); ``strided_last``: tensors the op reads through the stride of their last
+    dimension too; ``values``: value mutations the op must refuse (name -> function of the tensors that
+    returns the broken tensors)."""
+
+    op: str
+    tensors: dict[str, torch.Tensor | None]
+    dims: dict[str, tuple]
+    run: Callable[[dict], Any]
+    reference: Callable[[dict], Any]
+    check: Callable[[Any, Any], None]
+    written: tuple[str, ...] = ()
+    lead: dict[str, int] = field(default_factory=dict)  # the KV pools' per-token dims: any rank, one run
+    strided_last: tuple[str, ...] = ()
+    any_dtype: tuple[str, ...] = ()  # tensors the op takes in any dtype of its family (KV pools it only moves)
+    values: dict[str, Callable[[dict], dict]] = field(default_factory=dict)
+    scalars: dict[str, list] = field(default_factory=dict)  # scalar argument -> invalid values (run_scalar)
+    run_scalar: Callable[[dict, str, Any], Any] | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# Layouts: a tensor's values in a view of a bigger buffer
+# ------------------------------------------------------------------------------------------------
+
+LAYOUTS = ("contiguous", "offset", "padded", "reordered", "strided_last")
+
+
+def poison_of(dtype):
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
+def place(x: torch.Tensor, layout: str, rng: random.Random, lead: int | None = None, strided_last: bool = False):
+    """``(view, base)``: ``view`` equals ``x``, laid out by ``layout`` inside the flat buffer ``base``
+    (filled with poison elsewhere). Dimensions ``>= lead`` stay one contiguous run."""
+    nd = x.dim()
+    lead = nd if lead is None else lead
+    shape = list(x.shape)
+    pads = [0] * nd
+    order = list(range(lead))
+    if layout in ("padded", "reordered"):
+        pads = [rng.randint(0, 3) if d < lead else 0 for d in range(nd)]
+    if layout == "reordered" and lead > 1:
+        outer = order[:-1] if lead == nd else order  # the last dimension stays innermost
+        rng.shuffle(outer)
+        order = outer + order[len(outer):]
+    step = rng.randint(2, 3) if layout == "strided_last" and strided_last and nd and lead == nd else 1
+    strides = [0] * nd
+    run = step
+    for d in range(nd - 1, lead - 1, -1):  # the packed trailing block
+        strides[d] = run
+        run *= shape[d]
+    for d in reversed(order):
+        strides[d] = run if d < nd - 1 or step == 1 else step
+        run = strides[d] * (shape[d] + pads[d])
+    offset = (rng.randint(1, 5) if layout != "contiguous" else 0) + sum(rng.randint(0, p) * s for p, s in
+                                                                          zip(pads, strides))
+    size = offset + sum((n - 1) * s for n, s in zip(shape, strides)) + 1 + (3 if layout != "contiguous" else 0)
+    if any(n == 0 for n in shape):
+        size = offset + 4
+    base = torch.full((max(size, 1),), poison_of(x.dtype), dtype=x.dtype, device=x.device)
+    view = base.as_strided(shape, strides, offset)
+    view.copy_(x)
+    return view, base
+
+
+def inside_mask(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    m = torch.zeros(base.shape, dtype=torch.bool, device=base.device)
+    m.as_strided(view.shape, view.stride(), view.storage_offset()).fill_(True)
+    return m
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x).view(torch.uint8)
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparisons
+# ------------------------------------------------------------------------------------------------
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype, what: str):
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    got, want = got.detach().cpu().double(), want.detach().cpu().double()
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{what}: elements not written (NaN poison left)"
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), fin) and torch.equal(got[~fin], want[~fin]), f"{what}: infinities"
+    if fin.any():
+        err = (got[fin] - want[fin]).norm() / want[fin].norm().clamp_min(1e-30)
+        assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]}"
+
+
+def equal(got, want, what: str):
+    assert torch.equal(got.detach().cpu(), want.detach().cpu()), f"{what}: {got} != {want}"
+
+
+def _d(t: torch.Tensor | None):
+    return None if t is None else (t.double() if t.is_floating_point() else t)
+
+
+# ------------------------------------------------------------------------------------------------
+# Samples
+# ------------------------------------------------------------------------------------------------
+
+def _lists(draw, n, lo, hi, extra=()):
+    pick = st.integers(lo, hi) if not extra else st.one_of(st.integers(lo, hi), st.sampled_from(extra))
+    return draw(st.lists(pick, min_size=n, max_size=n))
+
+
+def _set(t: dict, name: str, b: int, value: int, col: int | None = None) -> dict:
+    x = t[name].clone()
+    if col is None:
+        x[b] = value
+    else:
+        x[b, col] = value
+    return {**t, name: x}
+
+
+def sample_verify_mla(draw, device) -> Sample:
+    B, T, H = draw(st.integers(1, 2)), draw(st.integers(1, 9)), draw(st.integers(1, 3))
+    P = draw(st.sampled_from([1, 4, 16]))
+    kv_lens = _lists(draw, B, 0, 40, (0, 1, P))
+    tree_lens = draw(st.none() | st.lists(st.integers(0, T), min_size=B, max_size=B))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    kinds = tuple(draw(st.lists(st.sampled_from(TT.TREE_KINDS), min_size=1, max_size=2)))
+    case = TT.random_verify_inputs(B, T, H, P, kv_lens, tree_lens, kinds, dtype, seed=draw(st.integers(0, 2**20)),
+                                   fragmented=draw(st.booleans()), device=device)
+    give_out, give_lse, return_lse = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
+    as_plan = draw(st.booleans())
+    t = dict(case)
+    t["out"] = torch.full((B, T, H, 512), float("nan"), dtype=dtype, device=device) if give_out else None
+    t["lse"] = torch.full((B, T, H), float("nan"), device=device) if give_lse else None
+    names = ("q", "kv", "page_table", "kv_lens", "tree_mask")
+
+    def run(t):
+        kw = dict(tree_lens=t["tree_lens"], out=t["out"], lse=t["lse"], return_lse=return_lse)
+        if as_plan:
+            plan = tritree.VerifyPlan(*(t[n] for n in names), t["tree_lens"], sm_scale=SM_SCALE, out=t["out"],
+                                      lse=t["lse"])
+            return plan.run(*(t[n] for n in names), **kw)
+        return tritree.verify_mla(*(t[n] for n in names), sm_scale=SM_SCALE, **kw)
+
+    def reference(t):
+        out, lse = tritree.verify_mla_reference(*(_d(t[n]) for n in names), sm_scale=SM_SCALE,
+                                                tree_lens=t["tree_lens"], return_lse=True)
+        if t["out"] is not None:
+            t["out"].copy_(out)
+        if t["lse"] is not None:
+            t["lse"].copy_(lse)
+        return (out, lse) if return_lse else out
+
+    def check(got, want):
+        got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+        for g, w, what in zip(got, want, ("out", "lse")):
+            close(g, w, dtype if what == "out" else torch.float32, what)
+
+    num_pages = case["kv"].shape[0]
+    values = {
+        "kv_lens": lambda t: _set(t, "kv_lens", B - 1, -1),
+        "page_table": lambda t: _set(t, "page_table", 0, num_pages, 0) if tree_lens is None else _set(
+            _set(t, "page_table", 0, num_pages, 0), "tree_lens", 0, T),  # a page in use
+    }
+    if tree_lens is not None:
+        values["tree_lens"] = lambda t: _set(t, "tree_lens", 0, T + 1)
+    return Sample("verify_mla", t, dict(q=("B", "T", "H", 576), kv=("N", "P", 576), page_table=("B", "M"),
+                                        kv_lens=("B",), tree_mask=("B", "T", "W"), tree_lens=("B",),
+                                        out=("B", "T", "H", 512), lse=("B", "T", "H")),
+                  run, reference, check, written=("out", "lse"), strided_last=("lse",), values=values,
+                  scalars={"sm_scale": [float("nan"), "0.1", None]},
+                  run_scalar=lambda t, k, v: tritree.verify_mla(*(t[n] for n in names), sm_scale=v,
+                                                                tree_lens=t["tree_lens"]))
+
+
+def sample_draft_attention(draw, device) -> Sample:
+    B, S = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8]))
+    Hkv, group, D = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2])), draw(st.sampled_from([16, 32]))
+    P = draw(st.sampled_from([1, 4, 16]))
+    ctx_lens = _lists(draw, B, 0, 40, (0, 1, P))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    window = draw(st.none() | st.integers(1, 20))
+    return_lse, as_plan = draw(st.booleans()), draw(st.booleans())
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    page_table, num_pages = TT.paged_layout([max(1, L) for L in ctx_lens], B, P, extra_pages=1, generator=g)
+    Hq = Hkv * group
+    t = dict(q=torch.randn(B, S, Hq, D, generator=g), k_cache=torch.randn(num_pages, P, Hkv, D, generator=g),
+             v_cache=torch.randn(num_pages, P, Hkv, D, generator=g), page_table=page_table,
+             ctx_lens=torch.tensor(ctx_lens, dtype=torch.int32), k_blk=torch.randn(B, S, Hkv, D, generator=g),
+             v_blk=torch.randn(B, S, Hkv, D, generator=g))
+    t = {k: (v.to(dtype) if v.is_floating_point() else v).to(device) for k, v in t.items()}
+    names = tuple(t)
+
+    def run(t):
+        if as_plan:
+            plan = tritree.DraftAttentionPlan(*(t[n] for n in names), sm_scale=D**-0.5, window=window)
+            return plan.run(*(t[n] for n in names), return_lse=return_lse)
+        return tritree.draft_attention(*(t[n] for n in names), sm_scale=D**-0.5, window=window,
+                                       return_lse=return_lse)
+
+    def reference(t):
+        return tritree.draft_attention_reference(*(_d(t[n]) for n in names), sm_scale=D**-0.5, window=window,
+                                                 return_lse=return_lse)
+
+    def check(got, want):
+        got, want = (got, want) if return_lse else ((got,), (want,))
+        for gg, w, what in zip(got, want, ("out", "lse")):
+            close(gg, w, dtype if what == "out" else torch.float32, what)
+
+    values = {"ctx_lens": lambda t: _set(t, "ctx_lens", 0, -1),
+              "page_table": lambda t: _set(_set(t, "page_table", B - 1, -1, 0), "ctx_lens", B - 1, 1)}
+    return Sample("draft_attention", t, dict(q=("B", "S", "Hq", "D"), k_cache=("N", "P", "Hkv", "D"),
+                                             v_cache=("N", "P", "Hkv", "D"), page_table=("B", "M"), ctx_lens=("B",),
+                                             k_blk=("B", "S", "Hkv", "D"), v_blk=("B", "S", "Hkv", "D")),
+                  run, reference, check, values=values,
+                  scalars={"sm_scale": [float("inf"), "x"], "window": [0, -3, 2.5]},
+                  run_scalar=lambda t, k, v: tritree.draft_attention(
+                      *(t[n] for n in names), **{"sm_scale": D**-0.5, "window": window, k: v}))
+
+
+def _kv_pool(draw, device, T_max=6):
+    stacked = draw(st.booleans())
+    layers = draw(st.integers(1, 2)) if stacked else 1
+    B, P = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 8]))
+    tok = draw(st.sampled_from([(1,), (5,), (32,), (2, 3)]))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int8]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    T = draw(st.integers(1, T_max))
+    kv_lens = _lists(draw, B, 0, 20, (0, P))
+    page_table, num_pages = TT.paged_layout([L + T for L in kv_lens], B, P, extra_pages=1, generator=g)
+    shape = ((layers,) if stacked else ()) + (num_pages, P) + tok
+    kv = (torch.randn(shape, generator=g) * 50).to(dtype)
+    lead = (3 if stacked else 2)
+    return dict(stacked=stacked, layers=layers, B=B, P=P, T=T, tok=tok, dtype=dtype, g=g, kv=kv.to(device),
+                page_table=page_table.to(device), kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=device),
+                num_pages=num_pages, lead=lead)
+
+
+def _kv_dims(c):
+    layer = ("L",) if c["stacked"] else ()
+    tok = tuple(f"E{i}" for i in range(len(c["tok"])))
+    return layer, tok
+
+
+def sample_kv_write_(draw, device) -> Sample:
+    c = _kv_pool(draw, device)
+    B, T, stacked = c["B"], c["T"], c["stacked"]
+    layer, tok = _kv_dims(c)
+    new_shape = ((c["layers"],) if stacked else ()) + (B, T) + c["tok"]
+    new = (torch.randn(new_shape, generator=c["g"]) * 50).to(c["dtype"]).to(device)
+    tree_lens = draw(st.none() | st.lists(st.integers(0, T), min_size=B, max_size=B))
+    t = dict(kv=c["kv"], page_table=c["page_table"], kv_lens=c["kv_lens"], new=new,
+             tree_lens=None if tree_lens is None else torch.tensor(tree_lens, dtype=torch.int32, device=device))
+    names = ("kv", "page_table", "kv_lens", "new", "tree_lens")
+
+    def run(t):
+        return tritree.kv_write_(*(t[n] for n in names), stacked=stacked)
+
+    def reference(t):
+        return tritree.kv_write_reference(*(t[n] for n in names), stacked=stacked)
+
+    def bad_page(t):  # a page in use (request 0 writes at least its first row)
+        t = _set(t, "page_table", 0, c["num_pages"], 0)
+        return t if tree_lens is None else _set(t, "tree_lens", 0, T)
+
+    values = {"kv_lens": lambda t: _set(t, "kv_lens", 0, -1), "page_table": bad_page}
+    if tree_lens is not None:
+        values["tree_lens"] = lambda t: _set(t, "tree_lens", B - 1, T + 1)
+    return Sample("kv_write_", t, dict(kv=layer + ("N", "P") + tok, page_table=("B", "M"), kv_lens=("B",),
+                                       new=layer + ("B", "T") + tok, tree_lens=("B",)),
+                  run, reference, lambda got, want: equal(got, want, "kv"), written=("kv",),
+                  lead={"kv": c["lead"]}, strided_last=("new",), values=values)
+
+
+def _random_accept(T, rng):
+    n = rng.randint(0, T)
+    rest = sorted(rng.sample(range(1, T), max(0, n - 1))) if n > 0 else []
+    idx = ([0] + rest) if n > 0 else []
+    return idx + [-1] * (T - len(idx)), len(idx)
+
+
+def sample_kv_commit_(draw, device) -> Sample:
+    c = _kv_pool(draw, device, T_max=9)
+    B, T, stacked = c["B"], c["T"], c["stacked"]
+    layer, tok = _kv_dims(c)
+    rng = random.Random(draw(st.integers(0, 2**20)))
+    acc = [_random_accept(T, rng) for _ in range(B)]
+    t = dict(kv=c["kv"], page_table=c["page_table"], kv_lens=c["kv_lens"],
+             accept_idx=torch.tensor([a for a, _ in acc], dtype=torch.int32, device=device),
+             accept_len=torch.tensor([n for _, n in acc], dtype=torch.int32, device=device))
+    names = ("kv", "page_table", "kv_lens", "accept_idx", "accept_len")
+
+    def run(t):
+        return tritree.kv_commit_(*(t[n] for n in names), stacked=stacked)
+
+    def reference(t):
+        return tritree.kv_commit_reference(*(t[n] for n in names), stacked=stacked)
+
+    values = {"kv_lens": lambda t: _set(t, "kv_lens", 0, -1),
+              "accept_len": lambda t: _set(t, "accept_len", 0, T + 1),
+              "accept_idx": lambda t: _set(_set(t, "accept_idx", B - 1, T, 0), "accept_len", B - 1, 1)}
+    return Sample("kv_commit_", t, dict(kv=layer + ("N", "P") + tok, page_table=("B", "M"), kv_lens=("B",),
+                                        accept_idx=("B", "T"), accept_len=("B",)),
+                  run, reference, lambda got, want: equal(got, want, "new kv_lens"), written=("kv",),
+                  lead={"kv": c["lead"]}, any_dtype=("kv",), values=values)
+
+
+def sample_kv_gather(draw, device) -> Sample:
+    c = _kv_pool(draw, device)
+    stacked = c["stacked"]
+    layer, tok = _kv_dims(c)
+    max_len = draw(st.none() | st.integers(0, 30))
+    t = dict(kv=c["kv"], page_table=c["page_table"], kv_lens=c["kv_lens"])
+    names = tuple(t)
+    values = {"kv_lens": lambda t: _set(t, "kv_lens", 0, -1),
+              "page_table": lambda t: _set(_set(t, "page_table", 0, -5, 0), "kv_lens", 0, 1)}
+    return Sample("kv_gather", t, dict(kv=layer + ("N", "P") + tok, page_table=("B", "M"), kv_lens=("B",)),
+                  lambda t: tritree.kv_gather(*(t[n] for n in names), max_len, stacked=stacked),
+                  lambda t: tritree.kv_gather_reference(*(t[n] for n in names), max_len, stacked=stacked),
+                  lambda got, want: equal(got, want, "gathered"), lead={"kv": c["lead"]}, any_dtype=("kv",),
+                  values=values,
+                  scalars={"max_len": [-1, 2.5, "3"]},
+                  run_scalar=lambda t, k, v: tritree.kv_gather(*(t[n] for n in names), v, stacked=stacked))
+
+
+def _tree_mask_loop(parents, tree_lens):
+    B, T = parents.shape
+    W = (T + 31) // 32
+    mask = torch.zeros(B, T, W, dtype=torch.int64)
+    depth = torch.zeros(B, T, dtype=torch.int64)
+    for b in range(B):
+        for i in range(int(tree_lens[b]) if tree_lens is not None else T):
+            j, d = i, 0
+            while j >= 0:
+                mask[b, i, j // 32] |= 1 << (j % 32)
+                j, d = int(parents[b, j]), d + 1
+            depth[b, i] = d - 1
+    return torch.where(mask >= 2**31, mask - 2**32, mask).to(torch.int32), depth.to(torch.int32)
+
+
+def sample_tree_mask_from_parents(draw, device) -> Sample:
+    B, T = draw(st.integers(0, 3)), draw(st.integers(1, 40))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    kinds = tuple(draw(st.lists(st.sampled_from(TT.TREE_KINDS), min_size=1, max_size=3)))
+    parents = TT.random_trees(B, T, kinds, generator=g).to(draw(st.sampled_from([torch.int32, torch.int64])))
+    tree_lens = draw(st.none() | st.lists(st.integers(0, T), min_size=B, max_size=B))
+    t = dict(parents=parents.to(device),
+             tree_lens=None if tree_lens is None else torch.tensor(tree_lens, dtype=torch.int32, device=device))
+
+    def check(got, want):
+        equal(got[0], want[0], "tree_mask")
+        equal(got[1], want[1], "depth")
+
+    def bad_parents(t):  # a root with a parent, or a node its own parent (in a row that is not padding)
+        t = _set(t, "parents", 0, 0, 0) if T == 1 else _set(t, "parents", 0, T - 1, T - 1)
+        return t if t["tree_lens"] is None else _set(t, "tree_lens", 0, T)
+
+    values = {"parents": bad_parents}
+    if tree_lens is not None:
+        values["tree_lens"] = lambda t: _set(t, "tree_lens", 0, T + 1)
+    if B == 0:
+        values = {}
+    return Sample("tree_mask_from_parents", t, dict(parents=("B", "T"), tree_lens=("B",)),
+                  lambda t: tritree.tree_mask_from_parents(t["parents"], t["tree_lens"]),
+                  lambda t: _tree_mask_loop(t["parents"].cpu(), None if t["tree_lens"] is None else t["tree_lens"].cpu()),
+                  check, strided_last=("parents",), values=values)
+
+
+def sample_build_tree(draw, device) -> Sample:
+    B, D, Vv = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 30))
+    budget = draw(st.integers(1, 24))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    logits = (torch.randn(B, D, Vv, generator=g) * 3).to(draw(st.sampled_from(FLOATS)))
+    roots = torch.randint(0, Vv, (B,), generator=g).to(draw(st.sampled_from([torch.int32, torch.int64])))
+    t = dict(draft_logits=logits.to(device), root_tokens=roots.to(device))
+
+    def check(got, want):
+        for name, a, b in zip(want._fields, got, want):
+            if name == "scores":
+                a, b = a.cpu(), b.cpu()
+                assert torch.allclose(a, b, rtol=1e-6, atol=1e-6, equal_nan=True), name
+            else:
+                equal(a, b, name)
+
+    def bad_logits(t):
+        x = t["draft_logits"].clone()
+        x[0, 0, 0] = float("nan")
+        return {**t, "draft_logits": x}
+
+    return Sample("build_tree", t, dict(draft_logits=("B", "D", "V"), root_tokens=("B",)),
+                  lambda t: tritree.build_tree(t["draft_logits"], budget, t["root_tokens"]),
+                  lambda t: tritree.build_tree_reference(t["draft_logits"].cpu(), budget, t["root_tokens"].cpu()),
+                  check, strided_last=("draft_logits",),
+                  values={"root_tokens": lambda t: _set(t, "root_tokens", B - 1, Vv), "draft_logits": bad_logits},
+                  scalars={"budget": [0, -2, 2.0, True, None]},
+                  run_scalar=lambda t, k, v: tritree.build_tree(t["draft_logits"], v, t["root_tokens"]))
+
+
+def sample_accept_tree(draw, device) -> Sample:
+    B, T, Vv = draw(st.integers(1, 3)), draw(st.integers(1, 20)), draw(st.integers(2, 12))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    kinds = tuple(draw(st.lists(st.sampled_from(TT.TREE_KINDS), min_size=1, max_size=3)))
+    parents = TT.random_trees(B, T, kinds, generator=g)
+    tokens = torch.randint(0, Vv, (B, T), generator=g, dtype=torch.int32)
+    logits = torch.randn(B, T, Vv, generator=g).to(draw(st.sampled_from(FLOATS)))
+    tree_lens = torch.tensor(_lists(draw, B, 0, T, (T,)), dtype=torch.int32)
+    t = dict(tokens=tokens.to(device), parents=parents.to(device), tree_lens=tree_lens.to(device),
+             target_logits=logits.to(device))
+    names = tuple(t)
+
+    def reference(t):
+        picks = t["target_logits"].cpu().float().argmax(-1).to(torch.int32)
+        return (*tritree.accept_tree_reference(t["tokens"].cpu(), t["parents"].cpu(), t["tree_lens"].cpu(), picks),
+                picks)
+
+    def check(got, want):
+        for a, b, what in zip(got, want, ("accept_idx", "accept_len", "bonus", "picks")):
+            equal(a, b, what)
+
+    def bad_parents(t):  # a root with a parent, or a node after its parent (in a row that is not padding)
+        t = _set(t, "parents", 0, 0, 0) if T == 1 else _set(t, "parents", 0, T, T - 1)
+        return _set(t, "tree_lens", 0, T)
+
+    return Sample("accept_tree", t, dict(tokens=("B", "T"), parents=("B", "T"), tree_lens=("B",),
+                                         target_logits=("B", "T", "V")),
+                  lambda t: tritree.accept_tree(*(t[n] for n in names)), reference, check,
+                  strided_last=("target_logits",),
+                  values={"tree_lens": lambda t: _set(t, "tree_lens", 0, T + 1), "parents": bad_parents},
+                  scalars={"temperature": [-1.0, float("nan"), "hot"], "top_k": [0, 1.5], "top_p": [0.0, 1.5]},
+                  run_scalar=lambda t, k, v: tritree.accept_tree(*(t[n] for n in names), **{k: v}))
+
+
+def sample_token_tables(draw, device) -> Sample:
+    B, n_pages = draw(st.integers(0, 3)), draw(st.integers(1, 5))
+    P = draw(st.sampled_from([1, 2, 8]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    page_table = torch.randperm(64, generator=g)[:B * n_pages].view(B, n_pages).to(torch.int32)
+    max_tokens = draw(st.none() | st.integers(0, n_pages * P))
+    t = dict(page_table=page_table.to(device))
+
+    def run(t):
+        slots = tritree.token_table_from_page_table(t["page_table"], P, max_tokens)
+        back = tritree.page_table_from_token_table(slots, P) if max_tokens is None else None
+        return slots, back
+
+    def reference(t):
+        pt = t["page_table"].cpu().long()
+        slots = (pt[:, :, None] * P + torch.arange(P)).reshape(B, n_pages * P)
+        slots = slots if max_tokens is None else slots[:, :max_tokens]
+        return slots.to(torch.int32), (pt.to(torch.int32) if max_tokens is None else None)
+
+    def check(got, want):
+        equal(got[0], want[0], "slots")
+        if want[1] is not None:
+            equal(got[1], want[1], "page_table back")
+
+    return Sample("token_table_from_page_table", t, dict(page_table=("B", "M")), run, reference, check,
+                  strided_last=("page_table",),
+                  scalars={"page_size": [0, 3, -4, 2.0, None], "max_tokens": [-1, 1.5]},
+                  run_scalar=lambda t, k, v: tritree.token_table_from_page_table(
+                      t["page_table"], **{"page_size": P, "max_tokens": max_tokens, k: v}))
+
+
+def sample_page_table_from_token_table(draw, device) -> Sample:
+    B, n_pages = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    P = draw(st.sampled_from([1, 2, 4]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    pages = torch.randperm(32, generator=g)[:B * n_pages].view(B, n_pages).long()
+    S = draw(st.integers(1, n_pages * P))
+    slots = (pages[:, :, None] * P + torch.arange(P)).reshape(B, n_pages * P)[:, :S]
+    slots = slots.to(draw(st.sampled_from([torch.int32, torch.int64])))
+    kv_lens = torch.tensor(_lists(draw, B, 0, S), dtype=torch.int32)
+    t = dict(req_to_token=slots.to(device), kv_lens=kv_lens.to(device))
+
+    def bad_slots(t):
+        x = t["req_to_token"].clone()
+        x[0, 0] = x[0, 0] + 1
+        return {**t, "req_to_token": x, "kv_lens": torch.full_like(t["kv_lens"], S)}
+
+    return Sample("page_table_from_token_table", t, dict(req_to_token=("B", "S"), kv_lens=("B",)),
+                  lambda t: tritree.page_table_from_token_table(t["req_to_token"], P, t["kv_lens"]),
+                  lambda t: pages.to(torch.int32)[:, :-(-S // P)],
+                  lambda got, want: equal(got, want, "page_table"), strided_last=("req_to_token",),
+                  values={"req_to_token": bad_slots} if P > 1 else {"kv_lens": lambda t: _set(t, "kv_lens", 0, S + 1)},
+                  scalars={"page_size": [0, 3, 2.0, None]},
+                  run_scalar=lambda t, k, v: tritree.page_table_from_token_table(t["req_to_token"], v, t["kv_lens"]))
+
+
+SAMPLES = {s.__name__.removeprefix("sample_"): s for s in (
+    sample_verify_mla, sample_draft_attention, sample_kv_write_, sample_kv_commit_, sample_kv_gather,
+    sample_tree_mask_from_parents, sample_build_tree, sample_accept_tree, sample_token_tables,
+    sample_page_table_from_token_table)}
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks
+# ------------------------------------------------------------------------------------------------
+
+def place_all(sample: Sample, tensors: dict, rng: random.Random):
+    """Every tensor of ``tensors`` placed by a random layout the op accepts: ``(views, bases)``."""
+    placed, bases = {}, {}
+    for name, x in tensors.items():
+        if x is None:
+            placed[name] = None
+            continue
+        layouts = LAYOUTS if name in sample.strided_last else LAYOUTS[:-1]
+        view, base = place(x, rng.choice(layouts), rng, sample.lead.get(name), name in sample.strided_last)
+        placed[name], bases[name] = view, base
+    return placed, bases
+
+
+def assert_written_inside(placed: dict, bases: dict, before: dict) -> None:
+    """Every byte of every buffer outside its tensor's view as it was."""
+    if any(b.is_cuda for b in bases.values()):
+        torch.cuda.synchronize()
+    for name, base in bases.items():
+        outside = ~inside_mask(placed[name], base).repeat_interleave(base.element_size())
+        assert torch.equal(bits(base)[outside], before[name][outside]), f"{name}: written outside its view"
+
+
+def check_valid_views(sample: Sample, rng: random.Random) -> None:
+    """The op on views of poisoned buffers equals its reference on contiguous copies; nothing outside
+    the written tensors' views changes."""
+    placed, bases = place_all(sample, sample.tensors, rng)
+    before = {n: bits(b).clone() for n, b in bases.items()}
+    got = sample.run(placed)
+    ref_t = {n: (None if x is None else x.clone()) for n, x in sample.tensors.items()}
+    want = sample.reference(ref_t)
+    sample.check(got, want)
+    assert_written_inside(placed, bases, before)
+    for name in bases:
+        view = placed[name]
+        if name in sample.written:
+            if view.is_floating_point() and name != "kv":
+                close(view, ref_t[name], view.dtype, name)
+            else:  # the KV ops move entries: bit for bit
+                assert torch.equal(bits(view), bits(ref_t[name])), f"{name}: differs from the reference"
+        else:
+            assert torch.equal(bits(view), bits(sample.tensors[name])), f"{name}: an input was modified"
+
+
+def expect_refusal(fn, names: set[str], what: str) -> None:
+    try:
+        fn()
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        assert any(n in msg for n in names), f"{what}: {type(e).__name__} names none of {sorted(names)}: {msg}"
+        return
+    raise AssertionError(f"{what}: accepted (expected a ValueError/TypeError naming one of {sorted(names)})")
+
+
+def _other_dtype(x: torch.Tensor):
+    return torch.int32 if x.is_floating_point() else torch.float32
+
+
+def check_unchecked_values(sample: Sample, rng: random.Random) -> None:
+    """Each bad value run without value checks (GPU inputs without ``TRITREE_DEBUG=1``): any result,
+    but no byte outside the written tensors' views changes and the inputs stay as they were."""
+    for k, breaks in sample.values.items():
+        placed, bases = place_all(sample, breaks(dict(sample.tensors)), rng)
+        before = {n: bits(b).clone() for n, b in bases.items()}
+        try:
+            sample.run(placed)
+        except ValueError:  # host-side ops check their values always
+            pass
+        assert_written_inside(placed, bases, before)
+        for name in bases:
+            if name not in sample.written:
+                inside = inside_mask(placed[name], bases[name]).repeat_interleave(bases[name].element_size())
+                assert torch.equal(bits(bases[name])[inside], before[name][inside]), f"{name}: an input changed"
+
+
+def check_invalid(sample: Sample, rng: random.Random, values: bool = True) -> None:
+    """Every invalid scalar (and, with ``values``, every bad value) of ``sample``, and each structural
+    mutation (dtype, rank, size, type, last-dimension stride, device) of a random argument: the op must
+    raise a ValueError/TypeError that names the argument (or, for a dimension shared with other
+    arguments, one of them)."""
+    for k, bad_values in sample.scalars.items():
+        for v in bad_values:
+            expect_refusal(lambda: sample.run_scalar(dict(sample.tensors), k, v), {k}, f"{k}={v!r}")
+    for k, breaks in sample.values.items() if values else ():
+        bad = breaks(dict(sample.tensors))
+        expect_refusal(lambda: sample.run(bad), {k}, f"a bad value of {k}")
+    present = [n for n, x in sample.tensors.items() if x is not None]
+    for mutation in ("dtype", "rank", "size", "type", "last_stride", "device"):
+        t = dict(sample.tensors)
+        name = rng.choice(present)
+        x = t[name]
+        blame = {name}
+        if mutation == "dtype":  # a dtype valid alone may break agreement with another argument's
+            if name in sample.any_dtype:
+                continue
+            t[name] = x.to(_other_dtype(x))
+            blame = {o for o in present if sample.tensors[o].dtype == x.dtype}
+        elif mutation == "rank":
+            if name in sample.lead:  # a pool of any per-token rank: one more dim may be another valid pool
+                continue
+            t[name] = x.unsqueeze(0)
+        elif mutation == "type":
+            t[name] = x.tolist()
+        elif mutation == "device":
+            if name == present[0]:
+                continue
+            t[name] = torch.empty(x.shape, dtype=x.dtype, device="meta")
+        elif mutation == "last_stride":
+            if name in sample.strided_last or x.dim() == 0 or x.shape[-1] < 2:
+                continue
+            t[name] = place(x, "strided_last", rng, None, True)[0]
+        elif mutation == "size":
+            dims = sample.dims[name]
+            choices = [d for d, sym in enumerate(dims[:x.dim()]) if isinstance(sym, int) or sum(
+                sym in sample.dims[o] for o in present) > 1]
+            if not choices:
+                continue
+            d = rng.choice(choices)
+            pad = torch.zeros((*x.shape[:d], 1, *x.shape[d + 1:]), dtype=x.dtype, device=x.device)
+            if x.shape[d]:
+                pad = x.narrow(d, 0, 1)
+            t[name] = torch.cat([x, pad], dim=d)
+            if not isinstance(dims[d], int):
+                blame = {o for o in present if dims[d] in sample.dims[o]}
+        expect_refusal(lambda: sample.run(t), blame, f"{mutation} of {name}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point of the subprocess
+# ------------------------------------------------------------------------------------------------
+
+def main(argv):
+    from hypothesis import HealthCheck, given, seed, settings
+
+    mode, op, examples, at = argv[0], argv[1], int(argv[2]), int(argv[3])
+    if mode not in ("valid", "invalid", "invalid_structure", "unchecked"):
+        raise SystemExit(f"unknown mode {mode!r}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sample_fn = SAMPLES[op]
+    if mode == "unchecked" and device.type == "cpu":  # the kernels in the interpreter as a GPU runs them: unchecked
+        from tritree.kernels import _validate
+
+        _validate.checks_values = lambda device: False
+        _validate.values_checkable = lambda *tensors: False
+
+    @seed(at)
+    @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def valid(data):
+        sample = sample_fn(data.draw, device)
+        check_valid_views(sample, random.Random(data.draw(st.integers(0, 2**30))))
+
+    @seed(at)
+    @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def invalid(data):
+        sample = sample_fn(data.draw, device)
+        rng = random.Random(data.draw(st.integers(0, 2**30)))
+        if mode == "unchecked":
+            check_unchecked_values(sample, rng)
+        else:
+            check_invalid(sample, rng, values=mode == "invalid")
+
+    (valid if mode == "valid" else invalid)()
+    print(f"{mode} {op}: {examples} examples passed")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+    sys.exit(0)
+
