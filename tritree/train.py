@@ -176,11 +176,13 @@ def save_target(params: dict, cfg: KimiK2Config, path: Path) -> None:
     out = {}
     for k, t in params.items():
         t = t.detach().float().cpu().contiguous()
-        if k.endswith("self_attn.q_b_proj.weight"):
+        if not cfg.rope_interleave:  # the checkpoint keeps tritree's halves layout
+            pass
+        elif k.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight")):
             t = t.view(cfg.num_attention_heads, cfg.qk_head_dim, -1).clone()
             t[:, cfg.qk_nope_head_dim:] = t[:, cfg.qk_nope_head_dim:][:, inv]
             t = t.reshape(-1, t.shape[-1])
-        elif k.endswith("self_attn.kv_a_proj_with_mqa.weight"):
+        elif k.endswith(("self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_proj_with_mqa.bias")):
             t = t.clone()
             t[cfg.kv_lora_rank:] = t[cfg.kv_lora_rank:][inv]
         if ".mlp.experts." in k:
@@ -207,7 +209,7 @@ def save_draft(params: dict, cfg: DFlashConfig, path: Path) -> None:
                 num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                 num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
                 rope_theta=cfg.rope_theta, rope_scaling=rs, max_position_embeddings=cfg.max_position_embeddings,
-                attention_bias=False, layer_types=["full_attention"] * cfg.num_hidden_layers,
+                attention_bias=cfg.attention_bias, layer_types=["full_attention"] * cfg.num_hidden_layers,
                 dflash_config=dict(target_layer_ids=list(cfg.target_layer_ids), mask_token_id=cfg.mask_token_id,
                                    block_size=cfg.block_size), torch_dtype="float32")
     (path / "config.json").write_text(json.dumps(conf, indent=1))

@@ -40,6 +40,10 @@ def param_shapes(cfg: DFlashConfig) -> dict[str, tuple]:
             p + "mlp.gate_proj.weight": (cfg.intermediate_size, Hd), p + "mlp.up_proj.weight": (cfg.intermediate_size, Hd),
             p + "mlp.down_proj.weight": (Hd, cfg.intermediate_size),
         })
+        if cfg.attention_bias:
+            s.update({p + "self_attn.q_proj.bias": (cfg.num_attention_heads * D,),
+                      p + "self_attn.k_proj.bias": (cfg.num_key_value_heads * D,),
+                      p + "self_attn.v_proj.bias": (cfg.num_key_value_heads * D,), p + "self_attn.o_proj.bias": (Hd,)})
     return s
 
 
@@ -78,9 +82,10 @@ def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Te
     out = []
     for i in range(cfg.num_hidden_layers):
         p = layer_prefix(i) + "self_attn."
-        k = rms_norm(linear(ctx, params[p + "k_proj.weight"]).view(B, n, Hkv, D), params[p + "k_norm.weight"],
-                     cfg.rms_norm_eps)
-        out.append((apply_rope(k, cos, sin), linear(ctx, params[p + "v_proj.weight"]).view(B, n, Hkv, D)))
+        k = rms_norm(linear(ctx, params[p + "k_proj.weight"], params.get(p + "k_proj.bias")).view(B, n, Hkv, D),
+                     params[p + "k_norm.weight"], cfg.rms_norm_eps)
+        v = linear(ctx, params[p + "v_proj.weight"], params.get(p + "v_proj.bias")).view(B, n, Hkv, D)
+        out.append((apply_rope(k, cos, sin), v))
     return out
 
 
@@ -129,14 +134,15 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
     for i in range(cfg.num_hidden_layers):
         p = layer_prefix(i)
         h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        q = rms_norm(linear(h, params[p + "self_attn.q_proj.weight"]).view(B, S, Hq, D), params[p + "self_attn.q_norm.weight"],
-                     cfg.rms_norm_eps)
-        k = rms_norm(linear(h, params[p + "self_attn.k_proj.weight"]).view(B, S, Hkv, D), params[p + "self_attn.k_norm.weight"],
-                     cfg.rms_norm_eps)
-        v = linear(h, params[p + "self_attn.v_proj.weight"]).view(B, S, Hkv, D)
+        a = p + "self_attn."
+        q = rms_norm(linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias")).view(B, S, Hq, D),
+                     params[a + "q_norm.weight"], cfg.rms_norm_eps)
+        k = rms_norm(linear(h, params[a + "k_proj.weight"], params.get(a + "k_proj.bias")).view(B, S, Hkv, D),
+                     params[a + "k_norm.weight"], cfg.rms_norm_eps)
+        v = linear(h, params[a + "v_proj.weight"], params.get(a + "v_proj.bias")).view(B, S, Hkv, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attend(i, q, k, v)
-        x = x + linear(o.reshape(B, S, Hq * D), params[p + "self_attn.o_proj.weight"])
+        x = x + linear(o.reshape(B, S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
         x = x + swiglu(h, params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"],
                        params[p + "mlp.down_proj.weight"])
@@ -155,7 +161,8 @@ def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor,
         tp: a :class:`tritree.dist.TPGroup` when ``embed`` and ``lm_head`` are the rank's vocabulary shards
             (the draft itself is replicated): a vocabulary-parallel lookup, and the logits all-gathered.
 
-    Returns ``draft_logits [B, S-1, V]`` float32 for depths 1..S-1 (the input of :func:`tritree.build_tree`).
+    Returns ``draft_logits [B, S-1, V]`` float32 for depths 1..S-1 (the input of :func:`tritree.build_tree`),
+    soft-capped to ``(-c, c)`` by ``c tanh(logits / c)`` when ``cfg.final_logit_softcapping = c``.
     """
     B = anchor.shape[0]
     S = cfg.block_size
@@ -167,4 +174,8 @@ def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor,
     h = block_hidden(params, cfg, x, positions, draft_cache)
     logits = dist.lm_logits(tp, h[:, 1:], lm_head, cfg.vocab_size, cfg.output_multiplier)
     # every rank builds the same tree from the full draft distribution (B (S-1) V floats, small)
-    return dist.gather_vocab(tp, logits, cfg.vocab_size)
+    logits = dist.gather_vocab(tp, logits, cfg.vocab_size)
+    cap = cfg.final_logit_softcapping
+    if cap:  # after the gather: a shard's -inf padding columns must not become -cap
+        logits = torch.tanh(logits / cap) * cap
+    return logits

@@ -36,8 +36,9 @@ def rope_inv_freq(cfg: KimiK2Config, device=None) -> torch.Tensor:
 
 
 def rope_cos_sin(cfg: KimiK2Config, positions: torch.Tensor, dtype):
-    """cos, sin ``[..., rope]`` (halves layout, no amplitude factor) at integer ``positions``."""
-    return cos_sin(rope_inv_freq(cfg, positions.device), positions, dtype)
+    """cos, sin ``[..., rope]`` (halves layout) at integer ``positions``, times the YaRN amplitude
+    (``cfg.rope_amplitude``: 1.0 for K2.x)."""
+    return cos_sin(rope_inv_freq(cfg, positions.device), positions, dtype, cfg.rope_amplitude)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -49,7 +50,8 @@ def layer_prefix(i: int) -> str:
 
 
 def param_shapes(cfg: KimiK2Config) -> dict[str, tuple]:
-    """Every parameter's shape (local heads), with stacked experts."""
+    """Every parameter's shape (local heads), with stacked experts; ``q_proj`` instead of the
+    ``q_a`` / ``q_b`` pair when ``q_lora_rank`` is None; the attention biases with ``attention_bias``."""
     H, Hd = cfg.heads, cfg.hidden_size
     s = {"model.embed_tokens.weight": (cfg.vocab_size, Hd), "model.norm.weight": (Hd,),
          "lm_head.weight": (cfg.vocab_size, Hd)}
@@ -57,14 +59,22 @@ def param_shapes(cfg: KimiK2Config) -> dict[str, tuple]:
         p = layer_prefix(i)
         s.update({
             p + "input_layernorm.weight": (Hd,), p + "post_attention_layernorm.weight": (Hd,),
-            p + "self_attn.q_a_proj.weight": (cfg.q_lora_rank, Hd),
-            p + "self_attn.q_a_layernorm.weight": (cfg.q_lora_rank,),
-            p + "self_attn.q_b_proj.weight": (H * cfg.qk_head_dim, cfg.q_lora_rank),
             p + "self_attn.kv_a_proj_with_mqa.weight": (cfg.latent_dim, Hd),
             p + "self_attn.kv_a_layernorm.weight": (cfg.kv_lora_rank,),
             p + "self_attn.kv_b_proj.weight": (H * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
             p + "self_attn.o_proj.weight": (Hd, H * cfg.v_head_dim),
         })
+        if cfg.q_lora_rank is None:
+            s[p + "self_attn.q_proj.weight"] = (H * cfg.qk_head_dim, Hd)
+        else:
+            s.update({p + "self_attn.q_a_proj.weight": (cfg.q_lora_rank, Hd),
+                      p + "self_attn.q_a_layernorm.weight": (cfg.q_lora_rank,),
+                      p + "self_attn.q_b_proj.weight": (H * cfg.qk_head_dim, cfg.q_lora_rank)})
+        if cfg.attention_bias:  # transformers' DeepSeek-V3: the projections from the hidden state
+            s.update({p + "self_attn.kv_a_proj_with_mqa.bias": (cfg.latent_dim,),
+                      p + "self_attn.o_proj.bias": (Hd,)})
+            if cfg.q_lora_rank is not None:
+                s[p + "self_attn.q_a_proj.bias"] = (cfg.q_lora_rank,)
         if cfg.is_moe(i):
             E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
             Is = I * cfg.n_shared_experts
@@ -141,10 +151,14 @@ def _mla_inputs(params, cfg, i, h, positions):
     p = layer_prefix(i) + "self_attn."
     B, S, _ = h.shape
     H = cfg.heads
-    cq = rms_norm(linear(h, params[p + "q_a_proj.weight"]), params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps)
-    q = linear(cq, params[p + "q_b_proj.weight"]).view(B, S, H, cfg.qk_head_dim)
-    q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
-    a = linear(h, params[p + "kv_a_proj_with_mqa.weight"])
+    if cfg.q_lora_rank is None:
+        q = linear(h, params[p + "q_proj.weight"])
+    else:
+        cq = rms_norm(linear(h, params[p + "q_a_proj.weight"], params.get(p + "q_a_proj.bias")),
+                      params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps)
+        q = linear(cq, params[p + "q_b_proj.weight"])
+    q_nope, q_pe = q.view(B, S, H, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+    a = linear(h, params[p + "kv_a_proj_with_mqa.weight"], params.get(p + "kv_a_proj_with_mqa.bias"))
     c_kv, k_pe = a.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
     c_kv = rms_norm(c_kv, params[p + "kv_a_layernorm.weight"], cfg.qk_latent_eps)
     cos, sin = rope_cos_sin(cfg, positions, h.dtype)
@@ -158,6 +172,12 @@ def _kv_b(params, cfg, i):
     w = params[layer_prefix(i) + "self_attn.kv_b_proj.weight"]
     w = w.view(cfg.heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
     return w[:, :cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]
+
+
+def _o_bias(params, i, o):
+    """``o + o_proj.bias`` when the checkpoint has one: after the all-reduce, so it is added once."""
+    b = params.get(layer_prefix(i) + "self_attn.o_proj.bias")
+    return o if b is None else o + b.to(o.dtype)
 
 
 def attention_prefill(params, cfg, i, h, positions, tp=None):
@@ -174,7 +194,7 @@ def attention_prefill(params, cfg, i, h, positions, tp=None):
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                        scale=cfg.softmax_scale).transpose(1, 2)
     o = linear(o.reshape(B, S, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"])
-    return dist.all_reduce_(tp, o), latent
+    return _o_bias(params, i, dist.all_reduce_(tp, o)), latent
 
 
 def attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, layer_kv, tp=None):
@@ -189,7 +209,8 @@ def attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, 
     o_lat = verify_mla(q, layer_kv, cache["page_table"], cache["kv_lens"], tree_mask, sm_scale=cfg.softmax_scale,
                        tree_lens=tree_lens, d_rope=cfg.qk_rope_head_dim)
     o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv.to(h.dtype))  # W_UV after attention
-    return dist.all_reduce_(tp, linear(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"]))
+    o = dist.all_reduce_(tp, linear(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"]))
+    return _o_bias(params, i, o)
 
 
 def _layers(cfg, params):

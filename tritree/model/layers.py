@@ -17,9 +17,9 @@ def rms_norm(x, weight, eps):
     return weight * xf.to(x.dtype)
 
 
-def linear(x, w):
-    """``x @ w.T`` with the weight cast to the activations' dtype."""
-    return F.linear(x, w.to(x.dtype))
+def linear(x, w, b=None):
+    """``x @ w.T (+ b)`` with the weight (and bias) cast to the activations' dtype."""
+    return F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
 
 
 def swiglu(x, gate, up, down):

@@ -175,13 +175,16 @@ def _read_weight(tensor, wmap, name: str, device, want_shape, sl=None):
 
 
 def _permute_rope(cfg: KimiK2Config, name: str, t: torch.Tensor) -> torch.Tensor:
-    """The checkpoint's interleaved rope rows -> halves (per head of ``q_b_proj``; ``kv_a_proj``)."""
+    """The checkpoint's interleaved rope rows -> halves (per head of ``q_b_proj`` / ``q_proj``;
+    ``kv_a_proj``'s weight and bias); nothing when ``rope_interleave`` is false (rows already halves)."""
+    if not cfg.rope_interleave:
+        return t
     perm = rope_permutation(cfg.qk_rope_head_dim)
-    if name.endswith("self_attn.q_b_proj.weight"):
+    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight")):
         t = t.reshape(-1, cfg.qk_head_dim, t.shape[-1]).clone()
         t[:, cfg.qk_nope_head_dim:] = t[:, cfg.qk_nope_head_dim:][:, perm]
         return t.reshape(-1, t.shape[-1])
-    if name.endswith("self_attn.kv_a_proj_with_mqa.weight"):
+    if name.endswith(("self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_proj_with_mqa.bias")):
         t = t.clone()
         t[cfg.kv_lora_rank:] = t[cfg.kv_lora_rank:][perm]
         return t

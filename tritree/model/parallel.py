@@ -2,9 +2,10 @@
 
 Rank ``r`` of ``w`` holds:
 
-- attention: query heads ``[r H/w, (r+1) H/w)``: the rows of ``q_b_proj`` and ``kv_b_proj`` of those
-  heads (column-parallel) and the matching input columns of ``o_proj`` (row-parallel, all-reduce
-  after); ``q_a_proj``, ``kv_a_proj_with_mqa`` and the norms are replicated, so every rank computes and
+- attention: query heads ``[r H/w, (r+1) H/w)``: the rows of ``q_b_proj`` (or ``q_proj``) and
+  ``kv_b_proj`` of those heads (column-parallel) and the matching input columns of ``o_proj``
+  (row-parallel, all-reduce after; its bias, if any, added once after it); ``q_a_proj``,
+  ``kv_a_proj_with_mqa`` (with their biases) and the norms are replicated, so every rank computes and
   holds the full latent cache;
 - routed experts ``[r E/w, (r+1) E/w)`` (expert-parallel; the router is replicated and every rank routes
   every token, running only its own experts), the shared expert and the dense layers' MLP split along
@@ -55,7 +56,7 @@ def shard_slice(name: str, cfg: KimiK2Config, tp: TPGroup | None, full_shape) ->
     or ``None`` when it keeps all of it. ``cfg`` is the rank's view (:func:`shard_config`); its head
     selection applies even without a group (a single-process view of one rank's heads)."""
     H0, H = cfg.first_local_head, cfg.heads
-    if name.endswith("self_attn.q_b_proj.weight"):
+    if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight")):
         if H == cfg.num_attention_heads:
             return None
         per = cfg.qk_head_dim
