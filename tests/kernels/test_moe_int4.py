@@ -269,3 +269,18 @@ def test_cuda_graph_capture_replays():
     torch.cuda.synchronize()
     ref = moe_int4_reference(x.cpu(), idx.cpu(), w.cpu(), _to(ex, "cpu"))
     assert (out.cpu().double() - ref).norm() / ref.norm() < TOL[torch.bfloat16]
+
+
+def test_traced_by_torch_compile_and_empty_batches():
+    """torch.compile traces the op in one graph (its fake impl); no tokens or no choices give zeros."""
+    g = torch.Generator().manual_seed(8)
+    ex = _to(_experts(2, 32, 32, g), DEVICE)
+    x = torch.randn(3, 32, generator=g).half().to(DEVICE)
+    idx = torch.tensor([[0, 1], [1, 1], [0, 5]], device=DEVICE)
+    w = torch.rand(3, 2, generator=g).to(DEVICE)
+    f = torch.compile(lambda x, i, w: routed_experts_int4(x, i, w, ex) * 2, backend="aot_eager", fullgraph=True)
+    # (fp32 atomics add in any order on a GPU: equal up to the last bit)
+    torch.testing.assert_close(f(x, idx, w), 2 * routed_experts_int4(x, idx, w, ex), rtol=2e-3, atol=1e-4)
+    for n, k in ((0, 2), (3, 0)):
+        got = routed_experts_int4(x[:n], idx[:n, :k], w[:n, :k], ex, out=torch.full_like(x[:n], float("nan")))
+        assert torch.equal(got, torch.zeros_like(x[:n]))

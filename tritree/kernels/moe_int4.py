@@ -424,7 +424,7 @@ def plan_int4_moe(N: int, topk: int, E: int, H: int, I: int, arch: str, sms: int
         table = INT4_MOE_CONFIGS[arch if arch in INT4_MOE_CONFIGS else "sm_80"]
         config = next((table[b] for b in sorted(table) if rows <= b), table[max(table)])
     bm = config.block_m
-    blocks_used = used * -(-rows // bm)  # expected blocks that own rows
+    blocks_used = max(1, used * -(-rows // bm))  # expected blocks that own rows
     gbn, gbk = config.gate_up[:2]
     dbn, dbk = config.down[:2]
     gate_up_split = _split_for(blocks_used * -(-I // gbn), -(-H // gbk), sms)
@@ -469,6 +469,8 @@ def _validate(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale) -
     V.check_tensor("w2_scale", w2_scale, ndim=3, dtypes=(torch.bfloat16,), device=dev)
     N, H = x.shape
     E, I2, _ = w13_packed.shape
+    if E < 1:
+        raise ValueError(f"w13_packed must hold at least one expert, got shape {tuple(w13_packed.shape)}")
     if H % GROUP:
         raise ValueError(f"x: the hidden size {H} must be a multiple of the group size {GROUP}")
     if I2 % 2 or (I2 // 2) % GROUP:
@@ -501,8 +503,9 @@ def routed_experts_int4(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.T
     if out is not None:
         V.check_tensor("out", out, dtypes=(x.dtype,), device=x.device)
         V.check_shape("out", out, (N, H), "[N, H]")
-    if plan is None:
-        plan = plan_int4_moe(N, k, E, H, I, arch_of(x.device), num_sms(x.device))
+    if plan is None:  # a pure function of ints: traced through uncached under torch.compile
+        planner = plan_int4_moe.__wrapped__ if torch.compiler.is_compiling() else plan_int4_moe
+        plan = planner(N, k, E, H, I, arch_of(x.device), num_sms(x.device))
     elif plan.num_blocks < min_blocks(N * k, E, plan.block_m):
         raise ValueError(f"plan.num_blocks = {plan.num_blocks} is below the bound "
                          f"{min_blocks(N * k, E, plan.block_m)} of {N * k} assignments in blocks of {plan.block_m}")
