@@ -30,6 +30,7 @@ is plain shift/mask/convert (the inline-asm magic-number conversion has no inter
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 
@@ -340,7 +341,7 @@ class Int4MoeConfig:
     swap_ab: bool
 
 
-# Bucket of expected rows per used expert (``N k / min(E, N k)``) -> config; the first bucket >= the rows.
+# Bucket of expected rows per used expert (``plan_int4_moe``) -> config; the first bucket >= the rows.
 # Not yet measured on a GPU: sizes chosen for bandwidth (the weights are read once per block, so few wide
 # blocks) and bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py). sm_120: mma.sync,
 # 101,376 B of shared memory, no spills; sm_90: wgmma wants 64 weight rows on M (swap-AB at few tokens).
@@ -416,9 +417,11 @@ def _split_for(programs: int, k_tiles: int, sms: int) -> int:
 def plan_int4_moe(N: int, topk: int, E: int, H: int, I: int, arch: str, sms: int,
                   config: Int4MoeConfig | None = None) -> Int4MoePlan:
     """The launch plan of one shape, computed once: the config (by expected rows per used expert under
-    uniform routing), the block bound, the K splits for ``sms`` SMs. ``config`` replaces the table's."""
+    uniform routing), the block bound (any routing), the K splits for ``sms`` SMs (by the expected blocks).
+    ``config`` replaces the table's."""
     A = N * topk
-    used = max(1, min(E, A))
+    # Expected distinct experts of N tokens' top-k under uniform routing (N = 17, k = 8, E = 384: 116).
+    used = max(1, min(E, A, math.ceil(E * (1 - (1 - min(1.0, topk / E)) ** N))))
     rows = -(-A // used)
     if config is None:
         table = INT4_MOE_CONFIGS[arch if arch in INT4_MOE_CONFIGS else "sm_80"]
