@@ -225,6 +225,43 @@ def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     return reports
 
 
+def moe_int4_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
+    """The INT4 grouped-expert kernels for every config of ``moe_int4.INT4_MOE_CONFIGS``, unsplit and
+    split-K (the split gate_up kernel adds fp32 partials by atomics; the down kernel then forms the
+    SiLU-and-mul on load)."""
+    from .moe_int4 import INT4_MOE_CONFIGS, _down_int4_kernel, _gate_up_int4_kernel
+
+    ptr = "*" + dtype
+    idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedIdx": "*i32",
+           "E": "i32", "Hd": "i32", "I": "i32"}
+    w = {"stride_pe": "i32", "stride_pn": "i32", "stride_se": "i32", "stride_sn": "i32"}
+    act = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    reports = []
+    for arch, table in INT4_MOE_CONFIGS.items():
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for cfg in sorted(set(table.values()), key=lambda c: c.block_m):
+            for split in (1, 2):
+                base = {"TOPK": 8, "BLOCK_M": cfg.block_m, "SPLIT_K": split, "SWAP_AB": cfg.swap_ab, "UPCAST": False}
+                for fn, tiles, sig, extra in (
+                    (_gate_up_int4_kernel, cfg.gate_up,
+                     {"X": ptr, "Wp": "*i32", "Ws": "*bf16", "Hbuf": ptr if split == 1 else "*fp32", **idx,
+                      "stride_x": "i32", **w, "stride_h": "i32"}, {}),
+                    (_down_int4_kernel, cfg.down,
+                     {"Hbuf": ptr if split == 1 else "*fp32", "Wp": "*i32", "Ws": "*bf16", "Out": "*fp32",
+                      "TopkW": "*fp32", **idx, "stride_h": "i32", **w, "stride_o": "i32"},
+                     {"ACT_IN_LOAD": split > 1, "DTYPE": getattr(triton.language, act)}),
+                ):
+                    bn, bk, warps, stages = tiles
+                    consts = {**base, "BLOCK_N": bn, "BLOCK_K": bk, **extra}
+                    divisible = tuple(k for k, v in sig.items() if v.startswith("*")) + tuple(
+                        k for k in sig if k.startswith("stride"))
+                    label = (f"BM{cfg.block_m} BN{bn} BK{bk} w{warps} s{stages}{' swap' if cfg.swap_ab else ''} "
+                             f"split{'1' if split == 1 else 'N'}")
+                    reports.append(audit(fn, sig, consts, arch, warps, stages, divisible, label))
+    return reports
+
+
 def kv_reports(archs=None) -> list[CompileReport]:
     """The KV commit kernel at its launch layouts (``kv_cache._commit_layout``): latent rows of 576 in
     bf16 (trees of 64 nodes in one chunk, of 128+ nodes in chunks of 128), fp32 and 1-byte rows; P 64 and 1."""
@@ -356,7 +393,8 @@ def main(argv=None) -> None:
             raise SystemExit(1)
         return
     reports = (verify_mla_reports(archs=args.arch) + draft_attention_reports(archs=args.arch)
-               + moe_reports(archs=args.arch) + tree_reports(archs=args.arch) + kv_reports(archs=args.arch))
+               + moe_reports(archs=args.arch) + moe_int4_reports(archs=args.arch)
+               + tree_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return
