@@ -41,7 +41,7 @@ GB = 10**9
 GiB = 2**30
 EXPERT_FORMATS = ("int4", "bf16", "fp8")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
-ROUTER_BYTES = 4  # the loader keeps the router in float32 (routing ties are decided in float32)
+ROUTER_BYTES = 4  # load_params and init_params keep the router (weight and bias) in float32
 # Columns of an expert's intermediate dimension that an expert-TP split must keep together: a quantisation
 # group's scale cannot be shared by two ranks.
 SPLIT_GRANULE = {"int4": 32, "fp8": 128, "bf16": 1}
