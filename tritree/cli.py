@@ -262,6 +262,64 @@ def _tensor_parallel(args, argv):
     return tp if tp.active else None
 
 
+# ---- memory: a per-GPU memory report from the configs alone (tritree/memory.py) ----------------------
+
+def _gpu_mem(text: str) -> int:
+    from .memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_memory_parser(sub) -> None:
+    m = sub.add_parser("memory", help="per-GPU memory of a target + draft from their configs (no checkpoint, no GPU)")
+    m.add_argument("--model", type=_directory,
+                   help="target checkpoint directory (only its config.json is read); default: the Kimi K2.6 preset")
+    m.add_argument("--draft", type=_directory, help="DFlash draft directory (only its config.json is read); "
+                   "default: the K2.6 DFlash preset with the preset target, no draft with --model")
+    m.add_argument("--no-draft", action="store_true", help="the target alone")
+    m.add_argument("--tp", type=_int_at_least(1), default=8, help="tensor-parallel GPUs")
+    m.add_argument("--expert-split", choices=["ep", "tp"], default="ep",
+                   help="routed experts: ep = E/tp whole experts per GPU (tritree's layout), tp = every expert's "
+                        "intermediate split over the GPUs on whole quantisation groups")
+    m.add_argument("--ctx", type=_int_at_least(1), default=46_000, help="tokens per request the KV caches hold")
+    m.add_argument("--batch", type=_int_at_least(1), default=1, help="requests")
+    m.add_argument("--page-size", type=_page_size, default=64)
+    m.add_argument("--experts", choices=["int4", "bf16", "fp8"], default="int4",
+                   help="routed experts' format: int4 packed as the K2.6 checkpoint, bf16, fp8 128x128 blocks")
+    m.add_argument("--kv-dtype", choices=["bf16", "fp16", "fp8", "fp32"], default="bf16")
+    m.add_argument("--no-activations", action="store_true", help="leave out the prefill activation estimate")
+    m.add_argument("--gpu-mem", type=_gpu_mem, default=None,
+                   help="memory per GPU for the verdict: 96 (= 96GB, 10^9 B), 89.4GiB, 97887MiB")
+
+
+def memory(args) -> int:
+    from .memory import format_report, memory_report
+    from .model.config import DFlashConfig, KimiK2Config, kimi_k26, kimi_k26_dflash
+
+    if args.draft and args.no_draft:
+        _usage_error("memory", "--draft and --no-draft exclude each other")
+    cfgs = {}
+    for flag, path, read in (("--model", args.model, KimiK2Config.from_hf), ("--draft", args.draft, DFlashConfig.from_hf)):
+        try:
+            cfgs[flag] = read(path) if path else None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            _usage_error("memory", f"{flag} {path}: cannot read its config.json ({type(e).__name__}: {e})")
+    cfg = cfgs["--model"] or kimi_k26()
+    draft = cfgs["--draft"] or (None if args.no_draft or args.model else kimi_k26_dflash())
+    title = f"{args.model or 'Kimi K2.6 (preset)'} + {args.draft or ('no draft' if draft is None else 'DFlash (preset)')}"
+    try:
+        rep = memory_report(cfg, draft, tp=args.tp, ctx=args.ctx, batch=args.batch, page_size=args.page_size,
+                            kv_dtype=args.kv_dtype, experts=args.experts, expert_parallel=args.expert_split == "ep",
+                            activations=not args.no_activations, title=title)
+    except ValueError as e:
+        _usage_error("memory", f"--tp {args.tp} --expert-split {args.expert_split}: {e}")
+    print(format_report(rep, args.gpu_mem))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tritree", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
@@ -323,10 +381,13 @@ def main(argv=None) -> int:
         p.add_argument("--page-size", "-P", type=int, default=64)
         p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
         p.add_argument("--seed", type=int, default=0)
+    _add_memory_parser(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-"):
         argv = ["generate", *argv]
     args = ap.parse_args(argv)
+    if args.cmd == "memory":  # no kernel runs: before the interpreter re-exec
+        return memory(args)
     if args.cmd == "train":
         from .train import main as train_main
         return train_main(args)
