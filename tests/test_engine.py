@@ -193,3 +193,39 @@ def test_gpu_compiled_graph_step():
     ref = make_engine(device="cuda", graphs=False)
     assert [r.tokens for r in eng.generate(PROMPTS, 10, budget=16)] == \
         [r.tokens for r in ref.generate(PROMPTS, 10, budget=16)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Admission: per-request errors, the cache limit, the pool's free pages
+# --------------------------------------------------------------------------------------------------
+
+def _alone(eng, prompt, n, **kw):
+    """``prompt``'s tokens generated on its own (a fresh engine with a large pool, same weights)."""
+    ref = Engine(eng.tparams, eng.tcfg, eng.dparams, eng.dcfg, page_size=eng.page_size, num_pages=256)
+    (r,) = ref.generate([prompt], n, **kw)
+    assert r.error is None, r.error
+    return r.tokens
+
+
+def test_prompt_at_the_cache_limit_is_admitted_and_one_more_token_is_refused(reference_path):
+    """4 pages of 8 hold 32 positions; a request reserves prompt + max_new_tokens + tree + 2 of them.
+    Admission and reservation must count the same positions: the longest admitted prompt runs."""
+    eng = make_engine(num_pages=4)
+    n, budget = 5, 4
+    longest = 32 - (n + budget + 1 + 2)
+    fits, over = list(range(1, longest + 1)), list(range(1, longest + 2))
+    (alone,) = eng.generate([over], n, budget=budget)
+    assert alone.error and "cache" in alone.error
+    res = eng.generate([fits, over], n, budget=budget)
+    assert res[0].error is None and res[0].tokens == _alone(eng, fits, n, budget=budget)
+    assert res[1].error and "cache" in res[1].error and res[1].tokens == []
+    assert eng.pool.free_pages == 4
+
+
+def test_prompt_at_the_model_position_limit(reference_path):
+    eng = make_engine(num_pages=160)  # 1280 cache positions (both requests fit) > the model's 512
+    n, budget = 2, 1
+    longest = eng.tcfg.max_position_embeddings - (n + budget + 1 + 2)
+    res = eng.generate([[3] * longest, [3] * (longest + 1)], n, budget=budget)
+    assert res[0].error is None and len(res[0].tokens) == n
+    assert res[1].error and "model" in res[1].error

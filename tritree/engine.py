@@ -248,17 +248,24 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------
 
+    @staticmethod
+    def _positions_needed(n_prompt: int, max_new_tokens: int, budget: int) -> int:
+        """Cache positions a request reserves: its prompt, its new tokens, one tree of ``budget + 1``
+        nodes written past the committed prefix, and 2 spare. Admission and reservation both use this."""
+        return n_prompt + max_new_tokens + (budget + 1) + 2
+
     def _check_prompt(self, prompt, max_new_tokens, budget) -> str | None:
         if len(prompt) == 0:
             return "empty prompt"
         bad = [t for t in prompt if not isinstance(t, int) or t < 0 or t >= self.tcfg.vocab_size]
         if bad:
             return f"token id {bad[0]!r} is outside the vocabulary [0, {self.tcfg.vocab_size})"
-        need = len(prompt) + max_new_tokens + budget + 2
-        limit = min(self.num_pages * self.page_size, self.tcfg.max_position_embeddings)
-        if need > limit:
+        need = self._positions_needed(len(prompt), max_new_tokens, budget)
+        cache, model = self.num_pages * self.page_size, self.tcfg.max_position_embeddings
+        if need > min(cache, model):
             return (f"prompt of {len(prompt)} tokens + {max_new_tokens} new + tree of {budget + 1} needs {need} "
-                    f"positions, more than the cache/model allows ({limit})")
+                    f"positions, more than the cache allows ({min(cache, model)}: the pool holds {cache}, the model "
+                    f"{model})")
         return None
 
     def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k=None, top_p=None,
@@ -284,7 +291,7 @@ class Engine:
         live = []
         for i, p in enumerate(prompts):
             p = list(p)
-            err = self._check_prompt(p, max_new_tokens, budget)
+            err = self._check_prompt(p, max_new_tokens, eff_budget)
             if err:
                 results[i].error = err
             else:
@@ -344,7 +351,7 @@ class Engine:
         T = budget + 1
         for k, p in enumerate(prompts):
             self.pool.release(("req", k))
-            self.pool.reserve(("req", k), len(p) + max_new_tokens + T + 2)
+            self.pool.reserve(("req", k), self._positions_needed(len(p), max_new_tokens, budget))
         max_pages = max(len(self.pool.pages[("req", k)]) for k in range(B))
         page_table = self.pool.page_table([("req", k) for k in range(B)], max_pages, device=dev)
         taps_ids = tuple(self.dcfg.target_layer_ids)
