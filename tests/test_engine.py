@@ -207,6 +207,23 @@ def _alone(eng, prompt, n, **kw):
     return r.tokens
 
 
+def test_malformed_prompts_get_their_own_error(reference_path):
+    import numpy as np
+
+    eng = make_engine()
+    bad = [None, 7, "abc", [1.5, 2], [True, 2], [[1, 2]], torch.tensor([1.0, 2.0]), [3, -1], [3, 97]]
+    good = [[1, 2, 3], (4, 5), torch.tensor([6, 7, 8]), np.array([9, 10], dtype=np.int64), [np.int32(11)]]
+    res = eng.generate([good[0], *bad[:4], good[1], *bad[4:], *good[2:]], 4, budget=4)
+    got_good = [res[0], res[5], *res[-3:]]
+    got_bad = [*res[1:5], *res[6:-3]]
+    for r, p in zip(got_bad, bad):
+        assert r.error and r.tokens == [] and r.finish is None, (p, r)
+    for r, p in zip(got_good, good):
+        assert r.error is None and r.tokens == _alone(eng, [int(t) for t in p], 4, budget=4)
+    assert "vocabulary" in res[-4].error and "vocabulary" in res[-5].error
+    assert eng.pool.free_pages == eng.pool.num_pages
+
+
 def test_prompt_at_the_cache_limit_is_admitted_and_one_more_token_is_refused(reference_path):
     """4 pages of 8 hold 32 positions; a request reserves prompt + max_new_tokens + tree + 2 of them.
     Admission and reservation must count the same positions: the longest admitted prompt runs."""
@@ -229,3 +246,27 @@ def test_prompt_at_the_model_position_limit(reference_path):
     res = eng.generate([[3] * longest, [3] * (longest + 1)], n, budget=budget)
     assert res[0].error is None and len(res[0].tokens) == n
     assert res[1].error and "model" in res[1].error
+
+
+def test_batch_needing_more_pages_than_the_pool_has_is_queued(reference_path):
+    """Each request fits the pool alone, together they do not: they run as pages come back, and every
+    result equals the request run on its own."""
+    eng = make_engine(num_pages=6)
+    prompts = [list(range(1, 12)), list(range(20, 30)), [5, 6], list(range(40, 55)), [7] * 9]
+    res = eng.generate(prompts, 6, budget=4)
+    for r, p in zip(res, prompts):
+        assert r.error is None and r.tokens == _alone(eng, p, 6, budget=4)
+    assert eng.pool.free_pages == 6 and not eng.pool.pages
+
+
+def test_admission_counts_the_pages_free_now_not_the_whole_pool(reference_path):
+    """Pages held outside the call: a request that fits the whole pool but not what is free is refused
+    with its own error; the others run."""
+    eng = make_engine(num_pages=6)
+    eng.pool.reserve("held", 3 * 8)
+    prompts = [[1, 2, 3], list(range(1, 30)), [4, 5]]
+    res = eng.generate(prompts, 4, budget=4)
+    assert res[0].error is None and res[0].tokens == _alone(eng, prompts[0], 4, budget=4)
+    assert res[1].error and "free" in res[1].error and res[1].tokens == []
+    assert res[2].error is None and res[2].tokens == _alone(eng, prompts[2], 4, budget=4)
+    assert eng.pool.free_pages == 3 and list(eng.pool.pages) == ["held"]
