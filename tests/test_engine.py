@@ -3,6 +3,7 @@ full-sequence recomputation, batches with different prompt lengths, stop tokens,
 exactness (chi-square), and the captured-graph step against the eager step (GPU)."""
 
 import math
+import random
 
 import pytest
 import torch
@@ -270,3 +271,51 @@ def test_admission_counts_the_pages_free_now_not_the_whole_pool(reference_path):
     assert res[1].error and "free" in res[1].error and res[1].tokens == []
     assert res[2].error is None and res[2].tokens == _alone(eng, prompts[2], 4, budget=4)
     assert eng.pool.free_pages == 3 and list(eng.pool.pages) == ["held"]
+
+
+# Malformed requests of the random batches below, and the word their error must contain.
+MALFORMED = [([], "empty"), ([97], "vocabulary"), ([3, -1], "vocabulary"), (None, "sequence"), ("12", "sequence"),
+             ([1.5, 2], "integer"), ([True], "integer"), ([[1, 2]], "integer")]
+
+
+@pytest.mark.parametrize("seed,kw,held", [(0, {"budget": 4}, 0), (1, {"chain": True}, 0), (2, {"budget": 16}, 3)])
+def test_many_random_requests_through_a_small_pool(reference_path, seed, kw, held):
+    """30 requests of random lengths (a few malformed, a few longer than the cache) through a pool of
+    12 pages of 8, with a random stop token, ``held`` pages taken outside the call: every request
+    completes with plain greedy decoding's tokens (the target alone, a pool large enough for all)
+    or gets its own error, and every page comes back."""
+    rng = random.Random(seed)
+    eng = make_engine(num_pages=12)
+    n = 6
+    T = (eng.dcfg.block_size if kw.get("chain") else kw["budget"] + 1)
+    if held:
+        eng.pool.reserve("held", held * eng.page_size)
+    prompts, expect = [], []  # expect: None (tokens) or a word of the error
+    for _ in range(30):
+        u = rng.random()
+        if u < 0.15:
+            p, word = rng.choice(MALFORMED)
+        elif u < 0.25:
+            p, word = [rng.randrange(97) for _ in range(rng.randint(96 - n - T - 1, 120))], "cache"
+        else:
+            p = [rng.randrange(97) for _ in range(rng.randint(1, 96 - n - T - 2))]
+            pages = -(-(len(p) + n + T + 2) // eng.page_size)
+            word = "free" if pages > eng.pool.num_pages - held else None
+        prompts.append(p)
+        expect.append(word)
+    assert "cache" in expect and {w for _, w in MALFORMED} & set(expect) and ("free" in expect) == bool(held)
+    stop = [rng.randrange(97)]
+    res = eng.generate(prompts, n, stop_tokens=stop, **kw)
+    ok = [i for i, w in enumerate(expect) if w is None]
+    plain = make_engine(num_pages=1024).generate([prompts[i] for i in ok], n, stop_tokens=stop, speculative=False)
+    for i, r, w in zip(range(len(prompts)), res, expect):
+        if w is None:
+            assert r.error is None, (i, r.error)
+            assert r.tokens == plain[ok.index(i)].tokens and r.finish in ("stop", "length")
+        else:
+            assert r.error and w in r.error and r.tokens == [] and r.finish is None, (i, prompts[i], r)
+    assert len(ok) >= 15 and sum(-(-(len(prompts[i]) + n + T + 2) // 8) for i in ok) > 3 * 12  # queued
+    assert any(r.finish == "stop" for r in res) or stop[0] not in sum((r.tokens for r in plain), [])
+    assert eng.pool.free_pages == 12 - held and list(eng.pool.pages) == (["held"] if held else [])
+    i = ok[0]
+    assert res[i].tokens == greedy_oracle(eng, prompts[i], len(res[i].tokens))  # the plain path itself
