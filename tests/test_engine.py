@@ -273,6 +273,16 @@ def test_admission_counts_the_pages_free_now_not_the_whole_pool(reference_path):
     assert eng.pool.free_pages == 3 and list(eng.pool.pages) == ["held"]
 
 
+def test_queued_requests_through_the_triton_kernels():
+    """Two rows for three requests (4 pages, 2 each): the third takes the first row freed, and the row
+    left without a request steps on the sink page (empty context) beside a running one."""
+    eng = make_engine(num_pages=4)
+    prompts = [[5, 17, 3], [60, 1], [7, 7, 7, 30]]
+    res = eng.generate(prompts, 4, budget=4)
+    for r, p in zip(res, prompts):
+        assert r.error is None and r.tokens == greedy_oracle(eng, p, 4)
+    assert eng.pool.free_pages == 4
+
 # Malformed requests of the random batches below, and the word their error must contain.
 MALFORMED = [([], "empty"), ([97], "vocabulary"), ([3, -1], "vocabulary"), (None, "sequence"), ("12", "sequence"),
              ([1.5, 2], "integer"), ([True], "integer"), ([[1, 2]], "integer")]
