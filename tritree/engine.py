@@ -223,7 +223,9 @@ _REQ = "generate"  # PagePool ids of a call's requests: (_REQ, index of the prom
 class Engine:
     """Generation with a target/draft pair (parameters as dicts, configs as dataclasses).
 
-    ``page_size``/``num_pages``: the paged caches (target latent and draft K/V share one page table).
+    ``page_size``/``num_pages``: the paged caches (target latent and draft K/V share one page table);
+    ``pool`` (a :class:`~tritree.PagePool` of ``num_pages``) hands their pages to requests, and the
+    caches hold one page more, the sink of batch rows without a request.
     ``graphs``: capture the step in a CUDA graph (default: on a GPU). ``compile``: torch.compile the
     target verify and the draft forward (GPU). ``tp``: a :class:`tritree.dist.TPGroup`; every rank
     constructs its engine with its target shard and calls ``generate`` with the same arguments (the
