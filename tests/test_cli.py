@@ -1,5 +1,6 @@
-"""The CLI refuses bad flags with one line naming the flag and exit status 2 (no traceback), and honours
-explicit values instead of replacing them by defaults."""
+"""The CLI refuses bad flags with one line naming the flag and exit status 2 (no traceback), honours
+explicit values instead of replacing them by defaults, and reports a request's own error as one line
+on stderr (exit status 1) while printing the others' results."""
 
 import subprocess
 import sys
@@ -42,3 +43,13 @@ def test_explicit_values_are_not_replaced(monkeypatch):
     assert seen["budget"] == 1 and seen["max_new_tokens"] == 1 and seen["prompt_ids"] == [[1, 2], [3]]
     assert cli.main(["generate"]) == 0
     assert seen["budget"] >= 1 and seen["max_new_tokens"] >= 1 and seen["prompt_ids"] is None
+
+
+def test_a_bad_request_is_one_line_on_stderr_and_the_others_still_run():
+    r = subprocess.run([sys.executable, "-m", "tritree", "generate", "--random", "--prompt-ids", "1,2,3;500",
+                        "-n", "2", "--budget", "2", "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "request 1" in errors[0] and "vocabulary" in errors[0], r.stderr
+    assert "[0] prompt [1, 2, 3]" in r.stdout and "(length)" in r.stdout

@@ -3,6 +3,7 @@ full-sequence recomputation, batches with different prompt lengths, stop tokens,
 exactness (chi-square), and the captured-graph step against the eager step (GPU)."""
 
 import math
+import random
 
 import pytest
 import torch
@@ -193,3 +194,138 @@ def test_gpu_compiled_graph_step():
     ref = make_engine(device="cuda", graphs=False)
     assert [r.tokens for r in eng.generate(PROMPTS, 10, budget=16)] == \
         [r.tokens for r in ref.generate(PROMPTS, 10, budget=16)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Admission: per-request errors, the cache limit, the pool's free pages
+# --------------------------------------------------------------------------------------------------
+
+def _alone(eng, prompt, n, **kw):
+    """``prompt``'s tokens generated on its own (a fresh engine with a large pool, same weights)."""
+    ref = Engine(eng.tparams, eng.tcfg, eng.dparams, eng.dcfg, page_size=eng.page_size, num_pages=256)
+    (r,) = ref.generate([prompt], n, **kw)
+    assert r.error is None, r.error
+    return r.tokens
+
+
+def test_malformed_prompts_get_their_own_error(reference_path):
+    import numpy as np
+
+    eng = make_engine()
+    bad = [None, 7, "abc", [1.5, 2], [True, 2], [[1, 2]], torch.tensor([1.0, 2.0]), [3, -1], [3, 97]]
+    good = [[1, 2, 3], (4, 5), torch.tensor([6, 7, 8]), np.array([9, 10], dtype=np.int64), [np.int32(11)]]
+    res = eng.generate([good[0], *bad[:4], good[1], *bad[4:], *good[2:]], 4, budget=4)
+    got_good = [res[0], res[5], *res[-3:]]
+    got_bad = [*res[1:5], *res[6:-3]]
+    for r, p in zip(got_bad, bad):
+        assert r.error and r.tokens == [] and r.finish is None, (p, r)
+    for r, p in zip(got_good, good):
+        assert r.error is None and r.tokens == _alone(eng, [int(t) for t in p], 4, budget=4)
+    assert "vocabulary" in res[-4].error and "vocabulary" in res[-5].error
+    assert eng.pool.free_pages == eng.pool.num_pages
+
+
+def test_prompt_at_the_cache_limit_is_admitted_and_one_more_token_is_refused(reference_path):
+    """4 pages of 8 hold 32 positions; a request reserves prompt + max_new_tokens + tree + 2 of them.
+    Admission and reservation must count the same positions: the longest admitted prompt runs."""
+    eng = make_engine(num_pages=4)
+    n, budget = 5, 4
+    longest = 32 - (n + budget + 1 + 2)
+    fits, over = list(range(1, longest + 1)), list(range(1, longest + 2))
+    (alone,) = eng.generate([over], n, budget=budget)
+    assert alone.error and "cache" in alone.error
+    res = eng.generate([fits, over], n, budget=budget)
+    assert res[0].error is None and res[0].tokens == _alone(eng, fits, n, budget=budget)
+    assert res[1].error and "cache" in res[1].error and res[1].tokens == []
+    assert eng.pool.free_pages == 4
+
+
+def test_prompt_at_the_model_position_limit(reference_path):
+    eng = make_engine(num_pages=160)  # 1280 cache positions (both requests fit) > the model's 512
+    n, budget = 2, 1
+    longest = eng.tcfg.max_position_embeddings - (n + budget + 1 + 2)
+    res = eng.generate([[3] * longest, [3] * (longest + 1)], n, budget=budget)
+    assert res[0].error is None and len(res[0].tokens) == n
+    assert res[1].error and "model" in res[1].error
+
+
+def test_batch_needing_more_pages_than_the_pool_has_is_queued(reference_path):
+    """Each request fits the pool alone, together they do not: they run as pages come back, and every
+    result equals the request run on its own."""
+    eng = make_engine(num_pages=6)
+    prompts = [list(range(1, 12)), list(range(20, 30)), [5, 6], list(range(40, 55)), [7] * 9]
+    res = eng.generate(prompts, 6, budget=4)
+    for r, p in zip(res, prompts):
+        assert r.error is None and r.tokens == _alone(eng, p, 6, budget=4)
+    assert eng.pool.free_pages == 6 and not eng.pool.pages
+
+
+def test_admission_counts_the_pages_free_now_not_the_whole_pool(reference_path):
+    """Pages held outside the call: a request that fits the whole pool but not what is free is refused
+    with its own error; the others run."""
+    eng = make_engine(num_pages=6)
+    eng.pool.reserve("held", 3 * 8)
+    prompts = [[1, 2, 3], list(range(1, 30)), [4, 5]]
+    res = eng.generate(prompts, 4, budget=4)
+    assert res[0].error is None and res[0].tokens == _alone(eng, prompts[0], 4, budget=4)
+    assert res[1].error and "free" in res[1].error and res[1].tokens == []
+    assert res[2].error is None and res[2].tokens == _alone(eng, prompts[2], 4, budget=4)
+    assert eng.pool.free_pages == 3 and list(eng.pool.pages) == ["held"]
+
+
+def test_queued_requests_through_the_triton_kernels():
+    """Two rows for three requests (4 pages, 2 each): the third takes the first row freed, and the row
+    left without a request steps on the sink page (empty context) beside a running one."""
+    eng = make_engine(num_pages=4)
+    prompts = [[5, 17, 3], [60, 1], [7, 7, 7, 30]]
+    res = eng.generate(prompts, 4, budget=4)
+    for r, p in zip(res, prompts):
+        assert r.error is None and r.tokens == greedy_oracle(eng, p, 4)
+    assert eng.pool.free_pages == 4
+
+# Malformed requests of the random batches below, and the word their error must contain.
+MALFORMED = [([], "empty"), ([97], "vocabulary"), ([3, -1], "vocabulary"), (None, "sequence"), ("12", "sequence"),
+             ([1.5, 2], "integer"), ([True], "integer"), ([[1, 2]], "integer")]
+
+
+@pytest.mark.parametrize("seed,kw,held", [(0, {"budget": 4}, 0), (1, {"chain": True}, 0), (2, {"budget": 16}, 3)])
+def test_many_random_requests_through_a_small_pool(reference_path, seed, kw, held):
+    """30 requests of random lengths (a few malformed, a few longer than the cache) through a pool of
+    12 pages of 8, with a random stop token, ``held`` pages taken outside the call: every request
+    completes with plain greedy decoding's tokens (the target alone, a pool large enough for all)
+    or gets its own error, and every page comes back."""
+    rng = random.Random(seed)
+    eng = make_engine(num_pages=12)
+    n = 6
+    T = (eng.dcfg.block_size if kw.get("chain") else kw["budget"] + 1)
+    if held:
+        eng.pool.reserve("held", held * eng.page_size)
+    prompts, expect = [], []  # expect: None (tokens) or a word of the error
+    for _ in range(30):
+        u = rng.random()
+        if u < 0.15:
+            p, word = rng.choice(MALFORMED)
+        elif u < 0.25:
+            p, word = [rng.randrange(97) for _ in range(rng.randint(96 - n - T - 1, 120))], "cache"
+        else:
+            p = [rng.randrange(97) for _ in range(rng.randint(1, 96 - n - T - 2))]
+            pages = -(-(len(p) + n + T + 2) // eng.page_size)
+            word = "free" if pages > eng.pool.num_pages - held else None
+        prompts.append(p)
+        expect.append(word)
+    assert "cache" in expect and {w for _, w in MALFORMED} & set(expect) and ("free" in expect) == bool(held)
+    stop = [rng.randrange(97)]
+    res = eng.generate(prompts, n, stop_tokens=stop, **kw)
+    ok = [i for i, w in enumerate(expect) if w is None]
+    plain = make_engine(num_pages=1024).generate([prompts[i] for i in ok], n, stop_tokens=stop, speculative=False)
+    for i, r, w in zip(range(len(prompts)), res, expect):
+        if w is None:
+            assert r.error is None, (i, r.error)
+            assert r.tokens == plain[ok.index(i)].tokens and r.finish in ("stop", "length")
+        else:
+            assert r.error and w in r.error and r.tokens == [] and r.finish is None, (i, prompts[i], r)
+    assert len(ok) >= 15 and sum(-(-(len(prompts[i]) + n + T + 2) // 8) for i in ok) > 3 * 12  # queued
+    assert any(r.finish == "stop" for r in res) or stop[0] not in sum((r.tokens for r in plain), [])
+    assert eng.pool.free_pages == 12 - held and list(eng.pool.pages) == (["held"] if held else [])
+    i = ok[0]
+    assert res[i].tokens == greedy_oracle(eng, prompts[i], len(res[i].tokens))  # the plain path itself

@@ -10,8 +10,9 @@ static buffers, updated in place:
 No host sync happens inside a step, so on a GPU the step is captured once per (batch, budget) in a
 CUDA graph and replayed. :class:`Engine` is the host-side driver: it admits requests (pages from a
 :class:`~tritree.PagePool`), prefills them, replays steps, streams the emitted tokens, applies stop
-tokens and length limits, and retires finished requests (they stay in the batch, inactive, so the
-captured graph keeps its shapes).
+tokens and length limits, and retires finished requests: their pages go back to the pool and their
+row stays in the batch, inactive on a sink page (so the captured graph keeps its shapes), until the
+next queued request takes it (admission: :meth:`Engine.generate`).
 
 State (B requests, T = budget + 1 tree tokens):
     tkv [target layers, pages, P, latent]; dkv [draft layers, pages, P, 2, Hkv, D]; page_table [B, max_pages]
@@ -27,16 +28,18 @@ on GPUs the step is still one CUDA graph per rank.
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from . import dist
-from .kernels import PagePool, build_tree, kv_commit_, tree_mask_from_parents
+from .kernels import PagePool, PoolExhausted, build_tree, kv_commit_, tree_mask_from_parents
 from .model import dflash
 from .model.kimi_k2 import prefill, verify
 
@@ -59,7 +62,9 @@ class SamplingConfig:
 
 @dataclass
 class Result:
-    """One request's outcome: ``tokens`` generated (stop token included), or ``error``."""
+    """One request's outcome, either ``tokens`` (generated, stop token included; ``error`` None,
+    ``finish`` "stop" or "length") or ``error`` (why it was refused or failed; ``tokens`` empty,
+    ``finish`` None). ``steps``: decode steps it took part in."""
 
     tokens: list = field(default_factory=list)
     error: str | None = None
@@ -212,11 +217,15 @@ def close_all_engines() -> None:
 
 dist.register_teardown(close_all_engines)  # dist.shutdown_tp frees every engine's graphs first
 
+_REQ = "generate"  # PagePool ids of a call's requests: (_REQ, index of the prompt)
+
 
 class Engine:
     """Generation with a target/draft pair (parameters as dicts, configs as dataclasses).
 
-    ``page_size``/``num_pages``: the paged caches (target latent and draft K/V share one page table).
+    ``page_size``/``num_pages``: the paged caches (target latent and draft K/V share one page table);
+    ``pool`` (a :class:`~tritree.PagePool` of ``num_pages``) hands their pages to requests, and the
+    caches hold one page more, the sink of batch rows without a request.
     ``graphs``: capture the step in a CUDA graph (default: on a GPU). ``compile``: torch.compile the
     target verify and the draft forward (GPU). ``tp``: a :class:`tritree.dist.TPGroup`; every rank
     constructs its engine with its target shard and calls ``generate`` with the same arguments (the
@@ -240,144 +249,288 @@ class Engine:
         _LIVE_ENGINES.add(self)
         self._chain = False
         self.pool = PagePool(num_pages, page_size)
-        self._tkv = torch.zeros(tcfg.num_hidden_layers, num_pages, page_size, tcfg.latent_dim, dtype=self.dtype,
+        # One page past the pool's: rows of the batch without a request point there (their trees are
+        # still written each step), so a finished request's pages can go to another at once.
+        self._sink = num_pages
+        self._tkv = torch.zeros(tcfg.num_hidden_layers, num_pages + 1, page_size, tcfg.latent_dim, dtype=self.dtype,
                                 device=self.device)
-        self._dkv = torch.zeros(dcfg.num_hidden_layers, num_pages, page_size, 2, dcfg.num_key_value_heads,
+        self._dkv = torch.zeros(dcfg.num_hidden_layers, num_pages + 1, page_size, 2, dcfg.num_key_value_heads,
                                 dcfg.head_dim, dtype=self.dtype, device=self.device)
         self.log = print
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def _check_prompt(self, prompt, max_new_tokens, budget) -> str | None:
-        if len(prompt) == 0:
-            return "empty prompt"
-        bad = [t for t in prompt if not isinstance(t, int) or t < 0 or t >= self.tcfg.vocab_size]
-        if bad:
-            return f"token id {bad[0]!r} is outside the vocabulary [0, {self.tcfg.vocab_size})"
-        need = len(prompt) + max_new_tokens + budget + 2
-        limit = min(self.num_pages * self.page_size, self.tcfg.max_position_embeddings)
-        if need > limit:
-            return (f"prompt of {len(prompt)} tokens + {max_new_tokens} new + tree of {budget + 1} needs {need} "
-                    f"positions, more than the cache/model allows ({limit})")
+    @staticmethod
+    def _positions_needed(n_prompt: int, max_new_tokens: int, budget: int) -> int:
+        """Cache positions a request reserves: its prompt, its new tokens, one tree of ``budget + 1``
+        nodes written past the committed prefix, and 2 spare. Admission and reservation both use this."""
+        return n_prompt + max_new_tokens + (budget + 1) + 2
+
+    def _as_prompt(self, prompt) -> tuple[list[int] | None, str | None]:
+        """``(token ids, None)`` for a valid prompt, else ``(None, why)``. Valid: a non-empty 1-D sequence
+        (list, tuple, integer tensor or array) of integer ids in ``[0, vocab_size)``; bools and floats
+        are not ids."""
+        vocab = self.tcfg.vocab_size
+        if torch.is_tensor(prompt):
+            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+                return None, f"prompt must be a 1-D integer tensor, got shape {tuple(prompt.shape)} {prompt.dtype}"
+            prompt = prompt.tolist()
+        if isinstance(prompt, str) or not isinstance(prompt, Iterable):
+            return None, f"prompt must be a sequence of token ids, got {type(prompt).__name__}"
+        ids = []
+        for j, t in enumerate(prompt):
+            try:
+                if isinstance(t, bool) or (torch.is_tensor(t) and t.dtype == torch.bool):
+                    raise TypeError
+                t = operator.index(t)
+            except TypeError:
+                return None, f"prompt token {j} is {t!r} ({type(t).__name__}), not an integer token id"
+            if not 0 <= t < vocab:
+                return None, f"token id {t} is outside the vocabulary [0, {vocab})"
+            ids.append(t)
+        if not ids:
+            return None, "empty prompt"
+        return ids, None
+
+    def _check_fit(self, n_prompt: int, max_new_tokens: int, budget: int) -> str | None:
+        """Why a request can never run (its reservation exceeds the whole cache or the model), or None."""
+        need = self._positions_needed(n_prompt, max_new_tokens, budget)
+        cache, model = self.num_pages * self.page_size, self.tcfg.max_position_embeddings
+        if need > min(cache, model):
+            return (f"prompt of {n_prompt} tokens + {max_new_tokens} new + tree of {budget + 1} needs {need} "
+                    f"positions, more than the cache allows ({min(cache, model)}: the pool holds {cache}, the model "
+                    f"{model})")
         return None
 
     def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k=None, top_p=None,
                  budget: int = 16, seed: int = 0, stop_tokens=(), stream=None, speculative: bool = True,
-                 chain: bool = False):
-        """Generates for a batch of prompts (lists of token ids); returns a list of :class:`Result`.
+                 chain: bool = False) -> list[Result]:
+        """Generates for a batch of prompts; returns one :class:`Result` per prompt, in order: its
+        ``tokens`` (``error`` None) or its ``error`` (``tokens`` empty). Nothing one request does
+        takes down another's result.
 
         ``budget``: draft-tree nodes per step (>= 1); ``chain=True`` uses the DFlash chain instead (the
         budget is then ``block_size - 1``); ``speculative=False`` decodes plainly with the target (one
-        token per step). ``stream(i, new_tokens)`` is called as tokens are accepted.
-        Bad requests get a :class:`Result` with ``error`` set; the others proceed.
+        token per step). ``stream(i, new_tokens)`` is called as tokens are accepted. Arguments of the
+        whole call (budget, max_new_tokens, sampling, stop tokens) raise ``ValueError`` when invalid.
+
+        Admission, per request in the order given:
+
+        - Refused up front with its own error: a malformed prompt (not a 1-D sequence of integer ids,
+          empty, an id outside the vocabulary), or one that can never fit: a request reserves prompt +
+          ``max_new_tokens`` + tree (``budget + 1``) + 2 positions, which must fit both the whole pool
+          (``num_pages * page_size``) and the model's ``max_position_embeddings``.
+        - The others are queued, first come first served: a request starts when the pool's free pages
+          (what the running requests of this call, and anything else holding pages of ``self.pool``,
+          leave) cover its reservation; a later request never overtakes an earlier one still waiting.
+          The decode batch is as wide as the first round admitted; a finished request's row and pages
+          go to the next one in the queue.
+        - A request that still does not fit when nothing of this call is running (the missing pages
+          are held outside the call) is refused with its own error.
+
+        Every page the call took is back in the pool when it returns (or raises). Greedy outputs do
+        not depend on the admission order; sampled ones are reproducible for the same call and pool.
         """
-        if not isinstance(budget, int) or budget < 1:
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ValueError(f"budget must be an int >= 1, got {budget!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        try:
+            stop = {operator.index(t) for t in stop_tokens}
+        except TypeError:
+            raise ValueError(f"stop_tokens must be integer token ids, got {stop_tokens!r}") from None
         if chain:
             budget = self.dcfg.block_size - 1
         eff_budget = budget if speculative else 0
         self._chain = chain and speculative
+        prompts = list(prompts)
         results = [Result() for _ in prompts]
-        live = []
+        queue = deque()  # (request index, token ids) waiting for pages, in order
         for i, p in enumerate(prompts):
-            p = list(p)
-            err = self._check_prompt(p, max_new_tokens, budget)
+            ids, err = self._as_prompt(p)
+            err = err or self._check_fit(len(ids), max_new_tokens, eff_budget)
             if err:
                 results[i].error = err
             else:
-                live.append(i)
-        if not live:
-            return results
-        stop = set(int(t) for t in stop_tokens)
-        state = self._admit([list(prompts[i]) for i in live], max_new_tokens, eff_budget, sampling)
+                queue.append((i, ids))
+        taken = [i for i, _ in queue]
         try:
-            first = state.pop("first").tolist()
-            done = [False] * len(live)
-            for k, i in enumerate(live):
-                results[i].tokens.append(first[k])
-                if stream:
-                    stream(i, [first[k]])
-                if first[k] in stop or max_new_tokens <= 1:
-                    done[k] = True
-                    results[i].finish = "stop" if first[k] in stop else "length"
-            self._set_active(state, done)
-            state, run = self._runner(state, eff_budget, sampling)
-            steps = 0
-            while not all(done):
-                run()
-                steps += 1
-                n = state["n_emitted"].tolist()
-                em = state["emitted"].tolist()
-                for k, i in enumerate(live):
-                    if done[k]:
-                        continue
-                    results[i].steps += 1
-                    new = []
-                    for t in em[k][:n[k]]:
-                        new.append(t)
-                        if t in stop:
-                            results[i].finish = "stop"
-                            break
-                        if len(results[i].tokens) + len(new) >= max_new_tokens:
-                            results[i].finish = "length"
-                            break
-                    results[i].tokens.extend(new)
-                    if stream and new:
-                        stream(i, new)
-                    if results[i].finish:
-                        done[k] = True
-                self._set_active(state, done)
-                if self.profile and steps % self.profile_every == 0:
-                    self.report_phases()
+            if queue:
+                self._serve(queue, results, max_new_tokens, eff_budget, sampling, stop, stream)
         finally:
-            for k in range(len(live)):
-                self.pool.release(("req", k))
+            for i in taken:
+                self.pool.release((_REQ, i))
         return results
 
-    def _admit(self, prompts, max_new_tokens, budget, sampling):
-        """Pages, prefill of every prompt (target KV + taps, then the draft context), first token."""
-        B = len(prompts)
-        dev = self.device
-        T = budget + 1
-        for k, p in enumerate(prompts):
-            self.pool.release(("req", k))
-            self.pool.reserve(("req", k), len(p) + max_new_tokens + T + 2)
-        max_pages = max(len(self.pool.pages[("req", k)]) for k in range(B))
-        page_table = self.pool.page_table([("req", k) for k in range(B)], max_pages, device=dev)
-        taps_ids = tuple(self.dcfg.target_layer_ids)
-        kv_lens = torch.zeros(B, dtype=torch.int32, device=dev)
-        dlens = torch.zeros(B, dtype=torch.int32, device=dev)
-        last = []
-        for k, p in enumerate(prompts):
-            toks = torch.tensor([p], dtype=torch.long, device=dev)
-            cache = {"kv": self._tkv, "page_table": page_table[k:k + 1], "kv_lens": kv_lens[k:k + 1].clone()}
-            logits, taps, cache = prefill(self.tparams, self.tcfg, toks, cache, taps=taps_ids, tp=self.tp)
-            kv_lens[k] = len(p)
-            last.append(logits[:, -1])
-            if budget > 0:
-                dcache = {"kv": self._dkv, "page_table": page_table[k:k + 1], "kv_lens": dlens[k:k + 1].clone()}
-                pos = torch.arange(len(p), device=dev)[None]
-                dflash.materialize_context_(self.dparams, self.dcfg, taps.to(self.dtype), pos, dcache)
-                dlens[k] = len(p)
-        step0 = torch.zeros(1, dtype=torch.int64, device=dev)
-        first = dist.target_picks(self.tp, torch.stack(last), self.tcfg.vocab_size, temperature=sampling.temperature,
-                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, step=step0)[:, 0]
-        tmax = max(T, 1)
+    def _admit_next(self, queue, results, max_new_tokens, budget, running: bool):
+        """The queue's head with its pages reserved, or None when it must wait for running requests'
+        pages. A head that does not fit while nothing runs can never fit: it is refused."""
+        while queue:
+            i, ids = queue[0]
+            try:
+                self.pool.reserve((_REQ, i), self._positions_needed(len(ids), max_new_tokens, budget))
+            except PoolExhausted as e:
+                if running:
+                    return None
+                queue.popleft()
+                results[i].error = f"{e}; the other pages are held outside this call"
+                continue
+            return queue.popleft()
+        return None
+
+    def _serve(self, queue, results, max_new_tokens, budget, sampling, stop, stream):
+        """Runs every queued request (see :meth:`generate`), filling ``results``. Rows of the batch
+        without a request point at the sink page and are inactive."""
+        first = []
+        while (a := self._admit_next(queue, results, max_new_tokens, budget, running=bool(first))) is not None:
+            first.append(a)
+        if not first:
+            return
+        width = -(-max(self._positions_needed(len(ids), max_new_tokens, budget) for ids in
+                       [ids for _, ids in first] + [ids for _, ids in queue]) // self.page_size)
+        state = self._new_state(len(first), width, budget)
+        rows = [None] * len(first)  # request index of every row (None: free)
+        ctx = (results, rows, max_new_tokens, budget, sampling, stop, stream)
+        for k, (i, _) in enumerate(first):
+            rows[k] = i
+        self._start(state, [(k, i, ids) for k, (i, ids) in enumerate(first)], *ctx)
+        state, run = self._runner(state, budget, sampling)
+        steps = 0
+        while True:
+            while True:  # free rows to the queue's head while pages allow (a start may finish at once)
+                starts = []
+                for k in [k for k, r in enumerate(rows) if r is None]:
+                    a = self._admit_next(queue, results, max_new_tokens, budget,
+                                         running=any(r is not None for r in rows))
+                    if a is None:
+                        break
+                    rows[k] = a[0]
+                    starts.append((k, *a))
+                if not starts:
+                    break
+                self._start(state, starts, *ctx)
+            if all(r is None for r in rows):
+                return
+            self._set_active(state, [r is not None for r in rows])
+            try:
+                run()
+                n = state["n_emitted"].tolist()
+                em = state["emitted"].tolist()
+            except Exception as e:  # not one request's doing: every unfinished request gets the error
+                err = f"decode step failed: {type(e).__name__}: {e}"
+                for i in [r for r in rows if r is not None] + [i for i, _ in queue]:
+                    results[i].tokens, results[i].finish, results[i].error = [], None, err
+                return
+            for k, i in enumerate(rows):
+                if i is None:
+                    continue
+                r = results[i]
+                r.steps += 1
+                new = []
+                for t in em[k][:n[k]]:
+                    new.append(t)
+                    if t in stop:
+                        r.finish = "stop"
+                        break
+                    if len(r.tokens) + len(new) >= max_new_tokens:
+                        r.finish = "length"
+                        break
+                r.tokens.extend(new)
+                if stream and new:
+                    stream(i, new)
+                if r.finish:
+                    self._retire(state, rows, k)
+            steps += 1
+            if self.profile and steps % self.profile_every == 0:
+                self.report_phases()
+
+    def _new_state(self, B: int, width: int, budget: int) -> dict:
+        """Decode state of ``B`` free rows (see module) over page tables ``[B, width]``."""
+        dev, tmax = self.device, budget + 1
         return {
-            "tkv": self._tkv, "dkv": self._dkv, "page_table": page_table, "kv_lens": kv_lens, "dlens": dlens,
-            "anchor": first.to(torch.int32).clone(), "first": first,
+            "tkv": self._tkv, "dkv": self._dkv,
+            "page_table": torch.full((B, width), self._sink, dtype=torch.int32, device=dev),
+            "kv_lens": torch.zeros(B, dtype=torch.int32, device=dev),
+            "dlens": torch.zeros(B, dtype=torch.int32, device=dev),
+            "anchor": torch.zeros(B, dtype=torch.int32, device=dev),
             "pending": torch.zeros(B, tmax, self.dcfg.n_taps, self.tcfg.hidden_size, dtype=self.dtype, device=dev),
             "pending_n": torch.zeros(B, dtype=torch.int32, device=dev),
-            "active": torch.ones(B, dtype=torch.bool, device=dev), "step": step0 + 1,
+            "active": torch.zeros(B, dtype=torch.bool, device=dev),
+            "step": torch.zeros(1, dtype=torch.int64, device=dev),
             "emitted": torch.full((B, tmax), -1, dtype=torch.int32, device=dev),
             "n_emitted": torch.zeros(B, dtype=torch.int32, device=dev),
         }
 
-    def _set_active(self, state, done):
-        state["active"].copy_(torch.tensor([not d for d in done], dtype=torch.bool), non_blocking=False)
+    def _prefill_row(self, state, k: int, i: int, ids: list[int], budget: int) -> torch.Tensor:
+        """Request ``i`` (pages already reserved) into row ``k``: its page-table row, the target prefill
+        (KV + taps), the draft context. Returns the last position's logits ``[1, V]`` (``V``: this
+        rank's vocabulary shard under TP)."""
+        dev = self.device
+        pages = self.pool.pages[(_REQ, i)]
+        row = state["page_table"][k]
+        row.fill_(self._sink)
+        row[:len(pages)] = torch.tensor(pages, dtype=torch.int32, device=dev)
+        toks = torch.tensor([ids], dtype=torch.long, device=dev)
+        zero = torch.zeros(1, dtype=torch.int32, device=dev)
+        cache = {"kv": self._tkv, "page_table": state["page_table"][k:k + 1], "kv_lens": zero}
+        logits, taps, _ = prefill(self.tparams, self.tcfg, toks, cache, taps=tuple(self.dcfg.target_layer_ids),
+                                  tp=self.tp)
+        if budget > 0:
+            dcache = {"kv": self._dkv, "page_table": state["page_table"][k:k + 1], "kv_lens": zero.clone()}
+            pos = torch.arange(len(ids), device=dev)[None]
+            dflash.materialize_context_(self.dparams, self.dcfg, taps.to(self.dtype), pos, dcache)
+        state["kv_lens"][k] = len(ids)
+        state["dlens"][k] = len(ids) if budget > 0 else 0
+        state["pending_n"][k] = 0
+        return logits[:, -1]
+
+    def _start(self, state, starts, results, rows, max_new_tokens, budget, sampling, stop, stream):
+        """Prefills ``starts`` (``(row, request, ids)``) and picks their first tokens together, at the
+        state's RNG step (then advanced, so that the next decode step draws fresh numbers). A request
+        that fails to prefill gets its error; one finished by its first token leaves its row."""
+        last, started = None, []
+        for k, i, ids in starts:
+            try:
+                lg = self._prefill_row(state, k, i, ids, budget)
+            except Exception as e:  # this request's own failure (e.g. out of memory on a long prompt)
+                results[i].error = f"prefill failed: {type(e).__name__}: {e}"
+                self._retire(state, rows, k)
+                continue
+            if last is None:
+                last = torch.zeros(len(rows), 1, lg.shape[-1], dtype=lg.dtype, device=self.device)
+            last[k, 0] = lg[0]
+            started.append((k, i))
+        if not started:
+            return
+        picks = dist.target_picks(self.tp, last, self.tcfg.vocab_size, temperature=sampling.temperature,
+                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+                                  step=state["step"])[:, 0]
+        state["step"].add_(1)
+        picks = picks.tolist()
+        for k, i in started:
+            t = picks[k]
+            state["anchor"][k] = t
+            results[i].tokens.append(t)
+            if stream:
+                stream(i, [t])
+            if t in stop or max_new_tokens <= 1:
+                results[i].finish = "stop" if t in stop else "length"
+                self._retire(state, rows, k)
+
+    def _retire(self, state, rows, k: int) -> None:
+        """Row ``k``'s request is done: its pages go back to the pool and the row points at the sink
+        page (an inactive row's step still writes its tree there), empty."""
+        self.pool.release((_REQ, rows[k]))
+        rows[k] = None
+        state["page_table"][k].fill_(self._sink)
+        state["kv_lens"][k] = 0
+        state["dlens"][k] = 0
+        state["pending_n"][k] = 0
+        state["active"][k] = False
+
+    def _set_active(self, state, active):
+        state["active"].copy_(torch.tensor(active, dtype=torch.bool), non_blocking=False)
 
     # ---- running steps ------------------------------------------------------------------------
 
