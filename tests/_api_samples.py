@@ -7,9 +7,9 @@ Valid calls run with every tensor placed as a view of a larger, poisoned buffer 
 padded dimensions in another storage order, a column slice; a strided last dimension where the op reads
 it by stride): the outputs must match the reference and nothing outside the outputs may change.
 
-Run as ``python -m tests._api_samples MODE OP EXAMPLES SEED`` (MODE: ``valid``, ``invalid``,
+Run as ``python -m tests._api_samples MODE OP:EXAMPLES[,OP:EXAMPLES...] SEED`` (MODE: ``valid``, ``invalid``,
 ``invalid_structure`` (no bad values: GPU inputs without value checks) or ``unchecked`` (bad values run
-unchecked; nothing may be written outside the outputs)): the fuzzer runs each op in a subprocess, so
+unchecked; nothing may be written outside the outputs)): the fuzzer runs the ops in a subprocess, so
 that an out-of-bounds write that kills the process is a failed test, not a dead test run.
 """
 
@@ -664,31 +664,22 @@ def check_invalid(sample: Sample, rng: random.Random, values: bool = True) -> No
 # Entry point of the subprocess
 # ------------------------------------------------------------------------------------------------
 
-def main(argv):
+def fuzz(mode: str, op: str, examples: int, at: int, device) -> None:
+    """``examples`` hypothesis examples of ``op`` in ``mode`` (see the module docstring)."""
     from hypothesis import HealthCheck, given, seed, settings
 
-    mode, op, examples, at = argv[0], argv[1], int(argv[2]), int(argv[3])
-    if mode not in ("valid", "invalid", "invalid_structure", "unchecked"):
-        raise SystemExit(f"unknown mode {mode!r}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sample_fn = SAMPLES[op]
-    if mode == "unchecked" and device.type == "cpu":  # the kernels in the interpreter as a GPU runs them: unchecked
-        from tritree.kernels import _validate
-
-        _validate.checks_values = lambda device: False
-        _validate.values_checkable = lambda *tensors: False
+    run = settings(max_examples=examples, deadline=None, database=None, print_blob=True,
+                   suppress_health_check=list(HealthCheck))
 
     @seed(at)
-    @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))
+    @run
     @given(st.data())
     def valid(data):
-        sample = sample_fn(data.draw, device)
-        check_valid_views(sample, random.Random(data.draw(st.integers(0, 2**30))))
+        check_valid_views(sample_fn(data.draw, device), random.Random(data.draw(st.integers(0, 2**30))))
 
     @seed(at)
-    @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))
+    @run
     @given(st.data())
     def invalid(data):
         sample = sample_fn(data.draw, device)
@@ -699,10 +690,26 @@ def main(argv):
             check_invalid(sample, rng, values=mode == "invalid")
 
     (valid if mode == "valid" else invalid)()
-    print(f"{mode} {op}: {examples} examples passed")
+
+
+def main(argv):
+    """``MODE OP:EXAMPLES[,OP:EXAMPLES...] SEED``."""
+    mode, ops, at = argv[0], argv[1], int(argv[2])
+    if mode not in ("valid", "invalid", "invalid_structure", "unchecked"):
+        raise SystemExit(f"unknown mode {mode!r}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if mode == "unchecked" and device.type == "cpu":  # the kernels in the interpreter as a GPU runs them: unchecked
+        from tritree.kernels import _validate
+
+        _validate.checks_values = lambda device: False
+        _validate.values_checkable = lambda *tensors: False
+    for item in ops.split(","):
+        op, n = item.split(":")
+        print(f"{mode} {op}: {n} examples, seed {at}", flush=True)
+        fuzz(mode, op, int(n), at, device)
+        print(f"{mode} {op}: passed", flush=True)
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
     sys.exit(0)
-

@@ -4,8 +4,9 @@ by stride) against its reference, nothing outside the outputs written; and rando
 (dtype, rank, sizes, types, strides, devices, values, scalars) refused with a ``ValueError`` or
 ``TypeError`` that names the argument. Samples live in ``tests/_api_samples.py``.
 
-Each op runs in a subprocess, so that a kernel writing out of bounds (which can kill the process) is a
-failed test. Every run draws fresh examples; a failure prints its seed and hypothesis' reproduction blob.
+The ops run in a subprocess (one per mode: the interpreter's start-up is paid once), so that a kernel
+writing out of bounds, which can kill the process, is a failed test naming the op. Every run draws
+fresh examples; a failure prints its seed and hypothesis' reproduction blob.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from ._api_samples import SAMPLES
 from .conftest import HAS_GPU
 
 ROOT = Path(__file__).resolve().parents[1]
-# Examples per op on the CPU (Triton's interpreter): the attention ops cost ~1-2 s an example.
-CPU_EXAMPLES = {"verify_mla": 12, "draft_attention": 12}
+# Examples per op on the CPU (Triton's interpreter; the attention ops cost ~1 s an example) and on a GPU.
+CPU_EXAMPLES = {"verify_mla": 10, "draft_attention": 10, "build_tree": 15}
 GPU_EXAMPLES = 40
+ATTENTION_AND_KV = ("verify_mla", "draft_attention", "kv_write_", "kv_commit_", "kv_gather", "accept_tree",
+                    "build_tree")
 
 
-def run_samples(mode: str, op: str, examples: int, *, debug: bool = False, prefix: tuple = (), timeout=900):
+def run_samples(mode: str, examples: dict[str, int], *, debug: bool = False, prefix: tuple = (), timeout=1200):
     seed = random.randrange(2**31)
     env = dict(os.environ)
     env.pop("TRITREE_DEBUG", None)
@@ -36,42 +39,38 @@ def run_samples(mode: str, op: str, examples: int, *, debug: bool = False, prefi
         env["TRITREE_DEBUG"] = "1"
     if not HAS_GPU:
         env["TRITON_INTERPRET"] = "1"
-    cmd = [*prefix, sys.executable, "-m", "tests._api_samples", mode, op, str(examples), str(seed)]
+    ops = ",".join(f"{op}:{n}" for op, n in examples.items())
+    cmd = [*prefix, sys.executable, "-m", "tests._api_samples", mode, ops, str(seed)]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     how = f"killed by signal {-res.returncode}" if res.returncode < 0 else f"exit status {res.returncode}"
     assert res.returncode == 0, (f"`{' '.join(cmd[len(prefix):])}` ({how}, TRITREE_DEBUG={int(debug)}):\n"
-                                 f"{res.stdout[-4000:]}\n{res.stderr[-8000:]}")
+                                 f"{res.stdout[-3000:]}\n{res.stderr[-8000:]}")
     return res
 
 
-@pytest.mark.parametrize("op", sorted(SAMPLES))
+@pytest.mark.skipif(HAS_GPU, reason="on a GPU: test_gpu_fuzz")
 @pytest.mark.parametrize("mode", ["valid", "invalid", "unchecked"])
-def test_fuzz(mode, op):
+def test_fuzz(mode):
     """CPU: the kernels in Triton's interpreter; value checks always run on CPU inputs (``unchecked``
     turns them off, as for GPU inputs without ``TRITREE_DEBUG=1``: bad values may give any result but
     must not write outside the outputs)."""
-    if HAS_GPU:
-        pytest.skip("the GPU form of this test is test_gpu_fuzz")
-    run_samples(mode, op, CPU_EXAMPLES.get(op, 25))
+    run_samples(mode, {op: CPU_EXAMPLES.get(op, 20) for op in sorted(SAMPLES)})
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", sorted(SAMPLES))
 @pytest.mark.parametrize("mode,debug", [("valid", False), ("valid", True), ("invalid", True),
-                                        ("invalid", False), ("unchecked", False)])
-def test_gpu_fuzz(mode, debug, op):
-    """GPU, with value checks (``TRITREE_DEBUG=1``) and without. ``invalid`` without them refuses all but
-    bad values; ``unchecked`` runs the bad values unchecked: any result, but nothing written outside the
-    outputs."""
-    run_samples(mode if debug or mode != "invalid" else "invalid_structure", op, GPU_EXAMPLES, debug=debug)
+                                        ("invalid_structure", False), ("unchecked", False)])
+def test_gpu_fuzz(mode, debug):
+    """GPU, with value checks (``TRITREE_DEBUG=1``) and without: without them bad values are not refused
+    (``invalid_structure`` leaves them out) and ``unchecked`` runs them: any result, but nothing written
+    outside the outputs."""
+    run_samples(mode, {op: GPU_EXAMPLES for op in sorted(SAMPLES)}, debug=debug)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="needs compute-sanitizer (CUDA toolkit)")
-@pytest.mark.parametrize("op", ["verify_mla", "draft_attention", "kv_write_", "kv_commit_", "kv_gather",
-                                "accept_tree", "build_tree"])
-def test_gpu_unchecked_values_under_memcheck(op):
+def test_gpu_unchecked_values_under_memcheck():
     """Bad lengths, page ids and trees without value checks under compute-sanitizer's memcheck: no
-    out-of-bounds access."""
-    run_samples("unchecked", op, 4, prefix=("compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3"),
-                timeout=1800)
+    out-of-bounds access, read or write."""
+    run_samples("unchecked", {op: 3 for op in ATTENTION_AND_KV},
+                prefix=("compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3"), timeout=3000)

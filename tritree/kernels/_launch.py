@@ -203,6 +203,12 @@ def signature(*tensors) -> tuple:
     return tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors])
 
 
+def scalars(*values) -> tuple:
+    """Scalar options as plan-cache keys: by type and value (``True``, ``1`` and ``1.0`` are equal dict keys,
+    but only some of them are valid options)."""
+    return tuple([(type(v), v) for v in values])
+
+
 def capturing(device: torch.device) -> bool:
     """Whether the current CUDA stream is being captured into a graph."""
     return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()

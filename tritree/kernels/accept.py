@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, eager, signature
+from ._launch import KernelLauncher, PlanCache, eager, scalars, signature
 from .configs import num_sms
 from .tree import _interpreting
 
@@ -202,7 +202,7 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
                            tokens.stride(0), parents.stride(0), T, BLOCK_T=triton.next_power_of_2(T), num_warps=4)
         return accept_idx, accept_len, bonus, picks
     try:
-        key = (signature(tokens, parents, tree_lens, target_logits), temperature, top_k, top_p)
+        key = (signature(tokens, parents, tree_lens, target_logits), scalars(temperature, top_k, top_p))
         plan = _ACCEPT_PLANS.get(key, tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
     except (AttributeError, TypeError):  # not tensors / unhashable options: validation says which
         _AcceptPlan(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)

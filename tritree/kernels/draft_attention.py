@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, interpreting, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, interpreting, scalars, signature
 from ._splitkv import (
     LOG2E,
     MergePlan,
@@ -467,8 +467,8 @@ def draft_attention(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, *, 
                                        splits, hoist_pages=bool(cfg.hoist_pages))
         return (out, lse) if return_lse else out
     try:
-        key = (signature(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk), sm_scale, window, config,
-               num_splits)
+        key = (signature(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk),
+               scalars(sm_scale, window, config, num_splits))
         hash(key)
     except (AttributeError, TypeError):  # not tensors / unhashable scalars: validation says what is wrong
         plan = _build(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, window, config, num_splits)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, scalars, signature
 from .configs import num_sms
 
 
@@ -679,7 +679,7 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
     """
     if eager():
         try:
-            key = (signature(draft_logits, root_tokens), budget)
+            key = (signature(draft_logits, root_tokens), scalars(budget))
             hash(key)
         except (AttributeError, TypeError):  # not tensors / unhashable budget: validation says which
             _validate_build(draft_logits, budget, root_tokens)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import _validate as V
 from . import _verify_gluon_launch as GL
-from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, full_lengths, interpreting, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, full_lengths, interpreting, scalars, signature
 from ._splitkv import (
     LOG2E,
     MergePlan,
@@ -743,7 +743,7 @@ def _plan(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, 
         key = (_key(q, kv, page_table, kv_lens, tree_mask, tree_lens),
                None if out is None else (out.shape, out.stride(), out.dtype, out.device),
                None if lse is None else (lse.shape, lse.stride(), lse.dtype, lse.device),
-               sm_scale, config, num_splits, d_rope, kv_scale)
+               scalars(sm_scale, config, num_splits, d_rope, kv_scale))
         return _PLANS.get(key, q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, config,
                           num_splits, d_rope, kv_scale)
     except (AttributeError, TypeError):  # not tensors / unhashable scalars: validation says what is wrong
