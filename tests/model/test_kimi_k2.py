@@ -169,7 +169,7 @@ def test_tensor_parallel_head_slices_load(tiny):
 
 def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
     """A checkpoint with INT4 (compressed-tensors) routed experts and an FP8 block-scaled projection
-    loads to what dequantising by hand gives."""
+    loads to what dequantising by hand gives (``experts="dense"``)."""
     from safetensors.torch import save_file
 
     from tritree.model import init_params
@@ -199,7 +199,7 @@ def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
     (tmp_path / "config.json").write_text(_json.dumps({**{k: v for k, v in cfg.to_dict().items() if k not in (
         "weight_prefix", "num_local_heads", "first_local_head", "qk_latent_eps")}}))
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    loaded, _ = load_params(str(tmp_path), cfg)
+    loaded, _ = load_params(str(tmp_path), cfg, experts="dense")
     for name, want in expected.items():
         want = torch.stack(want) if isinstance(want, list) else want
         assert torch.equal(loaded[name].cpu(), want), name
