@@ -161,3 +161,18 @@ def test_int4_moe_compiles(int4_checkpoint):
         eager = moe(params, cfg, 1, h)
         compiled = torch.compile(lambda x: moe(params, cfg, 1, x), backend="aot_eager", fullgraph=True)(h)
     assert torch.equal(compiled, eager)
+
+
+def test_bench_decode_random_int4_experts_have_the_dense_spread():
+    """``bench decode``'s random INT4 experts (words and scales drawn directly): int32 / bf16 in the INT4
+    layout, dequantising to weights of the dense ones' N(0, 1 / fan_in) spread."""
+    from tritree.bench_decode import _random_params
+    from tritree.model.kimi_k2 import param_shapes
+
+    cfg = CFG.with_(moe_intermediate_size=64)
+    params = _random_params(param_shapes(cfg, "int4"), "cpu", torch.bfloat16)
+    ex = int4_experts(params, 1)
+    assert (ex.w13_packed.dtype, ex.w13_scale.dtype) == (torch.int32, torch.bfloat16)
+    wg, _, wd = ex.dequantize()
+    for w, fan_in in ((wg, cfg.hidden_size), (wd, cfg.moe_intermediate_size)):
+        assert abs(float(w.std()) * fan_in**0.5 - 1) < 0.05

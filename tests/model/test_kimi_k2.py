@@ -206,13 +206,14 @@ def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_verify_is_graph_capturable_and_compiles():
-    """The whole verify call (tree KV write, verify_mla, grouped MoE) in one CUDA graph; and under
-    torch.compile. Passed on the H200: bench/RESULTS.md, section "GPU test suite"."""
+@pytest.mark.parametrize("experts", ["dense", "int4"])
+def test_gpu_verify_is_graph_capturable_and_compiles(experts):
+    """The whole verify call (tree KV write, verify_mla, grouped MoE: bf16 or the W4A16 op) in one CUDA
+    graph; and under torch.compile. Passed on the H200: bench/RESULTS.md, section "GPU test suite"."""
     from tritree.model import init_params
 
-    cfg = kimi_tiny()
-    params = init_params(cfg, seed=4, device="cuda")
+    cfg = kimi_tiny(hidden_size=64)  # whole 32-column groups for INT4
+    params = init_params(cfg, seed=4, device="cuda", experts=experts)
     g = torch.Generator().manual_seed(5)
     B, S, T, P = 2, 12, 8, 4
     prompt = torch.randint(0, cfg.vocab_size, (B, S), generator=g).cuda()
