@@ -190,7 +190,7 @@ def _load_int4_layer(tensor, wmap, pre, names, shapes, p, device, meter) -> dict
 
 def _read_int4(tensor, wmap, name: str, want_shape):
     """``(weight_packed [out, in/8] int32, weight_scale [out, in/32])`` of an INT4 tensor, as stored, after
-    checking its shapes against ``want_shape`` ``(out, in)``."""
+    checking its shapes (and ``weight_shape``, when stored) against ``want_shape`` ``(out, in)``."""
     packed, scale = name + "_packed", name + "_scale"
     if scale not in wmap:
         raise KeyError(f"INT4 tensor {packed!r} has no {scale!r}")
@@ -200,6 +200,9 @@ def _read_int4(tensor, wmap, name: str, want_shape):
         if tuple(h.get_shape()) != shape:
             raise ValueError(f"tensor {what!r} has shape {tuple(h.get_shape())}, the config implies {shape} "
                              f"(weight {tuple(want_shape)}, group {GROUP})")
+    if name + "_shape" in wmap and tuple(int(x) for x in tensor(name + "_shape")[:].tolist()) != tuple(want_shape):
+        raise ValueError(f"weight_shape of {name!r} is {tensor(name + '_shape')[:].tolist()}, the config implies "
+                         f"{tuple(want_shape)}")
     if p.get_dtype() != "I32":
         raise ValueError(f"tensor {packed!r} is {p.get_dtype()}, expected I32 (compressed-tensors pack-quantized)")
     return p[:], s[:]
