@@ -1,6 +1,7 @@
 """``python -m tritree bench decode``: the motivating scenario on a GPU. A real-shape Kimi K2.6 slice
 (one tensor-parallel rank of TP8: 8 of 64 heads, 48 of 384 experts with one routed expert per token
-on this rank, the average share; a few layers, random weights) and a K2.6-DFlash-shaped draft, with
+on this rank, the average share; a few layers, random weights; routed experts INT4 as K2.6's checkpoint
+holds them, or bf16 with ``--experts bf16``) and a K2.6-DFlash-shaped draft, with
 paged caches filled to ``--ctx`` tokens. Reports the decode step per phase (eager, CUDA events; and
 each phase alone in a CUDA graph, which leaves out host launch time) and as one CUDA graph, the verify attention against its floor, and the extrapolation to 61 layers.
 
@@ -24,11 +25,21 @@ from .model.config import kimi_k26, kimi_k26_dflash
 from .model.kimi_k2 import param_shapes
 from .roofline import append_jsonl
 
+# Spread of a uniform random nibble minus 8 (q in [-8, 7]): sqrt((16^2 - 1) / 12).
+_Q_STD = (255 / 12) ** 0.5
+
 
 def _random_params(shapes: dict, device, dtype):
+    """Random weights of ``shapes``: matrices ``N(0, 1 / fan_in)``, norms 1, the router float32; INT4 experts
+    (``*_packed`` / ``*_scale``, :func:`tritree.model.kimi_k2.param_shapes`) as random words and scales of
+    the same spread, drawn directly (quantising real-shape float weights would cost far more)."""
     out = {}
     for k, shape in shapes.items():
-        if k.endswith("norm.weight") or "layernorm" in k:
+        if k.endswith("_packed"):  # int32 words of 8 uniform nibbles
+            out[k] = torch.randint(-2**31, 2**31 - 1, shape, device=device, dtype=torch.int32)
+        elif k.endswith("_scale"):  # groups of 32 columns: fan_in = 32 x the scale columns
+            out[k] = torch.full(shape, (32 * shape[-1]) ** -0.5 / _Q_STD, device=device, dtype=torch.bfloat16)
+        elif k.endswith("norm.weight") or "layernorm" in k:
             out[k] = torch.ones(shape, device=device, dtype=dtype)
         elif k.endswith("e_score_correction_bias"):
             out[k] = torch.zeros(shape, device=device, dtype=torch.float32)
@@ -39,17 +50,20 @@ def _random_params(shapes: dict, device, dtype):
 
 
 def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, dtype=torch.bfloat16, device="cuda",
-          tp=None):
+          tp=None, experts: str = "int4"):
+    """The slice's configs, random weights and a filled decode state. ``experts``: the routed experts
+    ``"int4"`` (packed as K2.6's checkpoint, the W4A16 op) or ``"bf16"`` (dense, the bf16 grouped path)."""
+    layout = {"int4": "int4", "bf16": "dense"}[experts]
     if active(tp):  # the rank's real shard; replicated tensors equal on every rank (same seed, same shapes)
         from .model.parallel import local_param_shapes, shard_config
 
         torch.manual_seed(0)
         full = kimi_k26(num_hidden_layers=layers, weight_prefix="")
-        tcfg, shapes = shard_config(full, tp), local_param_shapes(full, tp)
+        tcfg, shapes = shard_config(full, tp), local_param_shapes(full, tp, layout)
     else:
         tcfg = kimi_k26(num_hidden_layers=layers, num_local_heads=8, n_routed_experts=48, num_experts_per_tok=1,
                         weight_prefix="")
-        shapes = param_shapes(tcfg)
+        shapes = param_shapes(tcfg, layout)
     # The slice has only the first layers; the draft taps them instead of layers 1, 12, ..., 58 (same
     # shapes and cost, other values).
     dcfg = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
@@ -129,10 +143,10 @@ def without_collectives(tp: TPGroup) -> TPGroup:
     return _LocalOnly(tp.world, tp.rank, tp.group)
 
 
-def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None) -> dict:
+def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None, experts: str = "int4") -> dict:
     from .roofline import ceilings_source, device_ceilings, graph_time_us, rotation_count, verify_mla_counts
 
-    tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp)
+    tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp, experts=experts)
     mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
     sampling = SamplingConfig()
 
@@ -194,7 +208,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None)
     ceil = device_ceilings()
     nbytes, flops = verify_mla_counts(batch, T, tcfg.heads, ctx)
     floor_us, bound = ceil.floor_us(nbytes, flops)
-    return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
+    return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, experts=experts, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
                 graph_ms=graph_ms, graph_ms_without_collectives=graph_ms_local, phases_ms=med,
                 phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_fragmented_us=attn[True],
                 verify_attention_one_replay_us=attn["one call a replay"],
@@ -210,12 +224,14 @@ def main(args, tp=None) -> int:
         print("bench decode needs a GPU")
         return 1
     say = print if tp is None or tp.rank == 0 else (lambda *a, **k: None)
-    where = f"TP{tp.world} rank, collectives included" if active(tp) else "TP8 rank, EP-local experts"
+    experts = getattr(args, "experts", "int4")
+    where = (f"TP{tp.world} rank, collectives included" if active(tp) else "TP8 rank, EP-local experts") + (
+        f", {experts} routed experts")
     rows = []
     for budget in args.budgets:
         per = {}
         for layers in (args.layers, args.layers + 1):
-            r = run(layers, args.ctx, budget, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp)
+            r = run(layers, args.ctx, budget, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp, experts=experts)
             per[layers] = r
             rows.append(r)
             ph = ", ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
@@ -238,7 +254,7 @@ def main(args, tp=None) -> int:
             f"replay {b['verify_attention_one_replay_us']:.1f} us), {verify_share:.1f} ms "
             f"over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
             f"= {100 * non_target / est61:.1f}% of the extrapolated step (eager phases)", flush=True)
-        row = dict(budget=budget, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target)
+        row = dict(budget=budget, experts=experts, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target)
         pg = b.get("phases_graph_ms") or {}
         if pg:
             non_target_graph = pg["draft"] + pg["tree"] + pg["accept"] + pg["commit"] * 61 / b["layers"]

@@ -367,6 +367,8 @@ def main(argv=None) -> int:
     bench.add_argument("--batch", type=_int_at_least(1), default=1)
     bench.add_argument("--out", default=None, help="append JSON rows here")
     bench.add_argument("--tp", type=int, default=None, help="decode: " + TP_HELP)
+    bench.add_argument("--experts", choices=["int4", "bf16"], default="int4",
+                       help="decode: routed experts INT4 packed (the W4A16 op) or bf16 (the grouped bf16 path)")
     tr = sub.add_parser("train", help="train the tiny target + DFlash draft on the stdlib's source")
     tr.add_argument("--out", default="tritree/assets/tiny")
     tr.add_argument("--target-steps", type=int, default=1500)

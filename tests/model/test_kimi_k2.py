@@ -169,7 +169,7 @@ def test_tensor_parallel_head_slices_load(tiny):
 
 def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
     """A checkpoint with INT4 (compressed-tensors) routed experts and an FP8 block-scaled projection
-    loads to what dequantising by hand gives."""
+    loads to what dequantising by hand gives (``experts="dense"``)."""
     from safetensors.torch import save_file
 
     from tritree.model import init_params
@@ -199,20 +199,21 @@ def test_int4_experts_and_fp8_weights_load_dequantised(tmp_path):
     (tmp_path / "config.json").write_text(_json.dumps({**{k: v for k, v in cfg.to_dict().items() if k not in (
         "weight_prefix", "num_local_heads", "first_local_head", "qk_latent_eps")}}))
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    loaded, _ = load_params(str(tmp_path), cfg)
+    loaded, _ = load_params(str(tmp_path), cfg, experts="dense")
     for name, want in expected.items():
         want = torch.stack(want) if isinstance(want, list) else want
         assert torch.equal(loaded[name].cpu(), want), name
 
 
 @pytest.mark.gpu
-def test_gpu_verify_is_graph_capturable_and_compiles():
-    """The whole verify call (tree KV write, verify_mla, grouped MoE) in one CUDA graph; and under
-    torch.compile. Passed on the H200: bench/RESULTS.md, section "GPU test suite"."""
+@pytest.mark.parametrize("experts", ["dense", "int4"])
+def test_gpu_verify_is_graph_capturable_and_compiles(experts):
+    """The whole verify call (tree KV write, verify_mla, grouped MoE: bf16 or the W4A16 op) in one CUDA
+    graph; and under torch.compile. Passed on the H200: bench/RESULTS.md, section "GPU test suite"."""
     from tritree.model import init_params
 
-    cfg = kimi_tiny()
-    params = init_params(cfg, seed=4, device="cuda")
+    cfg = kimi_tiny(hidden_size=64)  # whole 32-column groups for INT4
+    params = init_params(cfg, seed=4, device="cuda", experts=experts)
     g = torch.Generator().manual_seed(5)
     B, S, T, P = 2, 12, 8, 4
     prompt = torch.randint(0, cfg.vocab_size, (B, S), generator=g).cuda()

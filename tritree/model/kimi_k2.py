@@ -1,8 +1,15 @@
 """Kimi K2.x (DeepSeek-V3 architecture) as pure functions over a parameter dict.
 
 Parameters are keyed by the Hugging Face tensor names without the checkpoint prefix
-(``model.layers.0.self_attn.q_b_proj.weight`` ...), except routed experts, which are stacked per layer
-(``model.layers.L.mlp.experts.{gate,up,down}_proj.weight``: ``[E, I, H]``, ``[E, I, H]``, ``[E, H, I]``).
+(``model.layers.0.self_attn.q_b_proj.weight`` ...), except routed experts, which are stacked per layer in one
+of two layouts (:func:`param_shapes`):
+
+- dense: ``model.layers.L.mlp.experts.{gate,up,down}_proj.weight``: ``[E, I, H]``, ``[E, I, H]``, ``[E, H, I]``
+  in the model's dtype;
+- INT4 (K2.6's checkpoint format kept packed, :class:`tritree.kernels.Int4Experts`):
+  ``model.layers.L.mlp.experts.{w13_packed, w13_scale, w2_packed, w2_scale}``: int32 ``[E, 2I, H/8]``, bf16
+  ``[E, 2I, H/32]``, int32 ``[E, H, I/8]``, bf16 ``[E, H, I/32]``; the MoE then runs the fused W4A16 op
+  (:func:`tritree.kernels.routed_experts_int4`).
 The rope output rows of ``q_b_proj`` (per head) and ``kv_a_proj_with_mqa`` are permuted at load time from
 the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere (docs/SPEC.md section 2).
 
@@ -23,6 +30,7 @@ import torch.nn.functional as F
 from .. import dist
 from ..kernels import kv_write_, verify_mla
 from ..kernels.moe import routed_experts
+from ..kernels.moe_int4 import GROUP, Int4Experts, routed_experts_int4
 from .config import KimiK2Config
 from .layers import apply_rope, cos_sin, linear, random_params, rms_norm, swiglu, yarn_inv_freq
 
@@ -49,9 +57,18 @@ def layer_prefix(i: int) -> str:
     return f"model.layers.{i}."
 
 
-def param_shapes(cfg: KimiK2Config) -> dict[str, tuple]:
+INT4_EXPERT_KEYS = ("w13_packed", "w13_scale", "w2_packed", "w2_scale")
+DENSE_EXPERT_KEYS = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+EXPERT_LAYOUTS = ("dense", "int4")
+
+
+def param_shapes(cfg: KimiK2Config, experts: str = "dense") -> dict[str, tuple]:
     """Every parameter's shape (local heads), with stacked experts; ``q_proj`` instead of the
-    ``q_a`` / ``q_b`` pair when ``q_lora_rank`` is None; the attention biases with ``attention_bias``."""
+    ``q_a`` / ``q_b`` pair when ``q_lora_rank`` is None; the attention biases with ``attention_bias``.
+    ``experts``: the routed experts' layout, ``"dense"`` or ``"int4"`` (the module docstring; int32 / bf16
+    tensors, the hidden and intermediate sizes multiples of 32)."""
+    if experts not in EXPERT_LAYOUTS:
+        raise ValueError(f"experts must be one of {EXPERT_LAYOUTS}, got {experts!r}")
     H, Hd = cfg.heads, cfg.hidden_size
     s = {"model.embed_tokens.weight": (cfg.vocab_size, Hd), "model.norm.weight": (Hd,),
          "lm_head.weight": (cfg.vocab_size, Hd)}
@@ -78,10 +95,18 @@ def param_shapes(cfg: KimiK2Config) -> dict[str, tuple]:
         if cfg.is_moe(i):
             E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
             Is = I * cfg.n_shared_experts
+            s.update({p + "mlp.gate.weight": (E, Hd), p + "mlp.gate.e_score_correction_bias": (E,)})
+            if experts == "dense":
+                s.update({p + "mlp.experts.gate_proj.weight": (E, I, Hd), p + "mlp.experts.up_proj.weight": (E, I, Hd),
+                          p + "mlp.experts.down_proj.weight": (E, Hd, I)})
+            else:
+                if Hd % GROUP or I % GROUP:
+                    raise ValueError(f"INT4 experts need hidden_size ({Hd}) and moe_intermediate_size ({I}) to be "
+                                     f"multiples of {GROUP}")
+                s.update({p + "mlp.experts.w13_packed": (E, 2 * I, Hd // 8),
+                          p + "mlp.experts.w13_scale": (E, 2 * I, Hd // GROUP),
+                          p + "mlp.experts.w2_packed": (E, Hd, I // 8), p + "mlp.experts.w2_scale": (E, Hd, I // GROUP)})
             s.update({
-                p + "mlp.gate.weight": (E, Hd), p + "mlp.gate.e_score_correction_bias": (E,),
-                p + "mlp.experts.gate_proj.weight": (E, I, Hd), p + "mlp.experts.up_proj.weight": (E, I, Hd),
-                p + "mlp.experts.down_proj.weight": (E, Hd, I),
                 p + "mlp.shared_experts.gate_proj.weight": (Is, Hd), p + "mlp.shared_experts.up_proj.weight": (Is, Hd),
                 p + "mlp.shared_experts.down_proj.weight": (Hd, Is),
             })
@@ -92,9 +117,36 @@ def param_shapes(cfg: KimiK2Config) -> dict[str, tuple]:
     return s
 
 
-def init_params(cfg: KimiK2Config, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
-    """Random parameters (already in tritree's halves RoPE layout); the router's in float32."""
-    return random_params(param_shapes(cfg), seed, dtype, device, float32=("mlp.gate.",))
+def init_params(cfg: KimiK2Config, seed: int = 0, dtype=torch.float32, device="cpu", experts: str = "dense") -> dict:
+    """Random parameters (already in tritree's halves RoPE layout); the router's in float32. ``experts="int4"``:
+    the same random routed experts quantised (:func:`quantize_experts`)."""
+    params = random_params(param_shapes(cfg), seed, dtype, device, float32=("mlp.gate.",))
+    if experts not in EXPERT_LAYOUTS:
+        raise ValueError(f"experts must be one of {EXPERT_LAYOUTS}, got {experts!r}")
+    return quantize_experts(params) if experts == "int4" else params
+
+
+def _expert_layers(params) -> list[str]:
+    """``model.layers.L.mlp.experts.`` prefixes of the layers with dense routed experts."""
+    return sorted(k[:-len("gate_proj.weight")] for k in params if k.endswith(".mlp.experts.gate_proj.weight"))
+
+
+def quantize_experts(params: dict) -> dict:
+    """``params`` with every layer's dense routed experts replaced by their INT4 group quantisation
+    (:meth:`tritree.kernels.Int4Experts.quantize`, symmetric, group 32), on the same device; the rest shared."""
+    out = dict(params)
+    for p in _expert_layers(params):
+        q = Int4Experts.quantize(*(out.pop(p + k) for k in DENSE_EXPERT_KEYS))
+        out.update({p + k: getattr(q, k) for k in INT4_EXPERT_KEYS})
+    return out
+
+
+def int4_experts(params, i: int) -> Int4Experts | None:
+    """Layer ``i``'s routed experts when they are held INT4, else None."""
+    p = layer_prefix(i) + "mlp.experts."
+    if p + "w13_packed" not in params:
+        return None
+    return Int4Experts(*(params[p + k] for k in INT4_EXPERT_KEYS))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,7 +155,9 @@ def init_params(cfg: KimiK2Config, seed: int = 0, dtype=torch.float32, device="c
 
 def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None) -> torch.Tensor:
     """Sigmoid-routed MoE with a shared expert; the routed experts run grouped by expert with no host
-    sync (:func:`tritree.kernels.moe.routed_experts`; a per-expert loop on the CPU path).
+    sync: INT4 experts (the layer's ``mlp.experts.w13_packed`` ...) through the fused W4A16 op
+    :func:`tritree.kernels.routed_experts_int4` (activations in bf16 there when the model runs in float32),
+    dense ones through :func:`tritree.kernels.moe.routed_experts` (a per-expert loop on the CPU path).
 
     Under ``tp`` the router runs in full on every rank, each rank runs its own experts (the stacked
     expert weights hold ``E / world`` of them, from ``rank * E / world``) and its slice of the shared
@@ -123,15 +177,18 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None) -> torch.Te
     if cfg.norm_topk_prob:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
     w = w * cfg.routed_scaling_factor
-    w_gate = params[p + "experts.gate_proj.weight"]
+    packed = int4_experts(params, i)
     if dist.active(tp):
-        e_loc = w_gate.shape[0]
+        e_loc = packed.num_experts if packed is not None else params[p + "experts.gate_proj.weight"].shape[0]
         if e_loc * tp.world != cfg.n_routed_experts:
             raise ValueError(f"layer {i} holds {e_loc} routed experts; expert parallelism over {tp.world} ranks "
                              f"needs {cfg.n_routed_experts} / {tp.world}")
         idx = idx - tp.rank * e_loc  # other ranks' experts fall outside [0, e_loc): skipped by routed_experts
-    out = routed_experts(x, idx, w, w_gate, params[p + "experts.up_proj.weight"],
-                         params[p + "experts.down_proj.weight"])
+    if packed is not None:  # W4A16: 16-bit activations
+        xa = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
+        out = routed_experts_int4(xa, idx, w, packed).to(x.dtype)
+    else:
+        out = routed_experts(x, idx, w, *(params[p + "experts." + k] for k in DENSE_EXPERT_KEYS))
     out = out + swiglu(x, params[p + "shared_experts.gate_proj.weight"], params[p + "shared_experts.up_proj.weight"],
                        params[p + "shared_experts.down_proj.weight"])
     return dist.all_reduce_(tp, out).view(shape)
@@ -232,14 +289,17 @@ def _logits(params, cfg, x, tp):
     return dist.lm_logits(tp, h, params["lm_head.weight"], cfg.vocab_size)
 
 
-def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None = None, taps=(), tp=None):
+def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None = None, taps=(), tp=None,
+            last_only: bool = False):
     """Prompt forward: ``tokens [B, S]`` at positions ``0..S-1``.
 
     ``cache`` (optional): ``{"kv": [layers, num_pages, P, 576], "page_table", "kv_lens"}``; every layer's
     latents are written at ``kv_lens + i`` and the returned cache has ``kv_lens + S``.
     Returns ``(logits [B, S, V] float32, taps [B, S, len(taps), hidden], cache)``; ``taps`` are outputs of
     the given layers (HF ``hidden_states[id + 1]``). Under ``tp`` the logits are this rank's vocabulary
-    shard ``[B, S, Vs]`` (:func:`tritree.dist.gather_vocab` gives all ``V``); the rest is replicated."""
+    shard ``[B, S, Vs]`` (:func:`tritree.dist.gather_vocab` gives all ``V``); the rest is replicated.
+    ``last_only``: logits of the last position only, ``[B, 1, V]`` (or ``[B, 1, Vs]``): the next token is
+    all a generation needs, and ``[S, V]`` float32 is gigabytes at long context (3.8 GB a rank at 46k)."""
     _check_tp(cfg, tp)
     B, S = tokens.shape
     x = _embed(params, cfg, tokens, tp)
@@ -255,7 +315,7 @@ def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None 
         x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps), tp)
         if i in taps:
             tapped[i] = x
-    logits = _logits(params, cfg, x, tp)
+    logits = _logits(params, cfg, x[:, -1:] if last_only else x, tp)
     tap_out = torch.stack([tapped[t] for t in taps], dim=2) if taps else x.new_zeros(B, S, 0, x.shape[-1])
     if cache is not None:
         cache = {**cache, "kv_lens": cache["kv_lens"] + S}

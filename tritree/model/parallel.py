@@ -8,7 +8,7 @@ Rank ``r`` of ``w`` holds:
   ``kv_a_proj_with_mqa`` (with their biases) and the norms are replicated, so every rank computes and
   holds the full latent cache;
 - routed experts ``[r E/w, (r+1) E/w)`` (expert-parallel; the router is replicated and every rank routes
-  every token, running only its own experts), the shared expert and the dense layers' MLP split along
+  every token, running only its own experts; dense or INT4 alike: both stack experts on dim 0), the shared expert and the dense layers' MLP split along
   the intermediate dimension; one all-reduce combines each MLP;
 - rows ``[r Vs, (r+1) Vs)`` of ``embed_tokens`` and ``lm_head``, ``Vs = ceil(V / w)``, zero-padded
   (:mod:`tritree.dist`).
@@ -86,11 +86,12 @@ def shard_slice(name: str, cfg: KimiK2Config, tp: TPGroup | None, full_shape) ->
     return dim, r * per, (r + 1) * per, per
 
 
-def local_param_shapes(cfg: KimiK2Config, tp: TPGroup | None) -> dict[str, tuple]:
-    """Every parameter's shape on this rank (``cfg`` global or the rank's view)."""
+def local_param_shapes(cfg: KimiK2Config, tp: TPGroup | None, experts: str = "dense") -> dict[str, tuple]:
+    """Every parameter's shape on this rank (``cfg`` global or the rank's view); ``experts``: the routed
+    experts' layout (:func:`tritree.model.kimi_k2.param_shapes`; either splits on the expert dimension)."""
     local = shard_config(cfg.with_(num_local_heads=None, first_local_head=0), tp) if active(tp) else cfg
     out = {}
-    for name, shape in param_shapes(local.with_(num_local_heads=None)).items():
+    for name, shape in param_shapes(local.with_(num_local_heads=None), experts).items():
         s = shard_slice(name, local, tp, shape)
         if s is not None:
             shape = tuple(s[3] if d == s[0] else n for d, n in enumerate(shape))
