@@ -475,7 +475,7 @@ class Engine:
         zero = torch.zeros(1, dtype=torch.int32, device=dev)
         cache = {"kv": self._tkv, "page_table": state["page_table"][k:k + 1], "kv_lens": zero}
         logits, taps, _ = prefill(self.tparams, self.tcfg, toks, cache, taps=tuple(self.dcfg.target_layer_ids),
-                                  tp=self.tp)
+                                  tp=self.tp, last_only=True)  # the next token only: no [S, vocab] logits
         if budget > 0:
             dcache = {"kv": self._dkv, "page_table": state["page_table"][k:k + 1], "kv_lens": zero.clone()}
             pos = torch.arange(len(ids), device=dev)[None]
