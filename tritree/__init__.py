@@ -14,7 +14,11 @@ Conventions shared by every op
   node ``j`` is node ``i`` or one of its ancestors (:func:`tree_mask_from_parents`).
 - Ops that update large buffers in place end in ``_`` and return them. Every op validates its inputs
   (``TypeError``/``ValueError`` naming the argument); checks that need tensor values on the host run
-  for CPU inputs always and for GPU inputs with ``TRITREE_DEBUG=1``.
+  for CPU inputs always and for GPU inputs with ``TRITREE_DEBUG=1`` (without them a bad value gives an
+  undefined result, never an access outside the tensors).
+- Tensors may be views (offsets, padded rows, reordered leading dims): every op reads and writes each
+  tensor through its own strides; the last dimension must be contiguous except where an op says
+  otherwise (the README's stride table). Returned tensors are new and contiguous.
 - Every kernel has a plain PyTorch reference (``*_reference``), the specification the tests compare
   against in float64. Launch configs come from per-architecture tables (``tritree.kernels.configs``;
   ``TRITREE_ARCH`` forces one).
