@@ -73,12 +73,19 @@ class PagePool:
     _free: set = field(default_factory=set, repr=False)
 
     def __post_init__(self):
-        if self.num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
-        if self.page_size < 1 or self.page_size & (self.page_size - 1):
-            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
-        used = {p for ps in self.pages.values() for p in ps}
-        self._free = set(range(self.num_pages)) - used
+        self.num_pages = V.check_int("num_pages", self.num_pages, 1)
+        self.page_size = V.check_int("page_size", self.page_size, 1, power_of_two=True)
+        if not isinstance(self.pages, dict):
+            raise TypeError(f"pages must be a dict of request -> page ids, got {type(self.pages).__name__}")
+        seen: dict[int, object] = {}
+        for r, ps in self.pages.items():  # given pages: valid ids, each owned by one request once
+            for p in ps:
+                V.check_int(f"pages[{r!r}] page id", p, 0, self.num_pages - 1)
+                if p in seen:
+                    raise ValueError(f"pages: page {p} is owned twice (requests {seen[p]!r} and {r!r})")
+                seen[p] = r
+        self.pages = {r: [int(p) for p in ps] for r, ps in self.pages.items()}
+        self._free = set(range(self.num_pages)) - set(seen)
 
     @property
     def free_pages(self) -> int:
@@ -118,7 +125,7 @@ class PagePool:
     def page_table(self, requests, max_pages: int | None = None, device="cpu") -> torch.Tensor:
         """``[len(requests), max_pages]`` int32 rows of the requests' pages (unused entries 0)."""
         rows = [self.pages.get(r, []) for r in requests]
-        width = max([len(r) for r in rows] + [1]) if max_pages is None else max_pages
+        width = max([len(r) for r in rows] + [1]) if max_pages is None else V.check_int("max_pages", max_pages, 1)
         table = torch.zeros(len(rows), width, dtype=torch.int32)
         for i, r in enumerate(rows):
             if len(r) > width:
