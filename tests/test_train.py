@@ -19,9 +19,12 @@ def reference_path(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "0")
 
 
-def test_checkpoints_round_trip_through_the_loaders(tmp_path):
+@pytest.mark.parametrize("draft_options", [{}, dict(windows=(None, 3), final_logit_softcapping=2.5),
+                                           dict(rope_scaling=None, input_embedding_scale=2.0, output_multiplier=0.5)])
+def test_checkpoints_round_trip_through_the_loaders(tmp_path, draft_options):
+    """Every option of the draft's config (windows, soft-capping, no rope scaling, scales) survives."""
     tcfg = train.tiny_target_config()
-    dcfg = train.tiny_draft_config(tcfg)
+    dcfg = train.tiny_draft_config(tcfg).with_(**draft_options)
     tp = init_params(tcfg, seed=5)
     dp = dflash.init_params(dcfg, seed=6)
     train.save_target(tp, tcfg, tmp_path / "t")
@@ -31,7 +34,10 @@ def test_checkpoints_round_trip_through_the_loaders(tmp_path):
     assert tcfg2.with_(weight_prefix="") == tcfg.with_(weight_prefix="")
     assert dcfg2.with_(rope_scaling=dcfg.rope_scaling) == dcfg  # rope_scaling gains HF's spelling of the keys
     from tritree.model.layers import yarn_inv_freq
-    assert torch.equal(yarn_inv_freq(32, 1e4, dcfg2.rope_scaling), yarn_inv_freq(32, 1e4, dcfg.rope_scaling))
+    if dcfg.rope_scaling is None:
+        assert dcfg2.rope_scaling is None
+    else:
+        assert torch.equal(yarn_inv_freq(32, 1e4, dcfg2.rope_scaling), yarn_inv_freq(32, 1e4, dcfg.rope_scaling))
     for k, v in tp.items():
         assert torch.equal(tp2[k], v), k  # the rope rows come back in tritree's order
     for k, v in dp.items():

@@ -202,16 +202,27 @@ def save_draft(params: dict, cfg: DFlashConfig, path: Path) -> None:
 
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().float().cpu().contiguous() for k, v in params.items()}, str(path / "model.safetensors"))
-    rs = dict(cfg.rope_scaling or {})
-    rs = {"rope_type": rs.pop("type", "yarn"), **rs, "attention_factor": cfg.rope_amplitude}
+    rs = None
+    if cfg.rope_scaling is not None:
+        rs = dict(cfg.rope_scaling)
+        rs = {"rope_type": rs.pop("type", rs.pop("rope_type", "yarn")), **rs, "attention_factor": cfg.rope_amplitude}
+    # per-layer windows as Qwen3Config spells them: one sliding_window for every sliding layer
+    sizes = {w for w in cfg.windows if w is not None}
+    if len(sizes) > 1:
+        raise ValueError(f"windows {cfg.windows}: a config.json holds one sliding_window for every sliding layer")
+    windows = dict(use_sliding_window=bool(sizes), sliding_window=sizes.pop() if sizes else None, is_causal=False,
+                   layer_types=["full_attention" if w is None else "sliding_attention" for w in cfg.windows])
     conf = dict(model_type="qwen3", architectures=["DFlashDraftModel"], vocab_size=cfg.vocab_size,
                 hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                 num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                 num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
                 rope_theta=cfg.rope_theta, rope_scaling=rs, max_position_embeddings=cfg.max_position_embeddings,
-                attention_bias=cfg.attention_bias, layer_types=["full_attention"] * cfg.num_hidden_layers,
+                attention_bias=cfg.attention_bias, **windows,
                 dflash_config=dict(target_layer_ids=list(cfg.target_layer_ids), mask_token_id=cfg.mask_token_id,
-                                   block_size=cfg.block_size), torch_dtype="float32")
+                                   block_size=cfg.block_size, input_embedding_scale=cfg.input_embedding_scale,
+                                   output_multiplier=cfg.output_multiplier,
+                                   final_logit_softcapping=cfg.final_logit_softcapping),
+                torch_dtype="float32")
     (path / "config.json").write_text(json.dumps(conf, indent=1))
 
 

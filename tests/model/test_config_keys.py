@@ -263,7 +263,7 @@ def test_unknown_keys_warn_or_with_strict_raise():
 # --------------------------------------------------------------------------------------------------
 
 DRAFT_BASE = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 8, "vocab_size": 41, "intermediate_size": 48,
+              "head_dim": 16, "vocab_size": 41, "intermediate_size": 48,
               "dflash_config": {"target_layer_ids": [0, 2], "mask_token_id": 40, "block_size": 4}}
 
 # (reference config kwargs, config.json edits: Qwen3Config saves its derived values, a hand-written
@@ -372,3 +372,16 @@ def test_draft_refuses_causal_sliding_layers_and_missing_keys():
         DFlashConfig.from_hf({**DRAFT_BASE, "dflash_config": {"mask_token_id": 1}})
     with pytest.raises(ValueError, match="conv_group_size"):  # DFlash2, under dflash_config
         DFlashConfig.from_hf({**DRAFT_BASE, "dflash_config": {**DRAFT_BASE["dflash_config"], "conv_group_size": 8}})
+
+
+def test_widths_the_kernels_cannot_tile_are_refused_at_load():
+    """Widths verify_mla (latent, rope: powers of two >= 16) and draft_attention (head: a power of two in
+    [16, 256]) cannot run are refused when the config is made, not at the first kernel launch."""
+    from tritree.model.config import dflash_tiny, kimi_tiny
+
+    for k, v in (("kv_lora_rank", 24), ("qk_rope_head_dim", 8)):
+        with pytest.raises(ValueError, match=k):
+            kimi_tiny(**{k: v})
+    for v in (8, 48, 512):
+        with pytest.raises(ValueError, match="head_dim"):
+            dflash_tiny(head_dim=v)

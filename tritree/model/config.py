@@ -238,8 +238,10 @@ class KimiK2Config:
         E, G = self.n_routed_experts, self.n_group
         if self.q_lora_rank is not None and self.q_lora_rank <= 0:
             raise ValueError(f"q_lora_rank must be positive or None, got {self.q_lora_rank}")
-        if self.qk_rope_head_dim <= 0 or self.qk_rope_head_dim % 2:
-            raise ValueError(f"qk_rope_head_dim must be positive and even, got {self.qk_rope_head_dim}")
+        for k in ("kv_lora_rank", "qk_rope_head_dim"):  # the widths verify_mla's kernels tile
+            v = getattr(self, k)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{k} = {v} is not supported: the verify kernels need a power of two >= 16")
         if E > 0 and self.num_hidden_layers > self.first_k_dense_replace:
             if not 0 < self.num_experts_per_tok <= E:
                 raise ValueError(f"num_experts_per_tok = {self.num_experts_per_tok} must be in [1, n_routed_experts = {E}]")
@@ -444,6 +446,9 @@ class DFlashConfig:
             raise ValueError("num_key_value_heads must divide num_attention_heads")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        if not 16 <= self.head_dim <= 256 or self.head_dim & (self.head_dim - 1):
+            raise ValueError(f"head_dim = {self.head_dim} is not supported: draft_attention needs a power of two "
+                             "in [16, 256]")
 
     @property
     def n_taps(self) -> int:
