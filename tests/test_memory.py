@@ -54,7 +54,7 @@ def test_tiny_components_by_hand():
     assert got["routed experts, bf16"] == 8 * 3 * 32 * 48 * 2 * 2
     draft_layer = 2 * 48 + 2 * 16 + 64 * 48 + 2 * 32 * 48 + 48 * 64 + 3 * 64 * 48
     assert got["DFlash draft"] == (48 * 96 + 2 * 48 + 2 * draft_layer) * 2
-    tokens = 3 * 7 * 16  # 100 tokens -> 7 pages of 16, 3 requests
+    tokens = (3 * 7 + 1) * 16  # 100 tokens -> 7 pages of 16, 3 requests, + the engine's sink page
     assert got["KV cache, MLA latent 48"] == 3 * tokens * 48 * 2
     assert got["KV cache, draft K+V"] == 2 * tokens * 2 * 2 * 16 * 2
     # tp=2: vocabulary rows ceil(97 / 2) = 49 (padded), heads, intermediates and experts halved
@@ -163,9 +163,10 @@ def test_bf16_is_four_times_int4_without_scales():
 def test_pages_round_up_per_request():
     assert [pages_per_request(n, 64) for n in (1, 63, 64, 65, 46000)] == [1, 1, 1, 2, 719]
     kv = {n: memory_report(kimi_tiny(), tp=1, ctx=n, page_size=16).row("KV cache, MLA").per_rank for n in (1, 16, 17)}
-    assert kv[1] == kv[16] == 3 * 16 * 48 * 2 and kv[17] == 2 * kv[16]
+    page = 3 * 16 * 48 * 2  # one page of 16 tokens, 3 layers; every report holds the engine's sink page too
+    assert kv[1] == kv[16] == 2 * page and kv[17] == 3 * page
     one = memory_report(kimi_tiny(), tp=1, ctx=17, batch=1, page_size=16).caches
-    assert memory_report(kimi_tiny(), tp=1, ctx=17, batch=5, page_size=16).caches == 5 * one
+    assert memory_report(kimi_tiny(), tp=1, ctx=17, batch=5, page_size=16).caches == (5 * 2 + 1) * one // 3
 
 
 def test_verdict():

@@ -85,11 +85,12 @@ def prefill_activation_bytes(cfg: KimiK2Config, draft: DFlashConfig | None, tp: 
                              act_bytes: int = 2, expert_parallel: bool = True) -> int:
     """Estimated peak bytes per rank of the live tensors of one whole-prompt prefill of ``S = ctx`` tokens
     (``tritree.model.kimi_k2.prefill`` then ``dflash.materialize_context_``, as the engine runs them), the
-    largest of four moments (``a`` = activation bytes, ``Vs = ceil(V / tp)``, ``n`` = the draft's taps):
+    largest of four moments (``a`` = activation bytes, ``Vs = ceil(V / tp)``, ``n`` = the draft's taps;
+    the engine takes the logits of the last position only, ``[1, Vs]``):
 
     - a routed-expert layer: the taps kept so far ``n S hidden a``, its ``[S top_k, I]`` intermediate,
       float32 ``[S, hidden]`` output, three ``[S, hidden]`` residual-stream tensors;
-    - the logits: ``[S, Vs]`` in ``a`` and float32 at once, the taps, the final norm;
+    - the logits: ``[1, Vs]`` in ``a`` and float32 at once, the taps, the final norm;
     - stacking the taps: float32 logits + the taps twice;
     - the draft's context K/V: float32 logits, the taps, ``fc``'s output, three copies of
       ``[draft layers, S, 2, Hkv, D]``.
@@ -102,12 +103,12 @@ def prefill_activation_bytes(cfg: KimiK2Config, draft: DFlashConfig | None, tp: 
     taps = n * s * h * act_bytes
     i_local = cfg.moe_intermediate_size // (1 if expert_parallel else tp)
     moe = taps + s * cfg.num_experts_per_tok * i_local * act_bytes + s * h * 4 + 3 * s * h * act_bytes
-    logits = taps + s * h * act_bytes + s * vs * (4 + act_bytes)
-    stack = 2 * taps + s * vs * 4
+    logits = taps + s * h * act_bytes + vs * (4 + act_bytes)
+    stack = 2 * taps + vs * 4
     phases = [moe if cfg.n_routed_experts else 0, logits, stack]
     if draft is not None:
         kv = draft.num_hidden_layers * s * 2 * draft.num_key_value_heads * draft.head_dim * act_bytes
-        phases.append(s * vs * 4 + taps + s * h * act_bytes + 3 * kv)
+        phases.append(vs * 4 + taps + s * h * act_bytes + 3 * kv)
     return max(phases)
 
 
@@ -258,7 +259,7 @@ def memory_report(cfg: KimiK2Config, draft: DFlashConfig | None = None, *, tp: i
     if draft is not None:
         d = draft_param_count(draft) * wb
         add(f"DFlash draft ({draft.num_hidden_layers} layers)", d, d, "replicated")
-    pages = batch * pages_per_request(ctx, page_size)
+    pages = batch * pages_per_request(ctx, page_size) + 1  # + the engine's sink page (finished rows write there)
     tokens = pages * page_size
     kv = L * tokens * cfg.latent_dim * kvb
     add(f"KV cache, MLA latent {cfg.latent_dim} (x{L})", kv, kv, "replicated", "cache")
