@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 import tritree
 from tritree import testing as TT
 
+from .kernels.test_tree_mask import loop_reference
+
 SM_SCALE = 0.07
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
@@ -361,21 +363,6 @@ def sample_kv_gather(draw, device) -> Sample:
                   run_scalar=lambda t, k, v: tritree.kv_gather(*(t[n] for n in names), v, stacked=stacked))
 
 
-def _tree_mask_loop(parents, tree_lens):
-    B, T = parents.shape
-    W = (T + 31) // 32
-    mask = torch.zeros(B, T, W, dtype=torch.int64)
-    depth = torch.zeros(B, T, dtype=torch.int64)
-    for b in range(B):
-        for i in range(int(tree_lens[b]) if tree_lens is not None else T):
-            j, d = i, 0
-            while j >= 0:
-                mask[b, i, j // 32] |= 1 << (j % 32)
-                j, d = int(parents[b, j]), d + 1
-            depth[b, i] = d - 1
-    return torch.where(mask >= 2**31, mask - 2**32, mask).to(torch.int32), depth.to(torch.int32)
-
-
 def sample_tree_mask_from_parents(draw, device) -> Sample:
     B, T = draw(st.integers(0, 3)), draw(st.integers(1, 40))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
@@ -400,7 +387,8 @@ def sample_tree_mask_from_parents(draw, device) -> Sample:
         values = {}
     return Sample("tree_mask_from_parents", t, dict(parents=("B", "T"), tree_lens=("B",)),
                   lambda t: tritree.tree_mask_from_parents(t["parents"], t["tree_lens"]),
-                  lambda t: _tree_mask_loop(t["parents"].cpu(), None if t["tree_lens"] is None else t["tree_lens"].cpu()),
+                  lambda t: loop_reference(t["parents"].cpu(), torch.full((B,), T) if t["tree_lens"] is None
+                                           else t["tree_lens"].cpu()),
                   check, strided_last=("parents",), values=values)
 
 
