@@ -53,3 +53,22 @@ def test_a_bad_request_is_one_line_on_stderr_and_the_others_still_run():
     errors = [line for line in r.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "request 1" in errors[0] and "vocabulary" in errors[0], r.stderr
     assert "[0] prompt [1, 2, 3]" in r.stdout and "(length)" in r.stdout
+
+
+def test_budget_auto_is_parsed_and_bad_budgets_name_the_flag(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(cli, "generate", lambda args, tp: seen.update(vars(args)) or 0)
+    monkeypatch.setattr(cli, "_ensure_interpreter_without_gpu", lambda: None)
+    assert cli.main(["generate", "--budget", "auto", "--max-budget", "12"]) == 0
+    assert seen["budget"] == "auto" and seen["max_budget"] == 12
+    assert cli.main(["generate", "--budget", "5"]) == 0 and seen["budget"] == 5
+    assert cli._size_histogram({0: 2, 1: 1, 2: 3, 3: 1, 9: 4}) == "0: 2, 1: 1, 2-3: 4, 8-15: 4"
+
+
+@pytest.mark.skipif(cli.torch_has_gpu(), reason="the CPU refusal")
+def test_bench_calibrate_refuses_on_the_cpu_with_one_line():
+    r = subprocess.run([sys.executable, "-m", "tritree", "bench", "calibrate"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "calibrate" in lines[0] and "GPU" in lines[0], r.stderr

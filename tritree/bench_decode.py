@@ -9,6 +9,11 @@ Under ``torchrun --nproc-per-node N -m tritree bench decode --tp N`` every rank 
 the slice instead (64/N heads, 384/N experts with the real top-8 routing, vocabulary-parallel head)
 and the step includes the collectives; rank 0 prints, with the step's graph time with every collective
 left out (``without_collectives``) and from the two the collectives' share of the step.
+
+A budget ``"auto"`` builds trees of ``max_budget`` nodes and sizes each step by the step-cost model
+(:mod:`tritree.budget`; the slice's random draft is near-uniform, so its trees are short: the row shows
+the mechanism's cost, not a trained draft's sizes). ``python -m tritree bench calibrate`` (:func:`calibrate`)
+times the step of this slice over a grid of batch, context and tree size and writes the step-cost JSON.
 """
 
 from __future__ import annotations
@@ -18,8 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
+from .budget import AnalyticCost, CostTable, tabulate
 from .dist import TPGroup, active
-from .engine import PhaseTimer, SamplingConfig, accept_phase, commit_phase_, decode_step_, draft_phase_, tree_phase
+from .engine import (
+    PhaseTimer,
+    SamplingConfig,
+    accept_phase,
+    auto_sizer,
+    commit_phase_,
+    decode_step_,
+    draft_phase_,
+    tree_phase,
+)
 from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
 from .model.kimi_k2 import param_shapes
@@ -88,6 +103,7 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
         "step": torch.zeros(1, dtype=torch.int64, device=device),
         "emitted": torch.full((batch, T), -1, dtype=torch.int32, device=device),
         "n_emitted": torch.zeros(batch, dtype=torch.int32, device=device),
+        "tree_lens": torch.ones(batch, dtype=torch.int32, device=device),
     }
     state["dlens"] -= 5
     return tcfg, dcfg, tparams, dparams, state
@@ -143,10 +159,18 @@ def without_collectives(tp: TPGroup) -> TPGroup:
     return _LocalOnly(tp.world, tp.rank, tp.group)
 
 
-def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None, experts: str = "int4") -> dict:
+def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None, experts: str = "int4",
+        auto: bool = False, cost_model=None) -> dict:
+    """One row of the benchmark. ``auto``: trees of ``budget`` nodes sized each step by ``cost_model``
+    (default the slice's :class:`tritree.budget.AnalyticCost`); the row then has ``tree_nodes_mean``."""
     from .roofline import ceilings_source, device_ceilings, graph_time_us, rotation_count, verify_mla_counts
 
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp, experts=experts)
+    sizer = None
+    if auto:
+        model = cost_model or AnalyticCost.from_params(tparams, tcfg, dp, dcfg, state["tkv"].element_size(),
+                                                       torch.cuda.get_device_name())
+        sizer = auto_sizer(state, tabulate(model, batch, budget, ctx + budget + 1, state["tkv"].device))
     mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
     sampling = SamplingConfig()
 
@@ -156,12 +180,13 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
 
     def step(timer=None, group=tp):
         reset()
-        decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, timer=timer, tp=group)
+        decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, timer=timer, tp=group,
+                     sizer=sizer)
 
     step()
     torch.cuda.synchronize()
     phases = {}
-    eager_ms = []
+    eager_ms, sizes = [], []
     for _ in range(reps):
         timer = PhaseTimer(True, "cuda")
         a = torch.cuda.Event(enable_timing=True)
@@ -171,6 +196,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
         b.record()
         b.synchronize()
         eager_ms.append(a.elapsed_time(b))
+        sizes.extend(state["tree_lens"].tolist())
         for k, v in timer.durations_ms().items():
             phases.setdefault(k, []).append(v)
     med = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
@@ -208,7 +234,8 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
     ceil = device_ceilings()
     nbytes, flops = verify_mla_counts(batch, T, tcfg.heads, ctx)
     floor_us, bound = ceil.floor_us(nbytes, flops)
-    return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, experts=experts, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
+    return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, experts=experts, auto=auto,
+                tree_nodes_mean=sum(sizes) / len(sizes) - 1, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
                 graph_ms=graph_ms, graph_ms_without_collectives=graph_ms_local, phases_ms=med,
                 phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_fragmented_us=attn[True],
                 verify_attention_one_replay_us=attn["one call a replay"],
@@ -230,13 +257,17 @@ def main(args, tp=None) -> int:
     rows = []
     for budget in args.budgets:
         per = {}
+        auto = budget == "auto"
+        size = args.max_budget if auto else budget
         for layers in (args.layers, args.layers + 1):
-            r = run(layers, args.ctx, budget, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp, experts=experts)
+            r = run(layers, args.ctx, size, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp, experts=experts,
+                    auto=auto, cost_model=getattr(args, "cost_model", None))
             per[layers] = r
             rows.append(r)
             ph = ", ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
+            chosen = f"; tree nodes chosen: mean {r['tree_nodes_mean']:.2f} of {size}" if auto else ""
             say(f"budget {budget:>3} layers {layers}: eager {r['eager_ms']:.3f} ms, graph {r['graph_ms']:.3f} ms "
-                f"(host overhead {r['eager_ms'] - r['graph_ms']:.3f} ms); phases ms: {ph}", flush=True)
+                f"(host overhead {r['eager_ms'] - r['graph_ms']:.3f} ms); phases ms: {ph}{chosen}", flush=True)
             if r["graph_ms_without_collectives"] is not None:
                 share = 1 - r["graph_ms_without_collectives"] / r["graph_ms"]
                 say(f"budget {budget:>3} layers {layers}: graph without collectives "
@@ -266,4 +297,66 @@ def main(args, tp=None) -> int:
         rows.append(row)
     if tp is None or tp.rank == 0:
         append_jsonl(args.out, [dict(r, tp=tp.world) for r in rows] if active(tp) else rows)
+    return 0
+
+
+def _calibrate_slice(layers, ctx, batch, static, trees, experts, reps) -> list[float]:
+    """Graph-timed step (ms) of the slice captured at ``static`` tree tokens, truncated to each of ``trees``."""
+    from .roofline import graph_time_us
+
+    tcfg, dcfg, tparams, dp, state = build(layers, ctx, static - 1, batch, experts=experts)
+    saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+    sampling = SamplingConfig()
+    ms = []
+    for T in trees:
+        def step(T=T):
+            for k, v in saved.items():
+                state[k].copy_(v)
+            decode_step_(tparams, tcfg, dp, dcfg, state, budget=static - 1, sampling=sampling,
+                         sizer=lambda scores, lens: torch.clamp(lens, max=T))
+        ms.append(graph_time_us([step], reps=reps) / 1e3)
+    return ms
+
+
+def calibrate(args) -> int:
+    """``python -m tritree bench calibrate``: the step-cost table of ``--budget auto`` on this GPU.
+
+    For every (batch, context) of the grid, the slice of :func:`build` at ``--layers`` and one more
+    layer, captured at the static tree of ``--max-budget + 1`` tokens, with the tree truncated to each
+    grid size (the way an auto step truncates it): the step's CUDA-graph time (median), extrapolated to
+    61 layers as ``bench decode`` does (``t(l) + (61 - l) (t(l + 1) - t(l))``, at least ``t(l)``). What is
+    measured: draft, tree build, verify (one TP8 rank's heads and EP-local experts, no collectives),
+    accept, commit. Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this
+    GPU's name, other GPUs' tables kept."""
+    from .budget import DEFAULT_COST_PATH, save_cost_table
+
+    static = args.max_budget + 1
+    trees = args.grid_tree or [t for t in (1 << i for i in range(static.bit_length())) if t < static]
+    trees = sorted(set(t for t in trees if t <= static) | {static})
+    full = kimi_k26().num_hidden_layers
+    reps = max(5, min(50, args.gen // 8))
+    batches, ctxs = sorted(set(args.grid_batch)), sorted(set(args.grid_ctx))  # the schema's increasing axes
+    grid = []
+    for B in batches:
+        per_ctx = []
+        for L in ctxs:
+            per_layers = {}
+            for layers in (args.layers, args.layers + 1):
+                per_layers[layers] = _calibrate_slice(layers, L, B, static, trees, args.experts, reps)
+                torch.cuda.empty_cache()
+            a, b = per_layers[args.layers], per_layers[args.layers + 1]
+            row = [max(x, x + (full - args.layers) * (y - x)) for x, y in zip(a, b)]
+            print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(f"{t}: {v:.2f}" for t, v in zip(trees, row)),
+                  flush=True)
+            per_ctx.append(row)
+        grid.append(per_ctx)
+    gpu = torch.cuda.get_device_name()
+    table = CostTable(gpu, tuple(batches), tuple(ctxs), tuple(trees),
+                      tuple(tuple(tuple(r) for r in g) for g in grid), static,
+                      f"python -m tritree bench calibrate: Kimi K2.6 TP8-rank slice ({args.experts} experts, EP-local, "
+                      f"no collectives), {args.layers} and {args.layers + 1} layers extrapolated to {full}, CUDA graph, "
+                      f"static tree {static}")
+    out = args.out or DEFAULT_COST_PATH
+    save_cost_table(out, table)
+    print(f"wrote the step-cost table for {gpu} to {out}")
     return 0

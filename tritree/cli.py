@@ -6,6 +6,11 @@ prompts, printing the tokens, tokens per second, the mean acceptance length and 
 ``--draft`` it uses a tiny random target/draft pair (random weights: acceptance lengths are not
 meaningful). Without a GPU every kernel runs in Triton's interpreter.
 
+``--budget auto`` (the default on a GPU): trees of ``--max-budget`` nodes, each step verifying the
+best-first prefix with the most expected tokens per unit of step time (:mod:`tritree.budget`), under
+the step-cost table of this GPU from ``--cost-model`` (default ``~/.cache/tritree/step_cost.json``, written
+by ``bench calibrate``) or, without one, the analytic model.
+
 ``demo``: the verify-attention kernel on a random tree over a random paged latent cache, checked
 against the float64 reference and, on a GPU, timed against the hardware floor.
 
@@ -110,6 +115,40 @@ def _load_pair(args, device, dtype, tp=None):
                                           "means nothing until trained models exist)")
 
 
+def _cost_model(cmd: str, path, gpu: bool):
+    """``(model or None for the analytic default, description)`` for ``--budget auto``: this GPU's table
+    from ``path`` (``--cost-model``; default file when None, skipped when absent or without this GPU)."""
+    import torch
+
+    from .budget import DEFAULT_COST_PATH, load_cost_file
+
+    name = torch.cuda.get_device_name() if gpu else None
+    explicit = path is not None
+    path = path or DEFAULT_COST_PATH
+    if not os.path.exists(path):
+        if explicit:
+            _usage_error(cmd, f"--cost-model {path}: no such file")
+        return None, "analytic default (no step-cost file)"
+    try:
+        tables = load_cost_file(path)
+    except (OSError, ValueError) as e:
+        _usage_error(cmd, f"--cost-model {path}: {e}")
+    if name in tables:
+        return tables[name], f"measured table for {name} from {path}"
+    if explicit:
+        _usage_error(cmd, f"--cost-model {path}: no table for {name or 'the CPU'} (it has {sorted(tables)})")
+    return None, f"analytic default ({path} has no table for {name or 'the CPU'})"
+
+
+def _size_histogram(hist: dict) -> str:
+    """``{nodes: count}`` in power-of-two buckets: ``0: 3, 1: 2, 2-3: 7, 4-7: 1``."""
+    buckets = {}
+    for k, c in hist.items():
+        lo = 0 if k == 0 else 1 << (k.bit_length() - 1)
+        buckets[lo] = buckets.get(lo, 0) + c
+    return ", ".join(f"{lo}: {c}" if lo < 2 else f"{lo}-{2 * lo - 1}: {c}" for lo, c in sorted(buckets.items()))
+
+
 def generate(args, tp=None) -> int:
     import time
 
@@ -137,15 +176,19 @@ def generate(args, tp=None) -> int:
     else:
         prompts = [torch.randint(0, tcfg.vocab_size, (n,), generator=g).tolist()
                    for n in [11, 4, 23, 7][:args.batch]]
+    cost_model = None
+    if args.budget == "auto" and not args.chain:
+        cost_model, how = _cost_model("generate", args.cost_model, gpu)
+        say(f"tree size: auto, at most {args.max_budget} nodes; step cost: {how}")
     engine = Engine(tparams, tcfg, dparams, dcfg, page_size=args.page_size, num_pages=args.num_pages,
-                    graphs=gpu and not args.eager, compile=args.compile, tp=tp)
+                    graphs=gpu and not args.eager, compile=args.compile, tp=tp, cost_model=cost_model)
     engine.log = say
     total = len(prompts) * args.max_new_tokens
     bar = tqdm(total=total, desc="tokens", unit="tok", disable=args.quiet or not rank0)
     t0 = time.perf_counter()
     res = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, budget=args.budget, seed=args.seed, stop_tokens=args.stop,
-                          stream=lambda i, toks: bar.update(len(toks)), chain=args.chain)
+                          stream=lambda i, toks: bar.update(len(toks)), chain=args.chain, max_budget=args.max_budget)
     if gpu:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
@@ -166,6 +209,10 @@ def generate(args, tp=None) -> int:
     acc = gen_after_first / steps if steps else float("nan")
     say(f"{n_tok} tokens in {dt:.2f} s ({n_tok / dt:.1f} tokens/s, prefill and graph capture included); "
         f"mean acceptance length {acc:.2f} tokens per step (budget {args.budget})")
+    sizes = engine.tree_size_stats()
+    if sizes["hist"]:
+        say(f"tree nodes verified per request and step (root excluded): mean {sizes['mean']:.2f}; histogram "
+            f"{_size_histogram(sizes['hist'])}")
     if engine.phase_stats:
         engine.report_phases()
     else:
@@ -207,6 +254,16 @@ def _int_at_least(lo: int):
         return v
     parse.__name__ = f"int >= {lo}"
     return parse
+
+
+def _budget(text: str):
+    """``auto`` or an int >= 1."""
+    if text == "auto":
+        return text
+    try:
+        return _int_at_least(1)(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 1: {e}") from None
 
 
 def _page_size(text: str) -> int:
@@ -336,8 +393,14 @@ def main(argv=None) -> int:
     gen.add_argument("--batch", type=_int_at_least(1), default=2, help="random prompts when --prompt-ids is not given")
     gen.add_argument("--max-new-tokens", "-n", type=_int_at_least(1), default=None,
                      help="default 16 on the CPU, 64 on a GPU")
-    gen.add_argument("--budget", type=_int_at_least(1), default=None,
-                     help="draft-tree nodes per step (default 8 CPU, 32 GPU)")
+    gen.add_argument("--budget", type=_budget, default=None,
+                     help="draft-tree nodes per step, or 'auto': sized each step by the step-cost model "
+                          "(default: auto on a GPU, 8 on the CPU)")
+    gen.add_argument("--max-budget", type=_int_at_least(1), default=64,
+                     help="--budget auto: the largest tree (the static size the step is captured at)")
+    gen.add_argument("--cost-model", default=None,
+                     help="--budget auto: step-cost JSON (bench calibrate); default ~/.cache/tritree/step_cost.json "
+                          "when it has this GPU, else the analytic model")
     gen.add_argument("--temperature", type=_float_in(0.0, float("inf")), default=0.0)
     gen.add_argument("--top-k", type=_int_at_least(1), default=None)
     gen.add_argument("--top-p", type=_float_in(0.0, 1.0, lo_open=True), default=None)
@@ -351,8 +414,9 @@ def main(argv=None) -> int:
     gen.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--tp", type=_int_at_least(1), default=None, help=TP_HELP)
-    bench = sub.add_parser("bench", help="benchmarks on a GPU: 'decode' (the motivating scenario)")
-    bench.add_argument("which", choices=["decode", "accept"])
+    bench = sub.add_parser("bench", help="benchmarks on a GPU: 'decode' (the motivating scenario), 'accept', "
+                                         "'calibrate' (the step-cost table of --budget auto)")
+    bench.add_argument("which", choices=["decode", "accept", "calibrate"])
     bench.add_argument("--prompts", type=_int_at_least(1), default=16, help="accept: held-out prompts")
     bench.add_argument("--prompt-len", type=_int_at_least(1), default=96, help="accept: prompt bytes")
     bench.add_argument("--fresh-prompts", action="store_true",
@@ -361,11 +425,22 @@ def main(argv=None) -> int:
     bench.add_argument("--plot", default="bench/results/acceptance.png", help="accept: PNG path")
     bench.add_argument("--ctx", type=_int_at_least(1), default=46_000, help="committed context tokens")
     bench.add_argument("--gen", type=_int_at_least(1), default=160, help="tokens' worth of steps to time (steps = gen / 8)")
-    bench.add_argument("--budgets", type=_int_at_least(1), nargs="+", default=None,
-                       help="decode: 7 16 64 (7 = the DFlash chain's size); accept: 8 16 32 64 128")
+    bench.add_argument("--budgets", type=_budget, nargs="+", default=None,
+                       help="decode: 7 16 64 (7 = the DFlash chain's size; 'auto': sized by the cost model, "
+                            "at most --max-budget); accept: 8 16 32 64 128")
+    bench.add_argument("--max-budget", type=_int_at_least(1), default=64,
+                       help="decode 'auto' and calibrate: the largest tree (the step's static size)")
+    bench.add_argument("--cost-model", default=None, help="decode 'auto': step-cost JSON (default as generate)")
+    bench.add_argument("--grid-batch", type=_int_at_least(1), nargs="+", default=[1], help="calibrate: batches")
+    bench.add_argument("--grid-ctx", type=_int_at_least(0), nargs="+", default=[4096, 16384, 46000],
+                       help="calibrate: context lengths")
+    bench.add_argument("--grid-tree", type=_int_at_least(1), nargs="+", default=None,
+                       help="calibrate: tree tokens per request, root included (default 1 2 4 ... and "
+                            "--max-budget + 1)")
     bench.add_argument("--layers", type=_int_at_least(1), default=2, help="target layers of the slice (layer 0 dense, MoE after)")
     bench.add_argument("--batch", type=_int_at_least(1), default=1)
-    bench.add_argument("--out", default=None, help="append JSON rows here")
+    bench.add_argument("--out", default=None, help="append JSON rows here (calibrate: the step-cost JSON, default "
+                                                   "~/.cache/tritree/step_cost.json, other GPUs' tables kept)")
     bench.add_argument("--tp", type=int, default=None, help="decode: " + TP_HELP)
     bench.add_argument("--experts", choices=["int4", "bf16"], default="int4",
                        help="decode: routed experts INT4 packed (the W4A16 op) or bf16 (the grouped bf16 path)")
@@ -396,6 +471,8 @@ def main(argv=None) -> int:
     if args.cmd == "train":
         from .train import main as train_main
         return train_main(args)
+    if args.cmd == "bench" and args.which == "calibrate" and not torch_has_gpu():
+        _usage_error("bench calibrate", "needs a CUDA GPU (it times decode steps there); none is visible")
     _ensure_interpreter_without_gpu()
     if args.cmd == "demo":
         return demo(args)
@@ -418,15 +495,21 @@ def _dispatch(args, tp) -> int:
             from .bench_accept import main as accept_main
             args.budgets = args.budgets or [8, 16, 32, 64, 128]
             return accept_main(args)
+        if args.which == "calibrate":
+            from .bench_decode import calibrate
+            return calibrate(args)
         from .bench_decode import main as bench_main
         args.budgets = args.budgets or [7, 16, 64]
+        if "auto" in args.budgets:
+            args.cost_model, how = _cost_model("bench decode", args.cost_model, torch_has_gpu())
+            print(f"budget auto: at most {args.max_budget} nodes; step cost: {how}")
         return bench_main(args, tp)
     import torch
     gpu = torch.cuda.is_available()
     if args.max_new_tokens is None:
         args.max_new_tokens = 64 if gpu else 16
     if args.budget is None:
-        args.budget = 32 if gpu else 8
+        args.budget = "auto" if gpu else 8
     return generate(args, tp)
 
 

@@ -18,7 +18,13 @@ State (B requests, T = budget + 1 tree tokens):
     tkv [target layers, pages, P, latent]; dkv [draft layers, pages, P, 2, Hkv, D]; page_table [B, max_pages]
     kv_lens [B] committed tokens (target); dlens [B] tokens with draft context; anchor [B] last emitted
     token (position kv_lens); pending [B, T, n_taps, hidden] taps of tokens not yet in the draft cache,
-    pending_n [B]; active [B] bool; step [1] int64 (RNG counter); emitted [B, T], n_emitted [B].
+    pending_n [B]; active [B] bool; step [1] int64 (RNG counter); emitted [B, T], n_emitted [B];
+    tree_lens [B] int32 tree nodes verified in the last step (root included).
+
+Tree size (``budget="auto"``, :mod:`tritree.budget`): the tree is built at the largest budget and each
+step verifies the best-first prefix with the most expected tokens per unit of modelled step time, by
+setting ``tree_lens`` on the device (padding rows cost no KV, attention or routed experts), inside the
+same graph.
 
 Tensor parallelism (``tp``, a :class:`tritree.dist.TPGroup`): every rank runs the same step on its
 shard of the target (:mod:`tritree.model.parallel`) and a replicated draft; the state, the caches and
@@ -32,13 +38,14 @@ import operator
 import os
 import time
 import weakref
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from . import dist
+from .budget import AnalyticCost, StepCost, auto_tree_lens, tabulate
 from .kernels import PagePool, PoolExhausted, build_tree, kv_commit_, tree_mask_from_parents
 from .model import dflash
 from .model.kimi_k2 import prefill, verify
@@ -119,10 +126,16 @@ def draft_phase_(tparams, dparams, dcfg, state: dict, tp=None) -> torch.Tensor:
                         state["anchor"], state["dlens"], dcache, tp=tp)
 
 
-def tree_phase(draft_logits: torch.Tensor | None, anchor: torch.Tensor, budget: int, chain: bool = False):
+def tree_phase(draft_logits: torch.Tensor | None, anchor: torch.Tensor, budget: int, chain: bool = False,
+               sizer=None):
     """The tree to verify: a DDTree of ``budget`` nodes below ``anchor`` (``chain``: the draft's top
     token at every depth; ``budget = 0``: the root alone). Returns ``(tokens, parents, depth,
-    tree_mask, tree_lens)`` with ``T = budget + 1`` nodes per request."""
+    tree_mask, tree_lens)`` with ``T = budget + 1`` nodes per request.
+
+    ``sizer(scores [B, T] float32, tree_lens [B] int32) -> tree_lens [B] int32`` (DDTree only; device
+    ops): truncates every tree to a best-first prefix, which is the DDTree of that smaller budget. The
+    other outputs are unchanged: the verify, the accept walk and the KV write ignore rows past
+    ``tree_lens``, and a prefix's ancestors all lie inside it (parents come first)."""
     B, dev, T = anchor.shape[0], anchor.device, budget + 1
     if budget == 0:
         return (anchor[:, None], torch.full((B, 1), -1, dtype=torch.int32, device=dev),
@@ -135,7 +148,8 @@ def tree_phase(draft_logits: torch.Tensor | None, anchor: torch.Tensor, budget: 
         tree_mask, depth = tree_mask_from_parents(parents, tree_lens)
         return tokens, parents, depth, tree_mask, tree_lens
     tree = build_tree(draft_logits, budget, anchor)
-    return tree.tokens, tree.parents, tree.depth, tree.tree_mask, tree.tree_lens
+    tree_lens = tree.tree_lens if sizer is None else sizer(tree.scores, tree.tree_lens)
+    return tree.tokens, tree.parents, tree.depth, tree.tree_mask, tree_lens
 
 
 def accept_phase(tcfg, tokens, parents, tree_lens, logits, active, sampling: SamplingConfig, step, tp=None):
@@ -153,14 +167,14 @@ def commit_phase_(state: dict, idx, n) -> None:
 
 
 def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, sampling: SamplingConfig,
-                 timer: PhaseTimer | None = None, chain: bool = False, tp=None) -> dict:
+                 timer: PhaseTimer | None = None, chain: bool = False, tp=None, sizer=None) -> dict:
     """One speculative decode step for every request of ``state`` (see module), in place: the phase
     functions above in turn, then the step's bookkeeping.
 
     ``budget = 0`` is plain decoding (a root-only tree: one token per step, no draft); ``chain`` is
     DFlash's own chain (the draft's top token at every depth, ``budget = block_size - 1``) instead of
-    a DDTree. ``tp``: this rank's group (``tparams``/``tcfg`` are then the rank's shard). Returns
-    ``state`` (same buffers)."""
+    a DDTree. ``tp``: this rank's group (``tparams``/``tcfg`` are then the rank's shard). ``sizer``:
+    the tree's size per step (:func:`tree_phase`; :func:`auto_sizer`). Returns ``state`` (same buffers)."""
     timer = timer or PhaseTimer(False, state["anchor"].device)
     dev = state["anchor"].device
     T = budget + 1
@@ -171,7 +185,7 @@ def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, samp
     if budget > 0:
         draft_logits = draft_phase_(tparams, dparams, dcfg, state, tp=tp)
         timer.mark("draft")
-    tokens, parents, depth, tree_mask, tree_lens = tree_phase(draft_logits, state["anchor"], budget, chain)
+    tokens, parents, depth, tree_mask, tree_lens = tree_phase(draft_logits, state["anchor"], budget, chain, sizer)
     timer.mark("tree")
     logits, taps = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens,
                           taps=tuple(dcfg.target_layer_ids) if budget > 0 else (), tp=tp)
@@ -186,6 +200,7 @@ def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, samp
     em = torch.where(j < (n - 1)[:, None], nodes, torch.where(j == (n - 1)[:, None], bonus[:, None], -1))
     state["emitted"][:, :T].copy_(em)
     state["n_emitted"].copy_(n)
+    state["tree_lens"].copy_(tree_lens)
     state["anchor"].copy_(torch.where(active, bonus, state["anchor"]))
     if budget > 0:
         sel = torch.clamp(idx, min=0).long()[:, :, None, None].expand(-1, -1, taps.shape[2], taps.shape[3])
@@ -193,6 +208,14 @@ def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, samp
         state["pending_n"].copy_(n)
     state["step"].add_(1)
     return state
+
+
+def auto_sizer(state: dict, cost: StepCost):
+    """The ``sizer`` of ``budget="auto"``: :func:`tritree.budget.auto_tree_lens` over ``state``'s
+    ``active`` and ``kv_lens`` (read when the step runs: graph replays see the current values)."""
+    def sizer(scores, tree_lens):
+        return auto_tree_lens(scores, tree_lens, state["active"], state["kv_lens"], cost)
+    return sizer
 
 
 # --------------------------------------------------------------------------------------------------
@@ -229,12 +252,17 @@ class Engine:
     ``graphs``: capture the step in a CUDA graph (default: on a GPU). ``compile``: torch.compile the
     target verify and the draft forward (GPU). ``tp``: a :class:`tritree.dist.TPGroup`; every rank
     constructs its engine with its target shard and calls ``generate`` with the same arguments (the
-    results are the same on every rank).
+    results are the same on every rank). ``cost_model``: the step-cost model of ``budget="auto"`` (a
+    :class:`tritree.budget.CostTable` of this GPU, e.g. from :func:`tritree.budget.load_cost_file`);
+    default the analytic model of these parameters (:class:`tritree.budget.AnalyticCost`).
+
+    ``tree_sizes``: a ``Counter`` of the tree nodes (root excluded) verified per active request and step
+    in the last ``generate`` call; :meth:`tree_size_stats` summarises it.
     """
 
     def __init__(self, tparams, tcfg, dparams, dcfg, *, page_size: int = 16, num_pages: int = 4096,
                  device=None, dtype=None, graphs: bool | None = None, compile: bool = False, profile_every: int = 20,
-                 tp=None):
+                 tp=None, cost_model=None):
         self.tparams, self.tcfg, self.dparams, self.dcfg = tparams, tcfg, dparams, dcfg
         self.tp = tp
         self.device = torch.device(device or tparams["lm_head.weight"].device)
@@ -248,6 +276,10 @@ class Engine:
         self._graphs = {}
         _LIVE_ENGINES.add(self)
         self._chain = False
+        self._auto = False
+        self.cost_model = cost_model
+        self._step_costs = {}  # (B, budget) -> StepCost: captured graphs read these buffers
+        self.tree_sizes = Counter()
         self.pool = PagePool(num_pages, page_size)
         # One page past the pool's: rows of the batch without a request point there (their trees are
         # still written each step), so a finished request's pages can go to another at once.
@@ -303,15 +335,18 @@ class Engine:
         return None
 
     def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k=None, top_p=None,
-                 budget: int = 16, seed: int = 0, stop_tokens=(), stream=None, speculative: bool = True,
-                 chain: bool = False) -> list[Result]:
+                 budget: int | str = 16, seed: int = 0, stop_tokens=(), stream=None, speculative: bool = True,
+                 chain: bool = False, max_budget: int = 64) -> list[Result]:
         """Generates for a batch of prompts; returns one :class:`Result` per prompt, in order: its
         ``tokens`` (``error`` None) or its ``error`` (``tokens`` empty). Nothing one request does
         takes down another's result.
 
-        ``budget``: draft-tree nodes per step (>= 1); ``chain=True`` uses the DFlash chain instead (the
-        budget is then ``block_size - 1``); ``speculative=False`` decodes plainly with the target (one
-        token per step). ``stream(i, new_tokens)`` is called as tokens are accepted. Arguments of the
+        ``budget``: draft-tree nodes per step (>= 1), or ``"auto"``: trees built with ``max_budget`` nodes
+        and each step verifies the best-first prefix of each that maximises expected tokens per unit of
+        step time under ``self.cost_model`` (:mod:`tritree.budget`; lossless like any tree); the sizes
+        chosen are counted in ``self.tree_sizes``. ``chain=True`` uses the DFlash chain instead (the
+        budget is then ``block_size - 1``, ``"auto"`` included); ``speculative=False`` decodes plainly
+        with the target (one token per step). ``stream(i, new_tokens)`` is called as tokens are accepted. Arguments of the
         whole call (budget, max_new_tokens, sampling, stop tokens) raise ``ValueError`` when invalid.
 
         Admission, per request in the order given:
@@ -331,8 +366,13 @@ class Engine:
         Every page the call took is back in the pool when it returns (or raises). Greedy outputs do
         not depend on the admission order; sampled ones are reproducible for the same call and pool.
         """
+        auto = budget == "auto"
+        if auto:
+            if isinstance(max_budget, bool) or not isinstance(max_budget, int) or max_budget < 1:
+                raise ValueError(f"max_budget must be an int >= 1, got {max_budget!r}")
+            budget = max_budget
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise ValueError(f"budget must be an int >= 1, got {budget!r}")
+            raise ValueError(f"budget must be an int >= 1 or 'auto', got {budget!r}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
@@ -344,6 +384,8 @@ class Engine:
             budget = self.dcfg.block_size - 1
         eff_budget = budget if speculative else 0
         self._chain = chain and speculative
+        self._auto = auto and speculative and not chain
+        self.tree_sizes = Counter()
         prompts = list(prompts)
         results = [Result() for _ in prompts]
         queue = deque()  # (request index, token ids) waiting for pages, in order
@@ -417,6 +459,7 @@ class Engine:
                 run()
                 n = state["n_emitted"].tolist()
                 em = state["emitted"].tolist()
+                sizes = state["tree_lens"].tolist()
             except Exception as e:  # not one request's doing: every unfinished request gets the error
                 err = f"decode step failed: {type(e).__name__}: {e}"
                 for i in [r for r in rows if r is not None] + [i for i, _ in queue]:
@@ -427,6 +470,7 @@ class Engine:
                     continue
                 r = results[i]
                 r.steps += 1
+                self.tree_sizes[sizes[k] - 1] += 1
                 new = []
                 for t in em[k][:n[k]]:
                     new.append(t)
@@ -460,6 +504,7 @@ class Engine:
             "step": torch.zeros(1, dtype=torch.int64, device=dev),
             "emitted": torch.full((B, tmax), -1, dtype=torch.int32, device=dev),
             "n_emitted": torch.zeros(B, dtype=torch.int32, device=dev),
+            "tree_lens": torch.ones(B, dtype=torch.int32, device=dev),
         }
 
     def _prefill_row(self, state, k: int, i: int, ids: list[int], budget: int) -> torch.Tensor:
@@ -543,11 +588,11 @@ class Engine:
 
     def _runner(self, state, budget, sampling):
         """``(state, run)``: ``run()`` does one step on ``state``, eagerly, eagerly with phase timing,
-        or as a CUDA graph replay. Graphs are kept per (batch, budget, mode, sampling, page-table
-        width): a later call with the same key copies its fresh state into the captured buffers
+        or as a CUDA graph replay. Graphs are kept per (batch, budget, mode (chain, auto), sampling,
+        page-table width): a later call with the same key copies its fresh state into the captured buffers
         and returns those, so only the first call pays for the capture."""
         if self.graphs and not (self.profile and self.profile_eager):
-            key = (state["anchor"].shape[0], budget, self._chain, sampling.temperature, sampling.top_k,
+            key = (state["anchor"].shape[0], budget, self._chain, self._auto, sampling.temperature, sampling.top_k,
                    sampling.top_p, sampling.seed, tuple(state["page_table"].shape))
             hit = self._graphs.get(key)
             if hit is not None:
@@ -565,11 +610,13 @@ class Engine:
         import functools
 
         args = (self.tparams, self.tcfg, self.dparams, self.dcfg)
-        step = functools.partial(self._step_fn(), chain=self._chain, tp=self.tp)
+        sizer = auto_sizer(state, self._step_cost(state["anchor"].shape[0], budget)) if self._auto else None
+        step = functools.partial(self._step_fn(), chain=self._chain, tp=self.tp, sizer=sizer)
         if self.profile and (self.profile_eager or not self.graphs):
             def run():
                 timer = PhaseTimer(True, self.device)
-                decode_step_(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain, tp=self.tp)
+                decode_step_(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain, tp=self.tp,
+                             sizer=sizer)
                 for k, v in timer.durations_ms().items():
                     self.phase_stats[k].append(v)
             return run
@@ -580,7 +627,7 @@ class Engine:
     def _graph_runner(self, state, budget, sampling, step, args):
         """Captures the step on ``state``'s buffers (after one warm-up step on a copy of the mutable
         state, so the real sequence is not advanced) and returns the replay."""
-        mutable = ("kv_lens", "dlens", "anchor", "pending", "pending_n", "step", "emitted", "n_emitted")
+        mutable = ("kv_lens", "dlens", "anchor", "pending", "pending_n", "step", "emitted", "n_emitted", "tree_lens")
         saved = {k: state[k].clone() for k in mutable}
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -614,6 +661,25 @@ class Engine:
                 graph.replay()
         run.graph = graph
         return run
+
+    def _step_cost(self, B: int, budget: int) -> StepCost:
+        """The cost model tabulated for ``B`` rows and ``budget`` (kept: a captured graph reads it)."""
+        key = (B, budget)
+        if key not in self._step_costs:
+            if self.cost_model is None:
+                gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+                self.cost_model = AnalyticCost.from_params(self.tparams, self.tcfg, self.dparams, self.dcfg,
+                                                           self._tkv.element_size(), gpu)
+            self._step_costs[key] = tabulate(self.cost_model, B, budget, self.tcfg.max_position_embeddings,
+                                             self.device)
+        return self._step_costs[key]
+
+    def tree_size_stats(self) -> dict:
+        """``{"mean": nodes per request-step (root excluded), "hist": {nodes: count}}`` of the last
+        ``generate`` call (``tree_sizes``); mean NaN when no step ran."""
+        total = sum(self.tree_sizes.values())
+        mean = sum(k * c for k, c in self.tree_sizes.items()) / total if total else float("nan")
+        return {"mean": mean, "hist": dict(sorted(self.tree_sizes.items()))}
 
     def close(self):
         """Frees the captured step graphs (the engine stays usable: later calls capture again). Under

@@ -616,6 +616,28 @@ def _search_device(lp: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tenso
     return _SearchLaunch(B, D, K, budget, lp.device).run(lp.contiguous(), ids.contiguous(), root_tokens)
 
 
+def expected_accept(scores: torch.Tensor) -> torch.Tensor:
+    """DDTree's objective for every best-first prefix of a batch of trees.
+
+    Args:
+        scores: ``[B, T]`` float32, a :class:`Tree`'s ``scores`` (log-probability of each node's path under
+            the draft's product of marginals; root 0, padding -inf), nodes in best-first order.
+    Returns:
+        ``[B, T]`` float32, ``out[b, k] = sum_{i=1..k} exp(scores[b, i])``: the expected number of accepted
+        nodes besides the root when only the first ``k + 1`` nodes (root included) are verified. A node is
+        accepted iff its whole path matches the target, which under the draft's marginals has probability
+        ``exp(score)``, so the expected accepted length is the sum over nodes (DDTree's surrogate).
+        ``out[:, 0] = 0``; padding adds 0, so the curve is flat past ``tree_lens - 1``. Best-first order
+        pops scores in non-increasing order, so every row is concave in ``k``.
+
+    Two elementwise ops and a cumsum on the device: no host sync, static shapes (graph-capturable).
+    """
+    V.check_tensor("scores", scores, ndim=2, dtypes=(torch.float32,), last_contiguous=False)
+    p = torch.exp(scores)
+    p[:, :1] = 0.0  # the root is the last accepted token, not a guess
+    return torch.cumsum(p, dim=1)
+
+
 def _validate_build(draft_logits, budget, root_tokens):
     V.check_tensor("draft_logits", draft_logits, ndim=3, dtypes=(torch.float32, torch.float16, torch.bfloat16),
                    last_contiguous=False)

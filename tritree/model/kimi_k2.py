@@ -153,7 +153,7 @@ def int4_experts(params, i: int) -> Int4Experts | None:
 # Layers
 # --------------------------------------------------------------------------------------------------
 
-def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None) -> torch.Tensor:
+def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None, tree_lens=None) -> torch.Tensor:
     """Sigmoid-routed MoE with a shared expert; the routed experts run grouped by expert with no host
     sync: INT4 experts (the layer's ``mlp.experts.w13_packed`` ...) through the fused W4A16 op
     :func:`tritree.kernels.routed_experts_int4` (activations in bf16 there when the model runs in float32),
@@ -161,7 +161,10 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None) -> torch.Te
 
     Under ``tp`` the router runs in full on every rank, each rank runs its own experts (the stacked
     expert weights hold ``E / world`` of them, from ``rank * E / world``) and its slice of the shared
-    expert, and one all-reduce adds the partial outputs."""
+    expert, and one all-reduce adds the partial outputs.
+
+    ``tree_lens`` (``[B] int32``, with ``h [B, T, hidden]``): rows ``t >= tree_lens[b]`` are padding; they
+    route to no expert (id -1, skipped), so a truncated tree reads only its own tokens' experts."""
     p = layer_prefix(i) + "mlp."
     shape = h.shape
     x = h.reshape(-1, shape[-1])
@@ -184,6 +187,9 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None) -> torch.Te
             raise ValueError(f"layer {i} holds {e_loc} routed experts; expert parallelism over {tp.world} ranks "
                              f"needs {cfg.n_routed_experts} / {tp.world}")
         idx = idx - tp.rank * e_loc  # other ranks' experts fall outside [0, e_loc): skipped by routed_experts
+    if tree_lens is not None:
+        pad = torch.arange(shape[1], device=h.device)[None, :] >= tree_lens[:, None]
+        idx = torch.where(pad.reshape(-1, 1), -1, idx)
     if packed is not None:  # W4A16: 16-bit activations
         xa = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
         out = routed_experts_int4(xa, idx, w, packed).to(x.dtype)
@@ -194,10 +200,11 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None) -> torch.Te
     return dist.all_reduce_(tp, out).view(shape)
 
 
-def mlp(params, cfg, i, h, tp=None):
-    """Layer ``i``'s MoE or dense SwiGLU (intermediate-sharded under ``tp``, then all-reduced)."""
+def mlp(params, cfg, i, h, tp=None, tree_lens=None):
+    """Layer ``i``'s MoE or dense SwiGLU (intermediate-sharded under ``tp``, then all-reduced);
+    ``tree_lens``: padding rows of ``h [B, T, hidden]`` skip the routed experts (:func:`moe`)."""
     if cfg.is_moe(i):
-        return moe(params, cfg, i, h, tp)
+        return moe(params, cfg, i, h, tp, tree_lens)
     p = layer_prefix(i) + "mlp."
     out = swiglu(h, params[p + "gate_proj.weight"], params[p + "up_proj.weight"], params[p + "down_proj.weight"])
     return dist.all_reduce_(tp, out)
@@ -326,7 +333,9 @@ def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor,
            cache: dict, tree_lens: torch.Tensor | None = None, taps=(), tp=None):
     """Tree verify: node tokens ``[B, T]`` at positions ``kv_lens + depth``, absorbed MLA with
     :func:`verify_mla` over the paged cache (the tree latents are written at ``kv_lens + i``; the cache
-    lengths are not advanced: commit does that). Returns ``(logits [B, T, V] float32, taps)``; under
+    lengths are not advanced: commit does that). Rows ``i >= tree_lens[b]`` are padding: no KV written,
+    no attention, no routed expert read; their logits and taps are meaningless. Returns
+    ``(logits [B, T, V] float32, taps)``; under
     ``tp`` the logits are this rank's vocabulary shard ``[B, T, Vs]``."""
     _check_tp(cfg, tp)
     B, T = tokens.shape
@@ -337,7 +346,8 @@ def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor,
         p = layer_prefix(i)
         h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
         x = x + attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, cache["kv"][n], tp)
-        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps), tp)
+        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps), tp,
+                    tree_lens)
         if i in taps:
             tapped[i] = x
     logits = _logits(params, cfg, x, tp)

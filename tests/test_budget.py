@@ -1,0 +1,261 @@
+"""The draft tree sized per step (tritree.budget): expected acceptance of every best-first prefix,
+the prefix property of DDTree, truncation by ``tree_lens`` (accept, verify, MoE), the batch rule
+against a Python reference, the step-cost JSON, no host sync, and lossless generation with
+``budget="auto"``."""
+
+import json
+
+import pytest
+import torch
+
+from tritree.budget import (
+    AnalyticCost,
+    CostTable,
+    StepCost,
+    auto_tree_lens,
+    auto_tree_lens_reference,
+    load_cost_file,
+    parse_cost_json,
+    save_cost_table,
+    tabulate,
+)
+from tritree.kernels import expected_accept
+from tritree.kernels.accept import accept_tree
+from tritree.kernels.tree import build_tree
+
+from .conftest import DEVICE
+
+
+def _logits(B, D, V, seed, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    if ties:
+        return torch.randint(0, 4, (B, D, V), generator=g).float()
+    return torch.randn(B, D, V, generator=g) * 2
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_expected_accept_matches_float64(ties):
+    tree = build_tree(_logits(3, 4, 11, 1, ties), 20, torch.zeros(3, dtype=torch.int32))
+    got = expected_accept(tree.scores)
+    s = tree.scores.double()
+    want = torch.cumsum(torch.where(torch.arange(s.shape[1]) == 0, 0.0, torch.exp(s)), 1)
+    assert got.dtype == torch.float32 and got.shape == tree.scores.shape
+    assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-7)
+    assert (got[:, 0] == 0).all() and (got.diff(dim=1) >= 0).all()
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_a_best_first_prefix_is_the_tree_of_the_smaller_budget(ties):
+    """Through the kernels (the interpreter on the CPU): the first k + 1 nodes of the budget-K tree are
+    the budget-k tree, node for node, and the accept walk over the truncated tree (``tree_lens``)
+    accepts what the small tree accepts."""
+    B, D, V, K = 2, 4, 9, 24
+    logits = _logits(B, D, V, 7, ties).to(DEVICE)
+    root = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
+    big = build_tree(logits, K, root)
+    target = _logits(B, K + 1, V, 8, ties).to(DEVICE)
+    for k in (1, 3, 8, 17):
+        small = build_tree(logits, k, root)
+        for name in ("tokens", "parents", "depth", "scores"):
+            assert torch.equal(getattr(small, name), getattr(big, name)[:, :k + 1]), (k, name)
+        assert torch.equal(small.tree_lens, torch.clamp(big.tree_lens, max=k + 1))
+        lens = torch.full((B,), k + 1, dtype=torch.int32, device=DEVICE)
+        a = accept_tree(small.tokens, small.parents, small.tree_lens, target[:, :k + 1].contiguous())
+        b = accept_tree(big.tokens, big.parents, lens, target)
+        assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) and torch.equal(a[0], b[0][:, :k + 1])
+
+
+def test_verify_ignores_padding_rows_and_their_experts(monkeypatch):
+    """A truncated tree's rows give the logits of the small tree alone, and padding rows route to no
+    expert (id -1 reaches the routed-experts op)."""
+    from tritree.kernels import tree_mask_from_parents
+    from tritree.model import kimi_k2
+    from tritree.model.config import kimi_tiny
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU reference paths (fast)
+    cfg = kimi_tiny()
+    params = kimi_k2.init_params(cfg, seed=0)
+    B, T, k1 = 2, 9, torch.tensor([4, 9], dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (B, T), generator=g, dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 3, 1, 0, 4]] * B, dtype=torch.int32)
+    mask, depth = tree_mask_from_parents(parents)
+    seen = []
+    real = kimi_k2.routed_experts
+    monkeypatch.setattr(kimi_k2, "routed_experts", lambda x, idx, *a: seen.append(idx.clone()) or real(x, idx, *a))
+
+    def run(tok, msk, dep, lens):
+        kv = torch.zeros(cfg.num_hidden_layers, 8, 8, cfg.latent_dim)
+        pt = torch.arange(8, dtype=torch.int32).view(2, 4)
+        prompt = torch.randint(0, cfg.vocab_size, (B, 5), generator=torch.Generator().manual_seed(1))
+        cache = {"kv": kv, "page_table": pt, "kv_lens": torch.zeros(B, dtype=torch.int32)}
+        _, _, cache = kimi_k2.prefill(params, cfg, prompt, cache)
+        return kimi_k2.verify(params, cfg, tok, dep, msk, cache, lens)[0]
+
+    full = run(tokens, mask, depth, k1)
+    pad = torch.arange(T)[None] >= k1[:, None]
+    assert all(bool((idx[pad.reshape(-1)] == -1).all()) and bool((idx[~pad.reshape(-1)] >= 0).all())
+               for idx in seen[-2:])  # the two MoE layers of the verify
+    small_mask, small_depth = tree_mask_from_parents(parents[:1, :4])
+    small = run(tokens[:, :4], small_mask.expand(B, -1, -1).contiguous(), small_depth.expand(B, -1).contiguous(),
+                torch.tensor([4, 4], dtype=torch.int32))
+    assert torch.allclose(full[0, :4], small[0], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(full[1, :4], small[1], rtol=1e-5, atol=1e-5)  # rows that only see their prefix
+
+
+def _random_case(B, budget, seed):
+    g = torch.Generator().manual_seed(seed)
+    steps = -torch.rand(B, budget, generator=g) * 1.5
+    scores = torch.cat([torch.zeros(B, 1), torch.cumsum(steps, 1)], 1)  # non-increasing, as best-first
+    lens = torch.randint(1, budget + 2, (B,), generator=g, dtype=torch.int32)
+    scores = torch.where(torch.arange(budget + 1)[None] < lens[:, None], scores, float("-inf"))
+    active = torch.rand(B, generator=g) < 0.8
+    kv_lens = torch.randint(0, 5000, (B,), generator=g, dtype=torch.int32)
+    ctx = torch.tensor([0.0, 1000.0, 8000.0])
+    inc = torch.rand(3, B * budget + 1, generator=g) * torch.rand(3, 1, generator=g) * 0.5
+    ms = 1.0 + torch.rand(3, 1, generator=g) + torch.cumsum(inc, 1)
+    return scores, lens, active, kv_lens, StepCost(ctx, ms, 0.5)
+
+
+def _cost_fn(cost):
+    ctx, ms = cost.ctx.double().tolist(), cost.ms.double()
+
+    def fn(n, L):
+        i = min(max(1, sum(c < L for c in ctx)), len(ctx) - 1)
+        w = (L - ctx[i - 1]) / (ctx[i] - ctx[i - 1])
+        return max(float(ms[i - 1, n] + w * (ms[i, n] - ms[i - 1, n])), cost.floor)
+    return fn
+
+
+@pytest.mark.parametrize("B,budget", [(1, 1), (1, 7), (3, 5), (4, 12)])
+def test_auto_tree_lens_matches_the_python_reference(B, budget):
+    picked = set()
+    for seed in range(25):
+        scores, lens, active, kv_lens, cost = _random_case(B, budget, seed)
+        got = auto_tree_lens(scores, lens, active, kv_lens, cost)
+        want = auto_tree_lens_reference(scores, lens, active, kv_lens, _cost_fn(cost))
+        assert got.dtype == torch.int32 and got.tolist() == want, seed
+        picked.update(got.tolist())
+    assert len(picked) >= min(3, budget + 1)  # the cases exercise more than the two ends
+
+
+def test_one_request_maximises_expected_tokens_per_ms():
+    """B = 1: k* = argmax_k (E(k) + 1) / cost(k), by brute force over k."""
+    for seed in range(20):
+        scores, lens, _, kv_lens, cost = _random_case(1, 10, seed)
+        active = torch.ones(1, dtype=torch.bool)
+        k = int(auto_tree_lens(scores, lens, active, kv_lens, cost)[0]) - 1
+        E = expected_accept(scores)[0].double()
+        c = [_cost_fn(cost)(j, float(kv_lens[0])) for j in range(11)]
+        best = max(range(11), key=lambda j: ((E[j] + 1) / c[j], -j))
+        assert k == min(best, int(lens[0]) - 1), seed
+
+
+def test_auto_tree_lens_has_no_host_sync():
+    """On meta tensors (no values exist, so any host read would raise) the rule runs whole."""
+    scores, lens, active, kv_lens, cost = _random_case(3, 6, 0)
+    meta = [x.to("meta") for x in (scores, lens, active, kv_lens)]
+    out = auto_tree_lens(*meta, StepCost(cost.ctx.to("meta"), cost.ms.to("meta"), cost.floor))
+    assert out.device.type == "meta" and out.shape == (3,) and out.dtype == torch.int32
+
+
+def _doc(**table):
+    t = {"batch": [1, 4], "ctx": [0, 1000], "tree": [1, 5, 9], "static_tree": 9,
+         "step_ms": [[[1.0, 2.0, 3.0], [1.5, 2.5, 3.5]], [[2.0, 3.0, 4.0], [2.5, 3.5, 4.5]]], **table}
+    return {"version": 1, "gpus": {"GPU X": t}}
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"version": 2, "gpus": {}}, "version"),
+    ({"version": 1}, "gpus"),
+    (_doc(batch=[4, 1]), "batch"),
+    (_doc(ctx="0"), "ctx"),
+    (_doc(tree=[0, 5, 9]), "tree"),
+    (_doc(tree=[1, 5.5, 9]), "tree[1]"),
+    (_doc(static_tree=5), "static_tree"),
+    (_doc(step_ms=[[[1.0, 2.0, 3.0]]]), "step_ms"),
+    (_doc(step_ms=[[[1.0, 2.0], [1.5, 2.5, 3.5]], [[2.0, 3.0, 4.0], [2.5, 3.5, 4.5]]]), "step_ms[0][0]"),
+    (_doc(step_ms=[[[1.0, 2.0, -3.0], [1.5, 2.5, 3.5]], [[2.0, 3.0, 4.0], [2.5, 3.5, 4.5]]]), "step_ms[0][0][2]"),
+    (_doc(step_ms=[[[1.0, 2.0, 3.0], [1.5, 2.5, 3.5]], [[2.0, 3.0, 4.0], [2.5, float("nan"), 4.5]]]), "step_ms[1][1][1]"),
+    (_doc(source=3), "source"),
+])
+def test_cost_json_validation_names_the_field(doc, field):
+    if "gpus" in doc and isinstance(doc["gpus"], dict) and "GPU X" in doc["gpus"] and field != "source":
+        doc["gpus"]["GPU X"].pop("source", None)
+    with pytest.raises(ValueError, match=__import__("re").escape(field)):
+        parse_cost_json(doc)
+
+
+def test_cost_file_round_trip_and_interpolation(tmp_path):
+    path = tmp_path / "cost.json"
+    (table,) = parse_cost_json(_doc()).values()
+    save_cost_table(path, table)
+    save_cost_table(path, CostTable("GPU Y", (1,), (0,), (1, 2), (((1.0, 2.0),),), 2))
+    tables = load_cost_file(path)
+    assert set(tables) == {"GPU X", "GPU Y"} and tables["GPU X"] == table
+    assert table.cost_ms(1, 0, 5) == 2.0 and table.cost_ms(1, 500, 3) == pytest.approx(1.75)
+    assert table.cost_ms(2.5, 1000, 9) == pytest.approx(4.0)  # halfway between batch 1 and 4
+    path.write_text("{")
+    with pytest.raises(ValueError, match="not JSON"):
+        load_cost_file(path)
+    step = tabulate(table, 2, 4, 4096, "cpu")
+    assert step.ms.shape == (2, 9) and (step.ms.diff(dim=1) >= 0).all()
+    json.dumps(_doc())
+
+
+def test_analytic_cost_counts_the_experts_the_tokens_route_to():
+    from tritree.model import dflash
+    from tritree.model.config import dflash_tiny, kimi_tiny
+    from tritree.model.kimi_k2 import init_params
+
+    tcfg = kimi_tiny()
+    dcfg = dflash_tiny(tcfg)
+    m = AnalyticCost.from_params(init_params(tcfg), tcfg, dflash.init_params(dcfg), dcfg, 4, None)
+    assert m.experts_local == m.experts == tcfg.n_routed_experts and m.expert_layers == 2
+    w = [m.cost_ms(1, 100, T) for T in range(1, 12)]
+    assert all(b >= a for a, b in zip(w, w[1:])) and m.cost_ms(1, 2000, 4) > m.cost_ms(1, 100, 4)
+    one = 1e3 * m.expert_layers * m.expert_bytes / (m.gbps * 1e9)
+    distinct = lambda N: m.experts * (1 - (1 - m.topk / m.experts) ** N)  # noqa: E731
+    assert m.cost_ms(1, 0, 3) - m.cost_ms(1, 0, 1) == pytest.approx(one * (distinct(3) - distinct(1)), rel=0.05)
+
+
+# --------------------------------------------------------------------------------------------------
+# The engine with budget="auto"
+# --------------------------------------------------------------------------------------------------
+
+PROMPTS = [[5, 17, 3, 88, 41, 9, 12], [60], [7, 7, 7, 30, 2, 19, 44, 45, 46, 1, 0, 90, 13]]
+
+
+def test_auto_budget_is_lossless_and_reports_the_sizes(monkeypatch):
+    """A steep measured cost makes the sizes vary; greedy output equals plain greedy decoding."""
+    from .test_engine import make_engine
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    steep = CostTable("test", (1, 4), (0, 512), (1, 9), (((1.0, 1.5), (1.0, 1.5)), ((1.0, 1.5), (1.0, 1.5))), 9)
+    eng = make_engine(cost_model=steep)
+    auto = eng.generate(PROMPTS, 10, budget="auto", max_budget=8)
+    stats = eng.tree_size_stats()
+    plain = eng.generate(PROMPTS, 10, speculative=False)
+    assert [r.tokens for r in auto] == [r.tokens for r in plain]
+    assert sum(stats["hist"].values()) == sum(r.steps for r in auto)
+    assert 0 <= stats["mean"] < 8 and len(stats["hist"]) > 1 and max(stats["hist"]) <= 8
+    with pytest.raises(ValueError, match="budget"):
+        eng.generate(PROMPTS, 2, budget="big")
+    with pytest.raises(ValueError, match="max_budget"):
+        eng.generate(PROMPTS, 2, budget="auto", max_budget=0)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_budget_graph_equals_eager_and_plain():
+    from .test_engine import make_engine
+
+    steep = CostTable("test", (1, 4), (0, 512), (1, 17), (((1.0, 1.5), (1.0, 1.5)), ((1.0, 1.5), (1.0, 1.5))), 17)
+    g = make_engine(device="cuda", graphs=True, cost_model=steep)
+    e = make_engine(device="cuda", graphs=False, cost_model=steep)
+    a = g.generate(PROMPTS, 16, budget="auto", max_budget=16)
+    b = e.generate(PROMPTS, 16, budget="auto", max_budget=16)
+    c = e.generate(PROMPTS, 16, speculative=False)
+    assert [r.tokens for r in a] == [r.tokens for r in b] == [r.tokens for r in c]
+    assert g.tree_size_stats() == e.tree_size_stats()
+    d = make_engine(device="cuda", graphs=True).generate(PROMPTS, 16, budget="auto")  # the analytic default
+    assert [r.tokens for r in d] == [r.tokens for r in c]

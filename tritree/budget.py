@@ -1,0 +1,379 @@
+"""The draft tree sized for throughput: a step-cost model and the per-step choice of the tree size.
+
+A DDTree of ``budget`` nodes comes out best-first, so each of its prefixes is itself a DDTree of a smaller
+budget (the same nodes in the same order). Verifying only a prefix of ``k + 1`` nodes (root included)
+costs less (padding rows read no experts, no KV, write nothing) and accepts, in expectation,
+``E(k) + 1`` tokens (:func:`tritree.kernels.expected_accept`). Each step picks the prefix with the most
+expected tokens per unit of step time, on the device, inside the graph captured at the largest budget.
+
+**Batch rule.** The step's cost depends on the batch's total tree nodes ``n = sum_b k_b`` (one verify
+pass over all rows), so the choice is joint: for a total ``n`` the best split is the ``n`` most likely
+nodes of the whole batch (every request's ``E`` is concave, so the greedy merge of their node
+probabilities is optimal), and ``n* = argmax_n (G(n) + A) / cost(n)`` with ``G(n)`` the sum of the ``n``
+largest node probabilities and ``A`` the active requests (each emits its bonus token). Every request
+then keeps its own best-first prefix of the nodes that fell among those ``n*``. For one request this is
+``k* = argmax_k (E(k) + 1) / cost(k)`` over ``k`` in ``[0, budget]``. Ties go to the smaller tree.
+
+**Cost models** (both give ms per step of the whole batch, ``cost_ms(B, L, T)`` with ``T`` tree tokens
+per request, root included, possibly fractional: the batch's mean; ``L`` the mean committed context):
+
+- :class:`CostTable`: measured by ``python -m tritree bench calibrate`` on a GPU and stored as JSON
+  (:func:`load_cost_file`), piecewise-linear in ``T``, ``L`` and ``B`` over the measured grid (linear
+  extrapolation past its edges; see :func:`parse_cost_json` for the schema).
+- :class:`AnalyticCost` (the default when no table is given): bytes over bandwidth and FLOPs over
+  throughput of what this rank holds, each component at the larger of its two times (roofline):
+  weights read once per step (every non-routed target and draft tensor; the draft's embedding and head
+  are the target's), the routed experts the step's ``N = B T`` tokens route to (expected distinct experts
+  of uniform top-``k`` routing over ``E``: ``E_local (1 - (1 - k/E)^N)``, times an expert's bytes), the
+  target's latent KV read once per layer (``B (L + T) latent`` elements) against the verify attention's
+  FLOPs, and the draft's K/V cache read. Ceilings: :data:`tritree.roofline.RECORDED_CEILINGS` of the GPU
+  when recorded, else the H200's. Not modelled: launch and kernel inefficiencies, tree build, accept,
+  commit, collectives. Only the ratios of costs matter to the choice (a constant factor cancels).
+
+Costs are made non-decreasing in the tree size (a step over more tokens is never cheaper: a measured dip
+is noise) and floored at the model's cheapest step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+SCHEMA_VERSION = 1
+DEFAULT_COST_PATH = Path("~/.cache/tritree/step_cost.json").expanduser()
+
+
+# --------------------------------------------------------------------------------------------------
+# Piecewise-linear interpolation (host)
+# --------------------------------------------------------------------------------------------------
+
+def _interp(x: float, xs, ys) -> np.ndarray:
+    """Piecewise-linear ``ys`` (``[n, ...]``) at ``x`` over strictly increasing ``xs``; linear
+    extrapolation from the edge segments; a single point is constant."""
+    xs = np.asarray(xs, dtype=np.float64)
+    ys = np.asarray(ys, dtype=np.float64)
+    if len(xs) == 1:
+        return ys[0]
+    i = int(np.clip(np.searchsorted(xs, x), 1, len(xs) - 1))
+    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] + w * (ys[i] - ys[i - 1])
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """One GPU's measured step times: ``step_ms[b][l][t]`` at ``batch[b]``, ``ctx[l]``, ``tree[t]``
+    (tree tokens per request, root included), measured in a graph of static tree size ``static_tree``
+    with the tree truncated to ``tree[t]`` (what a ``--budget auto`` step costs)."""
+
+    gpu: str
+    batch: tuple
+    ctx: tuple
+    tree: tuple
+    step_ms: tuple
+    static_tree: int
+    source: str = ""
+
+    def cost_ms(self, B: float, L: float, T: float) -> float:
+        per_b = [_interp(L, self.ctx, [_interp(T, self.tree, row) for row in grid]) for grid in self.step_ms]
+        return float(_interp(B, self.batch, per_b))
+
+    def floor_ms(self) -> float:
+        return float(np.min(np.asarray(self.step_ms, dtype=np.float64)))
+
+    def ctx_points(self, max_ctx: int) -> list[int]:
+        return list(self.ctx)
+
+
+def _fail(where: str, what: str):
+    raise ValueError(f"step-cost JSON: {where}: {what}")
+
+
+def _axis(where: str, v) -> tuple:
+    if not isinstance(v, list) or not v:
+        _fail(where, f"expected a non-empty list of integers, got {v!r}")
+    for j, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            _fail(f"{where}[{j}]", f"expected an integer >= 0, got {x!r}")
+    if any(b <= a for a, b in zip(v, v[1:])):
+        _fail(where, f"must be strictly increasing, got {v}")
+    return tuple(v)
+
+
+def parse_cost_json(obj) -> dict[str, CostTable]:
+    """Validated tables of a step-cost JSON document, by GPU name. Schema (version 1)::
+
+        {"version": 1,
+         "gpus": {"<torch.cuda.get_device_name()>": {
+             "batch": [1, 4], "ctx": [4096, 46000], "tree": [1, 8, 65],   # strictly increasing ints
+             "step_ms": [[[...len(tree)] ...len(ctx)] ...len(batch)],      # finite, > 0
+             "static_tree": 65,                                             # int >= max(tree)
+             "source": "how it was measured"}}}                             # optional string
+
+    Raises ``ValueError`` naming the offending field."""
+    if not isinstance(obj, dict):
+        _fail("document", f"expected an object, got {type(obj).__name__}")
+    if obj.get("version") != SCHEMA_VERSION:
+        _fail("version", f"expected {SCHEMA_VERSION}, got {obj.get('version')!r}")
+    gpus = obj.get("gpus")
+    if not isinstance(gpus, dict) or not gpus:
+        _fail("gpus", f"expected a non-empty object of GPU name -> table, got {gpus!r}")
+    out = {}
+    for name, t in gpus.items():
+        w = f"gpus[{name!r}]"
+        if not isinstance(t, dict):
+            _fail(w, f"expected an object, got {type(t).__name__}")
+        for key in ("batch", "ctx", "tree", "step_ms", "static_tree"):
+            if key not in t:
+                _fail(f"{w}.{key}", "missing")
+        batch, ctx, tree = (_axis(f"{w}.{k}", t[k]) for k in ("batch", "ctx", "tree"))
+        if batch[0] < 1 or tree[0] < 1:
+            _fail(f"{w}.{'batch' if batch[0] < 1 else 'tree'}", "values must be >= 1")
+        st = t["static_tree"]
+        if isinstance(st, bool) or not isinstance(st, int) or st < tree[-1]:
+            _fail(f"{w}.static_tree", f"expected an integer >= max(tree) = {tree[-1]}, got {st!r}")
+        ms = t["step_ms"]
+        if not isinstance(ms, list) or len(ms) != len(batch):
+            _fail(f"{w}.step_ms", f"expected {len(batch)} entries (one per batch), got {ms!r:.80}")
+        for i, grid in enumerate(ms):
+            if not isinstance(grid, list) or len(grid) != len(ctx):
+                _fail(f"{w}.step_ms[{i}]", f"expected {len(ctx)} entries (one per ctx), got {grid!r:.80}")
+            for j, row in enumerate(grid):
+                if not isinstance(row, list) or len(row) != len(tree):
+                    _fail(f"{w}.step_ms[{i}][{j}]", f"expected {len(tree)} values (one per tree), got {row!r:.80}")
+                for k, v in enumerate(row):
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                        _fail(f"{w}.step_ms[{i}][{j}][{k}]", f"expected a finite number > 0 (ms), got {v!r}")
+        src = t.get("source", "")
+        if not isinstance(src, str):
+            _fail(f"{w}.source", f"expected a string, got {type(src).__name__}")
+        out[name] = CostTable(name, batch, ctx, tree, tuple(tuple(tuple(float(v) for v in r) for r in g) for g in ms),
+                              st, src)
+    return out
+
+
+def load_cost_file(path) -> dict[str, CostTable]:
+    """:func:`parse_cost_json` of the file ``path`` (``ValueError`` for invalid JSON too)."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"step-cost JSON: {path}: not JSON ({e})") from None
+    return parse_cost_json(obj)
+
+
+def cost_table_json(table: CostTable) -> dict:
+    """The JSON object of one GPU's table (the inverse of :func:`parse_cost_json` for one entry)."""
+    return {"batch": list(table.batch), "ctx": list(table.ctx), "tree": list(table.tree),
+            "step_ms": [[list(r) for r in g] for g in table.step_ms], "static_tree": table.static_tree,
+            "source": table.source}
+
+
+def save_cost_table(path, table: CostTable) -> None:
+    """Writes ``table`` into the JSON file ``path`` under its GPU's name, keeping the other GPUs' tables."""
+    path = Path(path)
+    doc = {"version": SCHEMA_VERSION, "gpus": {}}
+    if path.exists():
+        load_cost_file(path)  # refuse to merge into an invalid file
+        doc = json.loads(path.read_text())
+    doc["gpus"][table.gpu] = cost_table_json(table)
+    parse_cost_json(doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# Analytic default
+# --------------------------------------------------------------------------------------------------
+
+_ROUTED = (".mlp.experts.",)
+
+
+@dataclass(frozen=True)
+class AnalyticCost:
+    """The analytic step cost (module docstring) of one rank, from the tensors it holds.
+
+    ``fixed_bytes``/``fixed_params``: non-routed weights read per step (the target's matmul weights,
+    not its embedding rows; the draft's; ``lm_head`` twice: the draft uses it too); ``expert_bytes``:
+    one routed expert of one layer; ``expert_layers``, ``experts_local``, ``experts``, ``topk``: routing;
+    ``attn_layers``, ``latent``, ``heads``, ``qk_dim``, ``v_dim``: the verify attention; ``kv_bytes``:
+    bytes per cached element; ``draft_kv_per_token``: draft K/V elements per context token over its
+    layers; ``gbps``/``tflops``: the ceilings."""
+
+    fixed_bytes: float
+    fixed_params: float
+    expert_bytes: float
+    expert_params: float
+    expert_layers: int
+    experts_local: int
+    experts: int
+    topk: int
+    attn_layers: int
+    latent: int
+    heads: int
+    qk_dim: int
+    v_dim: int
+    kv_bytes: int
+    draft_kv_per_token: int
+    gbps: float
+    tflops: float
+
+    def cost_ms(self, B: float, L: float, T: float) -> float:
+        N = B * T
+        bw, peak = self.gbps * 1e9, self.tflops * 1e12
+        distinct = self.experts_local * (1.0 - (1.0 - self.topk / self.experts) ** N)
+        w_bytes = self.fixed_bytes + self.expert_layers * distinct * self.expert_bytes
+        w_flops = 2 * N * (self.fixed_params + self.expert_layers * self.topk * self.experts_local / self.experts
+                           * self.expert_params)
+        a_bytes = self.attn_layers * B * (L + T) * self.latent * self.kv_bytes
+        a_flops = self.attn_layers * 2 * N * self.heads * (L + T) * (self.qk_dim + self.v_dim)
+        d_bytes = B * L * self.draft_kv_per_token * self.kv_bytes
+        return 1e3 * (max(w_bytes / bw, w_flops / peak) + max(a_bytes / bw, a_flops / peak) + d_bytes / bw)
+
+    def floor_ms(self) -> float:
+        return self.cost_ms(1, 0, 1)
+
+    def ctx_points(self, max_ctx: int) -> list[int]:
+        """Context lengths to tabulate at: the cost is piecewise linear in ``L`` (a max of affine terms),
+        so a doubling grid interpolates it closely."""
+        pts, x = [0], 256
+        while x < max_ctx:
+            pts.append(x)
+            x *= 2
+        return pts + [max(max_ctx, 1)]
+
+    @classmethod
+    def from_params(cls, tparams: dict, tcfg, dparams: dict, dcfg, kv_bytes: int, gpu: str | None = None):
+        from .roofline import RECORDED_CEILINGS
+
+        ceil = RECORDED_CEILINGS.get(gpu, RECORDED_CEILINGS["NVIDIA H200"])
+        fixed_b = fixed_p = 0
+        experts: dict[str, list] = {}
+        for k, t in tparams.items():
+            if k == "model.embed_tokens.weight":
+                continue  # B T rows gathered, not the table
+            layer = next((k[:k.index(r) + len(r)] for r in _ROUTED if r in k), None)
+            if layer is not None:
+                experts.setdefault(layer, []).append((k, t))
+                continue
+            fixed_b += t.numel() * t.element_size()
+            fixed_p += t.numel() if t.dim() == 2 else 0
+        head = tparams["lm_head.weight"]
+        fixed_b += head.numel() * head.element_size()  # the draft's head is the target's
+        fixed_b += sum(t.numel() * t.element_size() for t in dparams.values())
+        e_loc = e_bytes = e_params = 0
+        if experts:
+            ts = next(iter(experts.values()))
+            e_loc = ts[0][1].shape[0]
+            e_bytes = sum(t.numel() * t.element_size() for _, t in ts) / e_loc
+            # packed INT4: 8 weights a 32-bit word; scales are read, not multiplied
+            e_params = sum(t.numel() * (8 if k.endswith("_packed") else 1) for k, t in ts
+                           if not k.endswith("_scale")) / e_loc
+        layers = sum(1 for k in tparams if k.endswith(".input_layernorm.weight"))
+        d_kv = 2 * dcfg.num_key_value_heads * dcfg.head_dim * dcfg.num_hidden_layers  # windows not modelled
+        return cls(fixed_bytes=float(fixed_b), fixed_params=float(fixed_p), expert_bytes=float(e_bytes),
+                   expert_params=float(e_params), expert_layers=len(experts), experts_local=int(e_loc),
+                   experts=int(tcfg.n_routed_experts), topk=int(tcfg.num_experts_per_tok), attn_layers=layers,
+                   latent=int(tcfg.latent_dim), heads=int(tcfg.heads),
+                   qk_dim=int(tcfg.kv_lora_rank + tcfg.qk_rope_head_dim), v_dim=int(tcfg.kv_lora_rank),
+                   kv_bytes=int(kv_bytes), draft_kv_per_token=int(d_kv), gbps=ceil.copy_gbps,
+                   tflops=ceil.matmul_tflops)
+
+
+# --------------------------------------------------------------------------------------------------
+# On the device: the tabulated cost and the choice
+# --------------------------------------------------------------------------------------------------
+
+class StepCost(NamedTuple):
+    """A cost model tabulated for one batch width ``B`` and largest budget: ``ctx [nL] float32`` context
+    lengths (strictly increasing, ``nL >= 2``) and ``ms [nL, B * budget + 1] float32``, the step time with
+    ``n`` tree nodes (besides the roots) in the whole batch, non-decreasing in ``n``; ``floor``: the
+    smallest cost used (a divisor never reaches 0)."""
+
+    ctx: torch.Tensor
+    ms: torch.Tensor
+    floor: float
+
+
+def tabulate(model, B: int, budget: int, max_ctx: int, device) -> StepCost:
+    """``model`` (:class:`CostTable` or :class:`AnalyticCost`) at every total of ``0 .. B * budget``
+    nodes (mean tree ``1 + n / B`` tokens a request) and at the model's context points, on ``device``."""
+    ctx = sorted(set(int(c) for c in model.ctx_points(max_ctx)))
+    if len(ctx) == 1:  # one measured context: constant in L
+        ctx = [ctx[0], ctx[0] + 1]
+    n = np.arange(B * budget + 1)
+    rows = np.array([[model.cost_ms(B, L, 1 + k / B) for k in n] for L in ctx], dtype=np.float64)
+    floor = model.floor_ms()
+    rows = np.maximum.accumulate(np.maximum(rows, floor), axis=1)
+    return StepCost(torch.tensor(ctx, dtype=torch.float32, device=device),
+                    torch.tensor(rows, dtype=torch.float32, device=device), float(floor))
+
+
+def _cost_at(cost: StepCost, L: torch.Tensor) -> torch.Tensor:
+    """``[n]`` costs at context ``L`` (a 0-d float32 tensor): linear in ``L`` between the two
+    tabulated rows around it (the edge rows' line past the ends). Device ops only."""
+    nL = cost.ctx.shape[0]
+    i = torch.searchsorted(cost.ctx, L.reshape(1)).clamp(1, nL - 1)
+    x0, x1 = cost.ctx[i - 1], cost.ctx[i]
+    w = (L - x0) / (x1 - x0)
+    r0, r1 = cost.ms.index_select(0, i - 1)[0], cost.ms.index_select(0, i)[0]
+    return torch.clamp(r0 + w * (r1 - r0), min=cost.floor)
+
+
+def auto_tree_lens(scores: torch.Tensor, tree_lens: torch.Tensor, active: torch.Tensor, kv_lens: torch.Tensor,
+                   cost: StepCost) -> torch.Tensor:
+    """The batch rule of the module docstring, on the device (no host sync; static shapes).
+
+    Args:
+        scores: ``[B, T]`` float32 path log-probabilities of best-first trees (a :class:`tritree.Tree`'s).
+        tree_lens: ``[B]`` int32 nodes each tree has (root included).
+        active: ``[B]`` bool, requests decoding this step (inactive rows keep the root only).
+        kv_lens: ``[B]`` int32 committed context (the mean over active rows picks the cost row).
+        cost: :func:`tabulate` of the model at this ``B`` and ``budget = T - 1``.
+    Returns:
+        ``[B]`` int32 tree lengths ``<= tree_lens``: request ``b`` verifies its first ``k_b + 1`` nodes.
+    """
+    B, T = scores.shape
+    budget = T - 1
+    if cost.ms.shape[1] != B * budget + 1:
+        raise ValueError(f"cost was tabulated for {cost.ms.shape[1] - 1} nodes, the batch has B * budget = "
+                         f"{B * budget}")
+    p = torch.where(active[:, None], torch.exp(scores[:, 1:]), 0.0).reshape(-1)  # padding: exp(-inf) = 0
+    vals, order = torch.sort(p, descending=True, stable=True)  # equal: the earlier node first
+    gain = torch.cat([vals.new_zeros(1), torch.cumsum(vals, 0)])  # [B budget + 1]
+    n_act = active.sum().to(torch.float32)
+    L = (kv_lens.to(torch.float32) * active).sum() / n_act.clamp(min=1.0)
+    n_star = torch.argmax((gain + n_act) / _cost_at(cost, L))  # the first maximum: the smaller tree
+    keep = (torch.arange(B * budget, device=p.device) < n_star).to(torch.int32)
+    kept = torch.zeros(B, dtype=torch.int32, device=p.device).scatter_add_(0, (order // budget), keep)
+    # Rounding can break the scores' order by an ulp; the count still keeps a best-first prefix.
+    out = torch.minimum(kept + 1, tree_lens.to(torch.int32))
+    return torch.where(active, out, torch.ones_like(out))
+
+
+def auto_tree_lens_reference(scores, tree_lens, active, kv_lens, cost_fn) -> list[int]:
+    """Python (float64) specification of :func:`auto_tree_lens`: every total ``n`` tried, the ``n``
+    largest node probabilities of the batch (ties: lower request, then lower node), ``cost_fn(n, L)``
+    the step cost."""
+    B, T = scores.shape
+    act = [bool(a) for a in active]
+    nodes = sorted(((-math.exp(float(scores[b, i])), b * (T - 1) + i - 1, b) for b in range(B) for i in range(1, T)
+                    if act[b]), key=lambda x: (x[0], x[1]))
+    n_act = sum(act)
+    L = sum(float(kv_lens[b]) for b in range(B) if act[b]) / max(n_act, 1)
+    best, best_n, g = -1.0, 0, 0.0
+    for n in range(B * (T - 1) + 1):
+        if n:
+            g += -nodes[n - 1][0] if n - 1 < len(nodes) else 0.0
+        r = (g + n_act) / cost_fn(n, L)
+        if r > best:
+            best, best_n = r, n
+    kept = [0] * B
+    for _, _, b in nodes[:best_n]:
+        kept[b] += 1
+    return [min(kept[b] + 1, int(tree_lens[b])) if act[b] else 1 for b in range(B)]
