@@ -57,6 +57,8 @@ class Sample:
     lead: dict[str, int] = field(default_factory=dict)  # the KV pools' per-token dims: any rank, one run
     strided_last: tuple[str, ...] = ()
     any_dtype: tuple[str, ...] = ()  # tensors the op takes in any dtype of its family (KV pools it only moves)
+    contiguous: tuple[str, ...] = ()  # tensors the op requires contiguous (placed at an offset only)
+    check_written: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # a written tensor vs the reference's
     values: dict[str, Callable[[dict], dict]] = field(default_factory=dict)
     scalars: dict[str, list] = field(default_factory=dict)  # scalar argument -> invalid values (run_scalar)
     run_scalar: Callable[[dict, str, Any], Any] | None = None
@@ -512,10 +514,70 @@ def sample_page_table_from_token_table(draw, device) -> Sample:
                   run_scalar=lambda t, k, v: tritree.page_table_from_token_table(t["req_to_token"], v, t["kv_lens"]))
 
 
+def sample_expected_accept(draw, device) -> Sample:
+    B, T = draw(st.integers(0, 3)), draw(st.integers(0, 40))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    scores = -torch.rand(B, T, generator=g).cumsum(1) * 2
+    if T and B:
+        scores[:, -draw(st.integers(0, T)):] = float("-inf")  # padding
+    t = dict(scores=scores.to(device))
+
+    def reference(t):
+        p = torch.exp(t["scores"].cpu().double())
+        p[:, :1] = 0
+        return p.cumsum(1)
+
+    return Sample("expected_accept", t, dict(scores=("B", "T")), lambda t: tritree.expected_accept(t["scores"]),
+                  reference, lambda got, want: close(got, want, torch.float32, "expected_accept"),
+                  strided_last=("scores",))
+
+
+def sample_routed_experts_int4(draw, device) -> Sample:
+    from tritree.kernels.moe_int4 import Int4Experts
+
+    E, H, I = draw(st.integers(1, 4)), draw(st.sampled_from([32, 64])), draw(st.sampled_from([32, 64]))
+    N, k = draw(st.integers(0, 12)), draw(st.integers(1, 4))
+    dtype = draw(st.sampled_from([torch.bfloat16, torch.float16]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    ex = Int4Experts.quantize(torch.randn(E, I, H, generator=g) * H**-0.5, torch.randn(E, I, H, generator=g) * H**-0.5,
+                              torch.randn(E, H, I, generator=g) * I**-0.5)
+    idx = torch.randint(-1, E + 1, (N, k), generator=g, dtype=torch.int32)  # -1 and E: another rank's experts
+    t = dict(x=torch.randn(N, H, generator=g).to(dtype), topk_idx=idx, topk_w=torch.rand(N, k, generator=g),
+             w13_packed=ex.w13_packed, w13_scale=ex.w13_scale, w2_packed=ex.w2_packed, w2_scale=ex.w2_scale,
+             out=torch.full((N, H), float("nan")).to(dtype) if draw(st.booleans()) else None)
+    t = {n: None if x is None else x.to(device) for n, x in t.items()}
+    w = ("w13_packed", "w13_scale", "w2_packed", "w2_scale")
+
+    def run(t):
+        return tritree.routed_experts_int4(t["x"], t["topk_idx"], t["topk_w"], Int4Experts(*(t[n] for n in w)),
+                                           out=t["out"])
+
+    def reference(t):
+        ref = tritree.moe_int4_reference(t["x"].cpu(), t["topk_idx"].cpu(), t["topk_w"].cpu(),
+                                         Int4Experts(*(t[n].cpu() for n in w)))
+        if t["out"] is not None:
+            t["out"].copy_(ref)
+        return ref
+
+    tol = {torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]  # weights and h rounded to x's dtype before the MMA
+
+    def check(got, want):
+        got, want = got.detach().cpu().double(), want.cpu()
+        assert not torch.isnan(got).any(), "elements not written"
+        err = (got - want).norm() / want.norm().clamp_min(1e-30)
+        assert err <= tol or want.norm() == 0 and got.abs().max() == 0, f"relative error {err:.3g} > {tol}"
+
+    return Sample("routed_experts_int4", t, dict(x=("N", "H"), topk_idx=("N", "k"), topk_w=("N", "k"),
+                                                 w13_packed=("E", "I2", "H8"), w13_scale=("E", "I2", "H32"),
+                                                 w2_packed=("E", "H", "I8"), w2_scale=("E", "H", "I32"),
+                                                 out=("N", "H")),
+                  run, reference, check, written=("out",), contiguous=w, check_written=check)
+
+
 SAMPLES = {s.__name__.removeprefix("sample_"): s for s in (
     sample_verify_mla, sample_draft_attention, sample_kv_write_, sample_kv_commit_, sample_kv_gather,
     sample_tree_mask_from_parents, sample_build_tree, sample_accept_tree, sample_token_tables,
-    sample_page_table_from_token_table)}
+    sample_page_table_from_token_table, sample_expected_accept, sample_routed_experts_int4)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -529,7 +591,8 @@ def place_all(sample: Sample, tensors: dict, rng: random.Random):
         if x is None:
             placed[name] = None
             continue
-        layouts = LAYOUTS if name in sample.strided_last else LAYOUTS[:-1]
+        layouts = (LAYOUTS[:2] if name in sample.contiguous else LAYOUTS if name in sample.strided_last
+                   else LAYOUTS[:-1])
         view, base = place(x, rng.choice(layouts), rng, sample.lead.get(name), name in sample.strided_last)
         placed[name], bases[name] = view, base
     return placed, bases
@@ -557,7 +620,9 @@ def check_valid_views(sample: Sample, rng: random.Random) -> None:
     for name in bases:
         view = placed[name]
         if name in sample.written:
-            if view.is_floating_point() and name != "kv":
+            if sample.check_written is not None:
+                sample.check_written(view, ref_t[name])
+            elif view.is_floating_point() and name != "kv":
                 close(view, ref_t[name], view.dtype, name)
             else:  # the KV ops move entries: bit for bit
                 assert torch.equal(bits(view), bits(ref_t[name])), f"{name}: differs from the reference"

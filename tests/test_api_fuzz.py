@@ -25,10 +25,10 @@ from .conftest import HAS_GPU
 
 ROOT = Path(__file__).resolve().parents[1]
 # Examples per op on the CPU (Triton's interpreter; the attention ops cost ~1 s an example) and on a GPU.
-CPU_EXAMPLES = {"verify_mla": 10, "draft_attention": 10, "build_tree": 15}
+CPU_EXAMPLES = {"verify_mla": 10, "draft_attention": 10, "build_tree": 15, "routed_experts_int4": 10}
 GPU_EXAMPLES = 40
 ATTENTION_AND_KV = ("verify_mla", "draft_attention", "kv_write_", "kv_commit_", "kv_gather", "accept_tree",
-                    "build_tree")
+                    "build_tree", "routed_experts_int4")
 
 
 def run_samples(mode: str, examples: dict[str, int], *, debug: bool = False, prefix: tuple = (), timeout=1200):
