@@ -243,6 +243,8 @@ def test_auto_budget_is_lossless_and_reports_the_sizes(monkeypatch):
         eng.generate(PROMPTS, 2, budget="big")
     with pytest.raises(ValueError, match="max_budget"):
         eng.generate(PROMPTS, 2, budget="auto", max_budget=0)
+    with pytest.warns(UserWarning, match="measured in graphs of 9 tree tokens"):  # another static size
+        eng.generate(PROMPTS[:1], 2, budget="auto", max_budget=4)
 
 
 @pytest.mark.gpu

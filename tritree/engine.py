@@ -37,6 +37,7 @@ from __future__ import annotations
 import operator
 import os
 import time
+import warnings
 import weakref
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import dist
-from .budget import AnalyticCost, StepCost, auto_tree_lens, tabulate
+from .budget import AnalyticCost, CostTable, StepCost, auto_tree_lens, tabulate
 from .kernels import PagePool, PoolExhausted, build_tree, kv_commit_, tree_mask_from_parents
 from .model import dflash
 from .model.kimi_k2 import prefill, verify
@@ -670,6 +671,12 @@ class Engine:
                 gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
                 self.cost_model = AnalyticCost.from_params(self.tparams, self.tcfg, self.dparams, self.dcfg,
                                                            self._tkv.element_size(), gpu)
+            elif isinstance(self.cost_model, CostTable) and self.cost_model.static_tree != budget + 1:
+                # a truncated tree costs what the graph it runs in costs: another static size, other times
+                warnings.warn(f"the step-cost table was measured in graphs of {self.cost_model.static_tree} tree "
+                              f"tokens, this step's graph has {budget + 1} (max_budget = {budget}); its costs "
+                              f"are used as they are (bench calibrate --max-budget {budget} measures this size)",
+                              stacklevel=2)
             self._step_costs[key] = tabulate(self.cost_model, B, budget, self.tcfg.max_position_embeddings,
                                              self.device)
         return self._step_costs[key]
