@@ -75,8 +75,8 @@ def test_int4_experts_match_reference(N, k, E, H, I, mode, dtype, seed):
     _check(x, idx, w, ex)
 
 
-SWAP = Int4MoeConfig(16, (32, 64, 4, 1), (64, 32, 4, 1), swap_ab=True)
-PLAIN = Int4MoeConfig(32, (64, 32, 4, 1), (32, 64, 4, 1), swap_ab=False)
+SWAP = Int4MoeConfig(16, (32, 128, 4, 1), (64, 128, 4, 1), swap_ab=True)
+PLAIN = Int4MoeConfig(32, (64, 128, 4, 1), (32, 128, 4, 1), swap_ab=False)
 
 
 @pytest.mark.parametrize("cfg", [SWAP, PLAIN], ids=["swap_ab", "plain"])
@@ -109,14 +109,17 @@ def test_tokens_without_local_experts_get_zeros():
 
 
 def test_align_routing_blocks():
-    """Sorted by expert (stable), blocks of one expert each, unused blocks marked E, the bound never short."""
+    """Grouped by expert in expert order, blocks of one expert each, unused blocks marked E, the bound never
+    short."""
     E, bm = 4, 4
     idx = torch.tensor([[3, 0], [3, 9], [3, 1], [-1, 3], [3, 3]])
     A = idx.numel()
     nb = min_blocks(A, E, bm)
-    sorted_idx, be, bs, bend = (t.tolist() for t in align_routing(idx, E, bm, nb))
+    sorted_idx, be, bs, bend = (t.tolist() for t in align_routing(idx.to(DEVICE), E, bm, nb))
     flat = idx.reshape(-1).tolist()
-    assert sorted_idx == [1, 5, 0, 2, 4, 7, 8, 9, 3, 6]  # experts 0, 1, 3 (x6), then the foreign 9 and -1
+    assert sorted(sorted_idx) == list(range(A))  # a permutation of the assignments
+    groups = [sorted_idx[:1], sorted_idx[1:2], sorted_idx[2:8], sorted_idx[8:]]
+    assert [sorted(g) for g in groups] == [[1], [5], [0, 2, 4, 7, 8, 9], [3, 6]]  # 0, 1, 3 (x6), then 9 and -1
     owned = [(be[b], bs[b], min(bs[b] + bm, bend[b])) for b in range(nb) if be[b] < E]
     assert owned == [(0, 0, 1), (1, 1, 2), (3, 2, 6), (3, 6, 8)]
     assert all(e == E for e in be[len(owned):])
@@ -135,6 +138,32 @@ def test_plan_once_per_shape_and_splits():
     assert q.gate_up_split > 1 and q.down_split == 1
     assert plan_int4_moe(4096, 8, 48, 7168, 2048, "sm_120", 188).config is INT4_MOE_CONFIGS["sm_120"][1 << 30]
     assert Int4MoePlan.from_ints(q.as_ints()) == q
+    # An expert-parallel rank (48 of 384 experts): one token touches ~1 local expert, so its 32 gate/up
+    # tiles are split over K to fill the SMs.
+    ep = plan_int4_moe(1, 8, 48, 7168, 2048, "sm_90", 132, None, 384)
+    assert ep.gate_up_split > 1 and ep.down_split > 1 and ep.num_blocks == p.num_blocks
+
+
+@settings(max_examples=10)
+@given(A=st.integers(0, 1400), E=st.integers(1, 40), bm=st.sampled_from([16, 32, 64]), seed=st.integers(0, 2**31 - 1))
+def test_align_routing_any_load(A, E, bm, seed):
+    """Every assignment placed once, each expert's rows contiguous in expert order, blocks covering them
+    exactly, over more assignments than one chunk of the align kernel."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(-2, E + 2, (A, 1), generator=g)
+    nb = min_blocks(A, E, bm)
+    sorted_idx, be, bs, bend = (t.cpu() for t in align_routing(idx.to(DEVICE), E, bm, nb))
+    assert torch.equal(sorted_idx.sort().values, torch.arange(A, dtype=torch.int32))
+    flat = idx.reshape(-1)
+    key = torch.where((flat >= 0) & (flat < E), flat, E)
+    assert torch.equal(key[sorted_idx.long()], key.sort().values)
+    covered = torch.zeros(A, dtype=torch.int64)
+    for b in range(nb):
+        if be[b] < E:
+            rows = torch.arange(int(bs[b]), min(int(bs[b]) + bm, int(bend[b])))
+            assert len(rows) > 0 and bool((key[sorted_idx[rows].long()] == be[b]).all())
+            covered[rows] += 1
+    assert bool((covered[: int((key < E).sum())] == 1).all())
 
 
 def test_packing_round_trip_against_compressed_tensors():

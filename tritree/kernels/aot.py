@@ -242,7 +242,7 @@ def moe_int4_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
             continue
         for cfg in sorted(set(table.values()), key=lambda c: c.block_m):
             for split in (1, 2):
-                base = {"TOPK": 8, "BLOCK_M": cfg.block_m, "SPLIT_K": split, "SWAP_AB": cfg.swap_ab, "UPCAST": False}
+                base = {"TOPK": 8, "BLOCK_M": cfg.block_m, "SPLIT_K": split, "SWAP_AB": cfg.swap_ab, "EVEN": True, "UPCAST": False}
                 for fn, tiles, sig, extra in (
                     (_gate_up_int4_kernel, cfg.gate_up,
                      {"X": ptr, "Wp": "*i32", "Ws": "*bf16", "Hbuf": ptr if split == 1 else "*fp32", **idx,

@@ -12,19 +12,23 @@ section 7), stacked per layer, gate and up concatenated on the output dimension:
 
 Kernels (one plan per shape, :func:`plan_int4_moe`):
 
-1. routing align (:func:`align_routing`, torch ops on the device): assignments sorted by expert, cut into
-   blocks of ``block_m`` rows, a static upper bound of ``cdiv(N k, block_m) + min(E, N k)`` blocks;
+1. routing align (:func:`align_routing`, one single-program kernel): assignments grouped by expert, cut
+   into blocks of ``block_m`` rows, a static upper bound of ``cdiv(N k, block_m) + min(E, N k)`` blocks;
    blocks past the last used one map to expert ``E`` and exit before touching any weight.
-2. gate_up: ``h = silu(x Wg^T) * (x Wu^T)`` per block, the INT4 tiles dequantised in registers (nibble
-   shift and mask, ``(u - 8) * scale`` in fp32, one scale load per 32-column group, rounded once to the
-   activation dtype). With split-K the raw gate/up sums go to an fp32 buffer by atomics and the SiLU-and-mul
-   moves into the down kernel's load.
+2. gate_up: ``h = silu(x Wg^T) * (x Wu^T)`` per block, the INT4 tiles dequantised in registers by the
+   magic-number conversion (:func:`_magic_pairs`: two weights for three instructions, one scale a word).
+   With split-K the raw gate/up sums go to an fp32 buffer by atomics and the SiLU-and-mul moves into the
+   down kernel's load.
 3. down: ``out[token] += topk_w * (h Wd^T)``: routed weight and top-k combine fused (fp32 atomics; split-K
    partials add the same way), cast to the activation dtype at the end.
 
+The dequantised tile keeps each word's nibbles in the order they come out of the conversion (pairs ``j, j + 4``
+side by side, :func:`_nibble_cols`) and the activations are loaded in that order: the dot's sum over K does
+not depend on the order of its columns, and no shuffle across threads is needed. Pointers advance by a tile
+per K step; shapes whose K and output rows are multiples of the tiles (Kimi K2.6's) load without masks.
+
 Swap-AB (``swap_ab``): the weight tile's output rows on the MMA's M and the block's tokens on N, so a block
-of a few tokens does not pad the MMA's M (Hopper's wgmma needs 64 rows on M). The int4 -> 16-bit conversion
-is plain shift/mask/convert (the inline-asm magic-number conversion has no interpreter path: not used).
+of a few tokens does not pad the MMA's M (Hopper's wgmma needs 64 rows on M).
 """
 
 from __future__ import annotations
@@ -188,19 +192,64 @@ def moe_int4_reference(x, topk_idx, topk_w, experts: Int4Experts, dtype=torch.fl
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _dequant_tile(Wp, Ws, e, n, n_ok, k0, K, stride_pe, stride_pn, stride_se, stride_sn,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
-    """Rows ``n [BLOCK_N]`` x columns ``[k0, k0 + BLOCK_K)`` of expert ``e``'s INT4 weight -> ``[BLOCK_N,
-    BLOCK_K]`` in ``DTYPE``. One load a packed word, one a 32-column scale; columns past ``K`` are 0."""
-    c = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    words = tl.load(Wp + e * stride_pe + n[:, None].to(tl.int64) * stride_pn + c[None, :],
-                    mask=n_ok[:, None] & (c < K // 8)[None, :], other=0)
-    s = tl.load(Ws + e * stride_se + n[:, None].to(tl.int64) * stride_sn + g[None, :],
-                mask=n_ok[:, None] & (g < K // 32)[None, :], other=0.0).to(tl.float32)
-    u = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BN, BK/8, 8]: column 8c + j
-    q = tl.reshape(u, [BLOCK_N, BLOCK_K // 32, 32]).to(tl.float32) - 8.0
-    return tl.reshape(q * s[:, :, None], [BLOCK_N, BLOCK_K]).to(DTYPE)
+def _magic_pairs(words, s, DTYPE: tl.constexpr):
+    """Nibbles 0 and 4 of each (pre-shifted) word as ``DTYPE``: ``(u - 8) * s`` rounded once, by the magic-number
+    conversion: one ``lop3`` puts the two nibbles into the mantissas of a 16-bit pair (``128 + u`` in bf16,
+    ``1024 + u`` in fp16), then two packed FMAs, ``- (128 + 8)`` (exact) and ``* s`` (one rounding): two weights
+    for three instructions, the same values as the fp32 formula."""
+    if DTYPE == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t, one, bias, s2, nz;
+            mov.b32 one, 0x3F803F80;
+            mov.b32 bias, 0xC308C308;
+            mov.b32 nz, 0x80008000;
+            lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA;
+            fma.rn.bf16x2 t, t, one, bias;
+            mov.b32 s2, {$3, $3};
+            fma.rn.bf16x2 t, t, s2, nz;
+            mov.b32 {$0, $1}, t;
+            }""",
+            "=h,=h,r,h", [words, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t, one, bias, s2, nz;
+            mov.b32 one, 0x3C003C00;
+            mov.b32 bias, 0xE408E408;
+            mov.b32 nz, 0x80008000;
+            lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA;
+            fma.rn.f16x2 t, t, one, bias;
+            mov.b32 s2, {$3, $3};
+            fma.rn.f16x2 t, t, s2, nz;
+            mov.b32 {$0, $1}, t;
+            }""",
+            "=h,=h,r,h", [words, s.to(tl.float16)], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+
+
+@triton.jit
+def _dequant(words, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    """Packed words ``[BLOCK_N, BLOCK_K/8]`` and their group scales (one a word) -> ``[BLOCK_N, BLOCK_K]`` in
+    ``DTYPE``, its columns in the nibble order of :func:`_nibble_cols` (pairs ``j, j + 4`` of each word side by
+    side: no shuffle across threads). UPCAST (the interpreter, which runs no PTX): the same values by fp32."""
+    w4 = tl.reshape(words[:, :, None] >> (4 * tl.arange(0, 4))[None, None, :], [BLOCK_N, BLOCK_K // 2])
+    s4 = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 8, 4]), [BLOCK_N, BLOCK_K // 2])
+    if UPCAST:
+        lo = (((w4 & 0xF).to(tl.float32) - 8.0) * s4.to(tl.float32)).to(DTYPE)
+        hi = ((((w4 >> 16) & 0xF).to(tl.float32) - 8.0) * s4.to(tl.float32)).to(DTYPE)
+    else:
+        lo, hi = _magic_pairs(w4, s4, DTYPE)
+    return tl.reshape(tl.join(lo, hi), [BLOCK_N, BLOCK_K])
+
+
+@triton.jit
+def _nibble_cols(BLOCK_K: tl.constexpr):
+    """The input column (within a K tile) of each column of :func:`_dequant`'s tile: ``2r + p`` holds nibble
+    ``r % 4 + 4p`` of word ``r // 4``, column ``8 (r // 4) + r % 4 + 4p``. The activations are loaded in the
+    same order, so the dot's sum over K is the same sum."""
+    kk = tl.arange(0, BLOCK_K)
+    r = kk // 2
+    return 8 * (r // 4) + r % 4 + 4 * (kk % 2)
 
 
 @triton.jit
@@ -226,13 +275,25 @@ def _k_range(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
+def _weight_tile(pw, ps, n_ok, c, K, EVEN: tl.constexpr):
+    """Words and scales at the pointer tiles ``pw``/``ps`` (word columns ``c``); masked unless EVEN (K a
+    multiple of the K tile, the output rows a multiple of the N tile)."""
+    if EVEN:
+        return tl.load(pw), tl.load(ps)
+    else:
+        m = n_ok[:, None] & (c < K // 8)[None, :]
+        return tl.load(pw, mask=m, other=0), tl.load(ps, mask=m, other=0.0)
+
+
+@triton.jit
 def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I,
                          stride_x, stride_pe, stride_pn, stride_se, stride_sn, stride_h,
                          TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, UPCAST: tl.constexpr):
+                         SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
     """Grid ``(blocks, cdiv(I, BLOCK_N), SPLIT_K)``. ``SPLIT_K == 1``: ``Hbuf [N k, I]`` (x's dtype) gets
     ``silu(g) * u`` at the block's sorted rows; else ``Hbuf [N k, 2I]`` fp32 (zeroed) gets ``g | u`` partials
-    by atomics."""
+    by atomics. Pointers advance by a tile per step (no per-element address arithmetic in the loop); rows
+    past the block's end read its last row (no mask) and are not stored."""
     b = tl.program_id(0)
     e = tl.load(BlockExpert + b)
     if e < E:  # blocks past the last used one own no rows: no weight is read for them
@@ -240,7 +301,7 @@ def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, Sor
         end = tl.load(BlockEnd + b)
         r = start + tl.arange(0, BLOCK_M)
         ok = r < end
-        tok = tl.load(SortedIdx + r, mask=ok, other=0) // TOPK
+        tok = tl.load(SortedIdx + tl.minimum(r, end - 1)) // TOPK
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < I
         e64 = e.to(tl.int64)
@@ -250,16 +311,30 @@ def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, Sor
             acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros_like(acc_g)
         lo, hi = _k_range(Hd, BLOCK_K, SPLIT_K)
-        for k0 in range(lo, hi, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            xa = tl.load(X + tok.to(tl.int64)[:, None] * stride_x + k[None, :], mask=ok[:, None] & (k < Hd)[None, :],
-                         other=0.0)
-            wg = _dequant_tile(Wp, Ws, e64, n, n_ok, k0, Hd, stride_pe, stride_pn, stride_se, stride_sn,
-                               BLOCK_N, BLOCK_K, X.dtype.element_ty)
-            acc_g = _mma(acc_g, xa, wg, SWAP_AB, UPCAST)
-            wu = _dequant_tile(Wp, Ws, e64, n + I, n_ok, k0, Hd, stride_pe, stride_pn, stride_se, stride_sn,
-                               BLOCK_N, BLOCK_K, X.dtype.element_ty)
-            acc_u = _mma(acc_u, xa, wu, SWAP_AB, UPCAST)
+        c = lo // 8 + tl.arange(0, BLOCK_K // 8)
+        pg = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + c[None, :]
+        sg = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4)[None, :]
+        pu = pg + I * stride_pn
+        su = sg + I * stride_sn
+        kx = lo + _nibble_cols(BLOCK_K)
+        px = X + tok.to(tl.int64)[:, None] * stride_x + kx[None, :]
+        DT: tl.constexpr = X.dtype.element_ty
+        for _k0 in range(lo, hi, BLOCK_K):
+            if EVEN:
+                xa = tl.load(px)
+            else:
+                xa = tl.load(px, mask=(kx < Hd)[None, :], other=0.0)
+            wg, sgv = _weight_tile(pg, sg, n_ok, c, Hd, EVEN)
+            acc_g = _mma(acc_g, xa, _dequant(wg, sgv, BLOCK_N, BLOCK_K, DT, UPCAST), SWAP_AB, UPCAST)
+            wu, suv = _weight_tile(pu, su, n_ok, c, Hd, EVEN)
+            acc_u = _mma(acc_u, xa, _dequant(wu, suv, BLOCK_N, BLOCK_K, DT, UPCAST), SWAP_AB, UPCAST)
+            px += BLOCK_K
+            kx += BLOCK_K
+            pg += BLOCK_K // 8
+            pu += BLOCK_K // 8
+            c += BLOCK_K // 8
+            sg += BLOCK_K // 32
+            su += BLOCK_K // 32
         if SWAP_AB:
             g, u = tl.trans(acc_g), tl.trans(acc_u)
         else:
@@ -278,7 +353,7 @@ def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEn
                       stride_h, stride_pe, stride_pn, stride_se, stride_sn, stride_o,
                       TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, ACT_IN_LOAD: tl.constexpr,
-                      DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+                      DTYPE: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
     """Grid ``(blocks, cdiv(H, BLOCK_N), SPLIT_K)``: ``Out [N, H]`` fp32 (zeroed) ``+= topk_w h Wd^T`` by
     atomics. ``ACT_IN_LOAD``: ``Hbuf`` holds fp32 ``g | u`` and ``h = silu(g) * u`` is formed on load
     (rounded to ``DTYPE``, as the unsplit path stores it)."""
@@ -289,7 +364,8 @@ def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEn
         end = tl.load(BlockEnd + b)
         r = start + tl.arange(0, BLOCK_M)
         ok = r < end
-        a = tl.load(SortedIdx + r, mask=ok, other=0)
+        rc = tl.minimum(r, end - 1)
+        a = tl.load(SortedIdx + rc)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < Hd
         e64 = e.to(tl.int64)
@@ -298,19 +374,33 @@ def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEn
         else:
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         lo, hi = _k_range(I, BLOCK_K, SPLIT_K)
-        for k0 in range(lo, hi, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            src = Hbuf + r.to(tl.int64)[:, None] * stride_h + k[None, :]
-            hmask = ok[:, None] & (k < I)[None, :]
+        c = lo // 8 + tl.arange(0, BLOCK_K // 8)
+        pw = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + c[None, :]
+        ps = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4)[None, :]
+        kh = lo + _nibble_cols(BLOCK_K)
+        ph = Hbuf + rc.to(tl.int64)[:, None] * stride_h + kh[None, :]
+        for _k0 in range(lo, hi, BLOCK_K):
+            hmask = (kh < I)[None, :]
             if ACT_IN_LOAD:
-                g = tl.load(src, mask=hmask, other=0.0)
-                u = tl.load(src + I, mask=hmask, other=0.0)
+                if EVEN:
+                    g = tl.load(ph)
+                    u = tl.load(ph + I)
+                else:
+                    g = tl.load(ph, mask=hmask, other=0.0)
+                    u = tl.load(ph + I, mask=hmask, other=0.0)
                 h = (g * tl.sigmoid(g) * u).to(DTYPE)
             else:
-                h = tl.load(src, mask=hmask, other=0.0)
-            w = _dequant_tile(Wp, Ws, e64, n, n_ok, k0, I, stride_pe, stride_pn, stride_se, stride_sn,
-                              BLOCK_N, BLOCK_K, DTYPE)
-            acc = _mma(acc, h, w, SWAP_AB, UPCAST)
+                if EVEN:
+                    h = tl.load(ph)
+                else:
+                    h = tl.load(ph, mask=hmask, other=0.0)
+            w, sw = _weight_tile(pw, ps, n_ok, c, I, EVEN)
+            acc = _mma(acc, h, _dequant(w, sw, BLOCK_N, BLOCK_K, DTYPE, UPCAST), SWAP_AB, UPCAST)
+            ph += BLOCK_K
+            kh += BLOCK_K
+            pw += BLOCK_K // 8
+            c += BLOCK_K // 8
+            ps += BLOCK_K // 32
         if SWAP_AB:
             y = tl.trans(acc)
         else:
@@ -342,30 +432,27 @@ class Int4MoeConfig:
 
 
 # Bucket of expected rows per used expert (``plan_int4_moe``) -> config; the first bucket >= the rows.
-# Not yet measured on a GPU: sizes chosen for bandwidth (the weights are read once per block, so few wide
-# blocks) and bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py). sm_120: mma.sync,
+# Measured on the H200 for sm_90 (bench/moe_sweep.py --configs); K tiles are whole 32-column scale groups.
+# Bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py). sm_120: mma.sync,
 # 101,376 B of shared memory, no spills; sm_90: wgmma wants 64 weight rows on M (swap-AB at few tokens).
 INT4_MOE_CONFIGS: dict[str, dict[int, Int4MoeConfig]] = {
     "sm_90": {
         16: Int4MoeConfig(16, (64, 128, 4, 3), (64, 128, 4, 3), swap_ab=True),
-        64: Int4MoeConfig(32, (128, 64, 8, 3), (128, 64, 8, 3), swap_ab=True),
-        1 << 30: Int4MoeConfig(64, (128, 64, 8, 3), (128, 64, 8, 3), swap_ab=False),
+        64: Int4MoeConfig(32, (64, 128, 4, 3), (64, 128, 4, 3), swap_ab=True),
+        1 << 30: Int4MoeConfig(64, (128, 128, 8, 3), (128, 128, 8, 3), swap_ab=False),
     },
-    # Registers (unsplit / split-K, compiled for sm_120): BM16 126-127 gate_up, 96-145 down; BM32 160-167,
-    # 127-147; BM64 231-255, 105-142. The down kernel spills at BM16 with BK128 and at BM64 with BK64 when
-    # split (it forms the SiLU-and-mul on load), hence the narrower K tiles there.
     "sm_120": {
-        16: Int4MoeConfig(16, (64, 64, 4, 2), (64, 64, 4, 2), swap_ab=True),
-        64: Int4MoeConfig(32, (64, 64, 4, 2), (64, 64, 4, 2), swap_ab=True),
-        1 << 30: Int4MoeConfig(64, (64, 64, 8, 2), (64, 32, 8, 2), swap_ab=False),
+        16: Int4MoeConfig(16, (64, 128, 4, 2), (64, 128, 4, 2), swap_ab=True),
+        64: Int4MoeConfig(32, (64, 128, 4, 2), (32, 128, 4, 2), swap_ab=True),
+        1 << 30: Int4MoeConfig(64, (32, 64, 4, 2), (32, 64, 8, 2), swap_ab=False),
     },
     "sm_80": {
-        16: Int4MoeConfig(16, (64, 64, 4, 2), (64, 64, 4, 2), swap_ab=True),
-        1 << 30: Int4MoeConfig(64, (64, 64, 8, 2), (64, 64, 8, 2), swap_ab=False),
+        16: Int4MoeConfig(16, (64, 128, 4, 2), (64, 128, 4, 2), swap_ab=True),
+        1 << 30: Int4MoeConfig(64, (32, 64, 4, 2), (32, 64, 8, 2), swap_ab=False),
     },
     # Interpreter: few programs (each interpreted operation costs the same at any tile size).
     "cpu": {
-        1 << 30: Int4MoeConfig(16, (64, 64, 4, 1), (64, 64, 4, 1), swap_ab=True),
+        1 << 30: Int4MoeConfig(16, (64, 128, 4, 1), (64, 128, 4, 1), swap_ab=True),
     },
 }
 
@@ -415,14 +502,18 @@ def _split_for(programs: int, k_tiles: int, sms: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def plan_int4_moe(N: int, topk: int, E: int, H: int, I: int, arch: str, sms: int,
-                  config: Int4MoeConfig | None = None) -> Int4MoePlan:
+                  config: Int4MoeConfig | None = None, global_experts: int | None = None) -> Int4MoePlan:
     """The launch plan of one shape, computed once: the config (by expected rows per used expert under
     uniform routing), the block bound (any routing), the K splits for ``sms`` SMs (by the expected blocks).
-    ``config`` replaces the table's."""
+    ``config`` replaces the table's. ``global_experts``: the experts the ids are drawn from when this rank
+    holds ``E`` of them (expert parallelism; default ``E``)."""
     A = N * topk
-    # Expected distinct experts of N tokens' top-k under uniform routing (N = 17, k = 8, E = 384: 116).
-    used = max(1, min(E, A, math.ceil(E * (1 - (1 - min(1.0, topk / E)) ** N))))
-    rows = -(-A // used)
+    G = max(E, global_experts or E)
+    # Expected distinct local experts of N tokens' top-k under uniform routing over G (N = 17, k = 8,
+    # E = G = 384: 116; E = 48 of G = 384, N = 1: 1) and the assignments they get.
+    used = max(1, min(E, A, math.ceil(E * (1 - (1 - min(1.0, topk / G)) ** N) - 1e-9)))
+    rows = -(-(A * E // G) // used) if G > E else -(-A // used)
+    rows = max(1, rows)
     if config is None:
         table = INT4_MOE_CONFIGS[arch if arch in INT4_MOE_CONFIGS else "sm_80"]
         config = next((table[b] for b in sorted(table) if rows <= b), table[max(table)])
@@ -439,26 +530,69 @@ def plan_int4_moe(N: int, topk: int, E: int, H: int, I: int, arch: str, sms: int
 # Routing align and launch
 # --------------------------------------------------------------------------------------------------
 
-def align_routing(topk_idx: torch.Tensor, E: int, block_m: int, num_blocks: int):
-    """Token x expert assignments sorted by expert and cut into blocks, on the device (no host sync).
+@triton.jit
+def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Scratch, A, E, num_blocks,
+                  BLOCK_M: tl.constexpr, NB: tl.constexpr, CHUNK_A: tl.constexpr, CHUNK_B: tl.constexpr):
+    """One program (see :func:`align_routing`). ``Scratch [4 NB]`` int32: cursors, then the cumulative
+    blocks, first rows and ends of the experts. Buckets: ``[0, E)`` the local experts, ``E`` another rank's,
+    ``NB - 1`` (> E) the lanes past ``A``."""
+    bins = tl.arange(0, NB)
+    counts = tl.zeros([NB], dtype=tl.int32)
+    for a0 in range(0, A, CHUNK_A):
+        a = a0 + tl.arange(0, CHUNK_A)
+        raw = tl.load(Idx + a, mask=a < A, other=0)
+        key = tl.where(a < A, tl.where((raw >= 0) & (raw < E), raw, E), NB - 1).to(tl.int32)
+        counts += tl.histogram(key, NB)
+    ends = tl.cumsum(counts, 0)
+    tl.store(Scratch + bins, ends - counts)  # the cursor of every bucket at its first sorted row
+    local = tl.where(bins < E, counts, 0)
+    blocks = (local + BLOCK_M - 1) // BLOCK_M
+    cum_blocks = tl.cumsum(blocks, 0)
+    tl.store(Scratch + NB + bins, cum_blocks - blocks)
+    tl.store(Scratch + 2 * NB + bins, ends - counts)
+    tl.store(Scratch + 3 * NB + bins, ends)
+    tl.debug_barrier()
+    # Sorted by expert: each assignment takes the next row of its bucket (order within a bucket is free:
+    # every row's result is computed on its own).
+    for a0 in range(0, A, CHUNK_A):
+        a = a0 + tl.arange(0, CHUNK_A)
+        raw = tl.load(Idx + a, mask=a < A, other=0)
+        key = tl.where((raw >= 0) & (raw < E), raw, E).to(tl.int32)
+        pos = tl.atomic_add(Scratch + key, 1, mask=a < A, sem="relaxed")
+        tl.store(SortedIdx + pos, a, mask=a < A)
+    # Block -> expert: the number of local experts whose blocks all lie before it (E past the last).
+    for b0 in range(0, num_blocks, CHUNK_B):
+        b = b0 + tl.arange(0, CHUNK_B)
+        e = tl.sum(((cum_blocks[None, :] <= b[:, None]) & (bins < E)[None, :]).to(tl.int32), 1)
+        e_c = tl.minimum(e, E - 1)
+        first_block = tl.load(Scratch + NB + e_c)
+        start = tl.load(Scratch + 2 * NB + e_c) + (b - first_block) * BLOCK_M
+        tl.store(BlockExpert + b, e, mask=b < num_blocks)
+        tl.store(BlockStart + b, start, mask=b < num_blocks)
+        tl.store(BlockEnd + b, tl.load(Scratch + 3 * NB + e_c), mask=b < num_blocks)
 
-    ``topk_idx [N, k]`` -> ``(sorted_idx [N k] int32`` assignment ids ``t k + j`` sorted by expert (stable;
-    ids outside ``[0, E)`` last, in no block), ``block_expert, block_start, block_end [num_blocks] int32)``:
-    block ``b`` owns sorted rows ``[block_start, min(block_start + block_m, block_end))`` of expert
-    ``block_expert``; blocks past the last used one have ``block_expert == E``."""
-    flat = topk_idx.reshape(-1).to(torch.int64)
-    key = torch.where((flat >= 0) & (flat < E), flat, E)  # another rank's experts: bucket E, read by no block
-    order = torch.argsort(key, stable=True)
-    counts = torch.zeros(E + 1, dtype=torch.int64, device=key.device).scatter_add_(0, key, torch.ones_like(key))[:E]
-    seg_end = torch.cumsum(counts, 0)
-    blocks = (counts + block_m - 1) // block_m
-    cum_blocks = torch.cumsum(blocks, 0)
-    bidx = torch.arange(num_blocks, device=key.device)
-    block_expert = torch.searchsorted(cum_blocks, bidx, right=True)
-    e_c = block_expert.clamp(max=E - 1)
-    block_start = seg_end[e_c] - counts[e_c] + (bidx - (cum_blocks[e_c] - blocks[e_c])) * block_m
-    return (order.to(torch.int32), block_expert.to(torch.int32), block_start.to(torch.int32),
-            seg_end[e_c].to(torch.int32))
+
+def align_routing(topk_idx: torch.Tensor, E: int, block_m: int, num_blocks: int):
+    """Token x expert assignments sorted by expert and cut into blocks, on the device in one launch (no host
+    sync).
+
+    ``topk_idx [N, k]`` int32/int64 -> ``(sorted_idx [N k] int32`` assignment ids ``t k + j`` grouped by
+    expert in expert order (ids outside ``[0, E)`` last, in no block; the order inside a group is not
+    specified), ``block_expert, block_start, block_end [num_blocks] int32)``: block ``b`` owns sorted rows
+    ``[block_start, min(block_start + block_m, block_end))`` of expert ``block_expert``; blocks past the
+    last used one have ``block_expert == E``. ``num_blocks`` must be at least :func:`min_blocks`."""
+    flat = topk_idx.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    A, dev = flat.numel(), flat.device
+    nb = triton.next_power_of_2(E + 2)
+    sorted_idx = torch.empty(A, dtype=torch.int32, device=dev)
+    meta = torch.empty(3, num_blocks, dtype=torch.int32, device=dev)
+    scratch = torch.empty(4 * nb, dtype=torch.int32, device=dev)
+    _align_kernel[(1,)](flat, sorted_idx, meta[0], meta[1], meta[2], scratch, A, E, num_blocks,
+                        BLOCK_M=block_m, NB=nb, CHUNK_A=1024 if not _interpreting() else 256,
+                        CHUNK_B=max(1, min(64, 16384 // nb)), num_warps=8 if not _interpreting() else 1)
+    return sorted_idx, meta[0], meta[1], meta[2]
 
 
 def _validate(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale) -> None:
@@ -493,7 +627,8 @@ def _validate(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale) -
 
 
 def routed_experts_int4(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, experts: Int4Experts,
-                        *, out: torch.Tensor | None = None, plan: Int4MoePlan | None = None) -> torch.Tensor:
+                        *, out: torch.Tensor | None = None, plan: Int4MoePlan | None = None,
+                        global_experts: int | None = None) -> torch.Tensor:
     """Grouped routed-expert SwiGLU over INT4 experts (W4A16; see module).
 
     ``x [N, H]`` bf16/fp16, ``topk_idx [N, k]`` int32/int64 (ids outside ``[0, E)`` skipped: expert
@@ -506,9 +641,11 @@ def routed_experts_int4(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.T
     if out is not None:
         V.check_tensor("out", out, dtypes=(x.dtype,), device=x.device)
         V.check_shape("out", out, (N, H), "[N, H]")
+    if global_experts is not None:
+        global_experts = V.check_int("global_experts", global_experts, E)
     if plan is None:  # a pure function of ints: traced through uncached under torch.compile
         planner = plan_int4_moe.__wrapped__ if torch.compiler.is_compiling() else plan_int4_moe
-        plan = planner(N, k, E, H, I, arch_of(x.device), num_sms(x.device))
+        plan = planner(N, k, E, H, I, arch_of(x.device), num_sms(x.device), None, global_experts)
     elif plan.num_blocks < min_blocks(N * k, E, plan.block_m):
         raise ValueError(f"plan.num_blocks = {plan.num_blocks} is below the bound "
                          f"{min_blocks(N * k, E, plan.block_m)} of {N * k} assignments in blocks of {plan.block_m}")
@@ -556,14 +693,15 @@ def _launch(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale, out
         xc, w13_packed, w13_scale, hbuf, block_expert, block_start, block_end, sorted_idx, E, H, I,
         xc.stride(0), w13_packed.stride(0), w13_packed.stride(1), w13_scale.stride(0), w13_scale.stride(1),
         hbuf.stride(0), TOPK=k, BLOCK_M=cfg.block_m, BLOCK_N=gbn, BLOCK_K=gbk, SPLIT_K=plan.gate_up_split,
-        SWAP_AB=cfg.swap_ab, UPCAST=upcast, num_warps=gw, num_stages=gs)
+        SWAP_AB=cfg.swap_ab, EVEN=H % gbk == 0 and I % gbn == 0, UPCAST=upcast, num_warps=gw, num_stages=gs)
     dbn, dbk, dw, ds = cfg.down
     tw = topk_w.reshape(-1).contiguous()
     _down_int4_kernel[(plan.num_blocks, triton.cdiv(H, dbn), plan.down_split)](
         hbuf, w2_packed, w2_scale, acc, tw, block_expert, block_start, block_end, sorted_idx, E, H, I,
         hbuf.stride(0), w2_packed.stride(0), w2_packed.stride(1), w2_scale.stride(0), w2_scale.stride(1),
         acc.stride(0), TOPK=k, BLOCK_M=cfg.block_m, BLOCK_N=dbn, BLOCK_K=dbk, SPLIT_K=plan.down_split,
-        SWAP_AB=cfg.swap_ab, ACT_IN_LOAD=split_gu, DTYPE=_TL_DTYPE[x.dtype], UPCAST=upcast,
+        SWAP_AB=cfg.swap_ab, ACT_IN_LOAD=split_gu, DTYPE=_TL_DTYPE[x.dtype], EVEN=I % dbk == 0 and H % dbn == 0,
+        UPCAST=upcast,
         num_warps=dw, num_stages=ds)
     out.copy_(acc)
 

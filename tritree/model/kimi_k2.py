@@ -192,7 +192,7 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None, tree_lens=N
         idx = torch.where(pad.reshape(-1, 1), -1, idx)
     if packed is not None:  # W4A16: 16-bit activations
         xa = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
-        out = routed_experts_int4(xa, idx, w, packed).to(x.dtype)
+        out = routed_experts_int4(xa, idx, w, packed, global_experts=cfg.n_routed_experts).to(x.dtype)
     else:
         out = routed_experts(x, idx, w, *(params[p + "experts." + k] for k in DENSE_EXPERT_KEYS))
     out = out + swiglu(x, params[p + "shared_experts.gate_proj.weight"], params[p + "shared_experts.up_proj.weight"],
