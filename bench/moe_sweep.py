@@ -1,0 +1,207 @@
+"""Routed-expert layer at Kimi K2.6's per-rank shapes: INT4 (W4A16) against its bandwidth floor and peers.
+
+    PYTHONPATH=. python bench/moe_sweep.py [--shape ep8 tp8] [--tokens 1 9 17 33 65 129]
+        [--routing uniform skewed] [--variant int4 bf16 sglang] [--configs "..."]
+
+Shapes (H = 7168, top-8 of 384 experts): ``ep8``, one expert-parallel rank's 48 experts of I = 2048 (ids of
+the other ranks' experts are skipped); ``tp8``, one tensor-parallel rank's 384 experts of I = 2048 / 8 = 256.
+
+The whole routed layer (align + gate_up + down, epilogues included) is graph-timed over routing sets rotated
+so that the experts they touch exceed the L2 (``tritree.roofline.graph_time_us``). Bytes: each touched
+local expert's INT4 nibbles and scales once (``1.6875 I H`` bytes) plus x and out; GB/s and % of the
+measured copy bandwidth on those bytes. Routing: ``uniform`` (top-8 distinct experts of 384 per token) or
+``skewed`` (every token on the same 8 experts, a different 8 per rotated set).
+
+Variants: ``int4`` (``tritree.routed_experts_int4``), ``bf16`` (``tritree.kernels.moe.routed_experts`` over
+the same weights dequantised: today's dense path), ``sglang`` (SGLang's ``fused_moe_kernel_gptq_awq`` from
+its own files, ``bench/peer_sglang_moe.py``). Each variant is checked against the float32 reference of the
+dequantised weights at every shape before it is timed. Under ``DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120`` the
+``int4`` variant runs the sm_120 configs on the H200 (mma.sync emulation).
+
+``--configs "BM,gBN,gBK,gW,gS,dBN,dBK,dW,dS,swap;..."`` times these ``Int4MoeConfig`` instead of the table's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from tritree.kernels.configs import arch_of, num_sms  # noqa: E402
+from tritree.kernels.moe import routed_experts  # noqa: E402
+from tritree.kernels.moe_int4 import (  # noqa: E402
+    GROUP,
+    Int4Experts,
+    Int4MoeConfig,
+    plan_int4_moe,
+    routed_experts_int4,
+)
+from tritree.roofline import L2_ROTATE_BYTES, cached_ceilings, graph_time_us, versions  # noqa: E402
+
+HIDDEN, TOPK, ALL_EXPERTS = 7168, 8, 384
+SHAPES = {"ep8": (48, 2048), "tp8": (384, 256)}  # local experts, intermediate per rank
+
+
+def expert_bytes(H: int, I: int) -> int:
+    """INT4 bytes of one expert: gate + up + down nibbles (0.5 B a weight) and bf16 scales (one per 32)."""
+    return 3 * H * I // 2 + 3 * H * I // GROUP * 2
+
+
+def random_experts(E: int, H: int, I: int, device, seed: int = 0) -> Int4Experts:
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def packed(*shape):
+        return torch.randint(-2**31, 2**31 - 1, shape, generator=g, device=device, dtype=torch.int32)
+
+    def scale(*shape):  # |W| ~ 8 * 2e-3: the magnitude of real expert weights
+        return (torch.rand(shape, generator=g, device=device) * 2e-3 + 1e-3).to(torch.bfloat16)
+
+    return Int4Experts(packed(E, 2 * I, H // 8), scale(E, 2 * I, H // GROUP), packed(E, H, I // 8),
+                       scale(E, H, I // GROUP))
+
+
+def routing_sets(N: int, E: int, routing: str, n_sets: int, device, seed: int = 1):
+    """``n_sets`` of ``(topk_idx [N, 8] int32 local ids, topk_w [N, 8] fp32)``: global ids of 384 experts
+    minus this rank's first (0), so ids >= E are another rank's."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    sets = []
+    for s in range(n_sets):
+        if routing == "uniform":
+            idx = torch.rand(N, ALL_EXPERTS, generator=g).argsort(1)[:, :TOPK]
+        else:  # every token on the same 8 local experts, another 8 per set (no set repeats the last's)
+            first = (s * TOPK) % max(TOPK, E - E % TOPK)
+            idx = (first + torch.arange(TOPK)).remainder(E).expand(N, TOPK)
+        w = torch.rand(N, TOPK, generator=g).softmax(-1)
+        sets.append((idx.to(torch.int32).contiguous().to(device), w.to(device)))
+    return sets
+
+
+def rotated_sets(N: int, E: int, routing: str, per_expert: int, device, cap: int = 64):
+    """Routing sets enough that the experts they touch, together, exceed ``L2_ROTATE_BYTES`` (at most
+    ``cap``, at least 2)."""
+    n = 2
+    while True:
+        sets = routing_sets(N, E, routing, n, device)
+        total = sum(touched(i, E) for i, _ in sets) * per_expert
+        if total >= L2_ROTATE_BYTES or n >= cap:
+            return sets
+        n = min(cap, max(n + 1, math.ceil(n * L2_ROTATE_BYTES / max(total, 1))))
+
+
+def touched(idx: torch.Tensor, E: int) -> int:
+    ids = idx[(idx >= 0) & (idx < E)]
+    return int(torch.unique(ids).numel())
+
+
+def parse_config(text: str) -> Int4MoeConfig:
+    v = [int(a) for a in text.split(",")]
+    if len(v) != 10:
+        raise ValueError(f"--configs: 10 integers per config (BM,gBN,gBK,gW,gS,dBN,dBK,dW,dS,swap), got {text!r}")
+    return Int4MoeConfig(v[0], tuple(v[1:5]), tuple(v[5:9]), bool(v[9]))
+
+
+def make_variant(variant: str, experts: Int4Experts, dense, plan):
+    if variant == "int4":
+        return lambda x, idx, w, out: routed_experts_int4(x, idx, w, experts, out=out, plan=plan)
+    if variant == "bf16":
+        wg, wu, wd = dense
+        return lambda x, idx, w, out: out.copy_(routed_experts(x, idx, w, wg, wu, wd))
+    if variant == "sglang":
+        from bench.peer_sglang_moe import make_sglang_int4_moe
+        run = make_sglang_int4_moe(experts, TOPK, torch.bfloat16)
+        return lambda x, idx, w, out: out.copy_(run(x, idx, w))
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def check(fn, experts_f32, x, idx, w) -> float:
+    """Relative error of ``fn`` against the float32 reference (dequantised weights); poisoned output."""
+    out = torch.full_like(x, float("nan"))
+    fn(x, idx, w, out)
+    wg, wu, wd = experts_f32
+    ref = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(idx[(idx >= 0) & (idx < wg.shape[0])]).tolist():
+        tok, slot = torch.nonzero(idx == e, as_tuple=True)
+        xe = x[tok].float()
+        h = torch.nn.functional.silu(xe @ wg[e].t()) * (xe @ wu[e].t())
+        ref.index_add_(0, tok, (h @ wd[e].t()) * w[tok, slot, None])
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", nargs="+", default=["ep8", "tp8"], choices=sorted(SHAPES))
+    ap.add_argument("--tokens", nargs="+", type=int, default=[1, 9, 17, 33, 65, 129])
+    ap.add_argument("--routing", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed"])
+    ap.add_argument("--variant", nargs="+", default=["int4", "bf16"], choices=["int4", "bf16", "sglang"])
+    ap.add_argument("--configs", default="", help="semicolon-separated Int4MoeConfig (see module) for int4")
+    ap.add_argument("--out", default="moe_sweep.jsonl")
+    ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    ceil = cached_ceilings(args.ceilings)
+    arch = arch_of(dev)
+    print(f"# {versions()}; arch table {arch}; copy {ceil.copy_gbps:.0f} GB/s", flush=True)
+    configs = [parse_config(c) for c in args.configs.split(";")] if args.configs else [None]
+    print(f"{'shape':5} {'route':7} {'N':>4} {'used':>5} {'variant':8} {'config':26} {'err':>8} {'us':>8} "
+          f"{'floor':>7} {'GB/s':>6} {'%copy':>6}", flush=True)
+    t0 = time.time()
+    with open(args.out, "a") as f:
+        for shape in args.shape:
+            E, I = SHAPES[shape]
+            experts = random_experts(E, HIDDEN, I, dev)
+            f32 = experts.dequantize(torch.float32)
+            dense = tuple(t.to(torch.bfloat16) for t in f32) if "bf16" in args.variant else None
+            per_expert = expert_bytes(HIDDEN, I)
+            for routing in args.routing:
+                for N in args.tokens:
+                    sets = rotated_sets(N, E, routing, per_expert, dev)
+                    n_sets = len(sets)
+                    used = sum(touched(i, E) for i, _ in sets) / n_sets
+                    nbytes = used * per_expert + 2 * N * HIDDEN * 2
+                    floor_us = nbytes / (ceil.copy_gbps * 1e9) * 1e6
+                    xs = [torch.randn(N, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in sets]
+                    outs = [torch.empty_like(x) for x in xs]
+                    for variant in args.variant:
+                        for cfg in (configs if variant == "int4" else [None]):
+                            plan = (plan_int4_moe(N, TOPK, E, HIDDEN, I, arch, num_sms(dev), cfg, ALL_EXPERTS)
+                                    if variant == "int4" else None)
+                            label = (f"BM{plan.block_m} sk{plan.gate_up_split}/{plan.down_split}"
+                                     f"{' swap' if plan.config.swap_ab else ''}"
+                                     f"{' *' if cfg is not None else ''}") if plan else "-"
+                            r = dict(shape=shape, E=E, I=I, routing=routing, N=N, used=used, variant=variant,
+                                     arch=arch, config=str(plan.config) if plan else None, plan=label,
+                                     floor_us=floor_us, bytes=nbytes)
+                            try:
+                                fn = make_variant(variant, experts, dense, plan)
+                                r["rel_err"] = check(fn, f32, xs[0], *sets[0])
+                                fns = [lambda x=x, s=s, o=o: fn(x, s[0], s[1], o) for x, s, o in zip(xs, sets, outs)]
+                                us = graph_time_us(fns)
+                                r.update(us=us, gbps=nbytes / (us * 1e-6) / 1e9,
+                                         pct_copy=100 * nbytes / (us * 1e-6) / (ceil.copy_gbps * 1e9))
+                                print(f"{shape:5} {routing:7} {N:4d} {used:5.1f} {variant:8} {label:26} "
+                                      f"{r['rel_err']:8.1e} {us:8.1f} {floor_us:7.1f} {r['gbps']:6.0f} "
+                                      f"{r['pct_copy']:5.1f}%", flush=True)
+                            except Exception as e:  # record and go on: one failing variant must not lose the sweep
+                                r["skipped"] = f"{type(e).__name__}: {str(e)[:300]}"
+                                print(f"{shape:5} {routing:7} {N:4d} {used:5.1f} {variant:8} {label:26} "
+                                      f"skipped: {r['skipped']}", flush=True)
+                                torch.cuda.empty_cache()
+                            r["ceilings"] = ceil.__dict__
+                            f.write(json.dumps(r) + "\n")
+                            f.flush()
+            del experts, f32, dense
+            torch.cuda.empty_cache()
+    print(f"# sweep done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
