@@ -23,9 +23,10 @@ Kernels (one plan per shape, :func:`plan_int4_moe`):
    partials add the same way), cast to the activation dtype at the end.
 
 The dequantised tile keeps each word's nibbles in the order they come out of the conversion (pairs ``j, j + 4``
-side by side, :func:`_nibble_cols`) and the activations are loaded in that order: the dot's sum over K does
-not depend on the order of its columns, and no shuffle across threads is needed. Pointers advance by a tile
-per K step; shapes whose K and output rows are multiples of the tiles (Kimi K2.6's) load without masks.
+side by side) and the activations are laid out in that order once per call (:func:`nibble_order` on x; the
+gate_up kernel stores h in it): the dot's sum over K does not depend on the order of its columns, no shuffle
+across threads is needed and the activation tiles load as contiguous vectors. Pointers advance by a tile per
+K step; shapes whose K and output rows are multiples of the tiles (Kimi K2.6's) load without masks.
 
 Swap-AB (``swap_ab``): the weight tile's output rows on the MMA's M and the block's tokens on N, so a block
 of a few tokens does not pad the MMA's M (Hopper's wgmma needs 64 rows on M).
@@ -229,11 +230,11 @@ def _magic_pairs(words, s, DTYPE: tl.constexpr):
 
 @triton.jit
 def _dequant(words, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
-    """Packed words ``[BLOCK_N, BLOCK_K/8]`` and their group scales (one a word) -> ``[BLOCK_N, BLOCK_K]`` in
-    ``DTYPE``, its columns in the nibble order of :func:`_nibble_cols` (pairs ``j, j + 4`` of each word side by
-    side: no shuffle across threads). UPCAST (the interpreter, which runs no PTX): the same values by fp32."""
+    """Packed words ``[BLOCK_N, BLOCK_K/8]`` and their group scales ``[BLOCK_N, BLOCK_K/32]`` -> ``[BLOCK_N, BLOCK_K]`` in
+    ``DTYPE``, its columns in nibble order (:func:`nibble_order`: pairs ``j, j + 4`` of each word side by side,
+    no shuffle across threads). UPCAST (the interpreter, which runs no PTX): the same values by fp32."""
     w4 = tl.reshape(words[:, :, None] >> (4 * tl.arange(0, 4))[None, None, :], [BLOCK_N, BLOCK_K // 2])
-    s4 = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 8, 4]), [BLOCK_N, BLOCK_K // 2])
+    s4 = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])
     if UPCAST:
         lo = (((w4 & 0xF).to(tl.float32) - 8.0) * s4.to(tl.float32)).to(DTYPE)
         hi = ((((w4 >> 16) & 0xF).to(tl.float32) - 8.0) * s4.to(tl.float32)).to(DTYPE)
@@ -242,14 +243,18 @@ def _dequant(words, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.c
     return tl.reshape(tl.join(lo, hi), [BLOCK_N, BLOCK_K])
 
 
+def nibble_order(x: torch.Tensor) -> torch.Tensor:
+    """``x [N, K]`` with each group of 8 columns in the nibble order of :func:`_dequant`'s tiles: position
+    ``2a + b`` of a group holds its column ``4b + a`` (a copy; ``K`` a multiple of 8)."""
+    N, K = x.shape
+    return x.reshape(N, K // 8, 2, 4).transpose(2, 3).reshape(N, K)
+
+
 @triton.jit
-def _nibble_cols(BLOCK_K: tl.constexpr):
-    """The input column (within a K tile) of each column of :func:`_dequant`'s tile: ``2r + p`` holds nibble
-    ``r % 4 + 4p`` of word ``r // 4``, column ``8 (r // 4) + r % 4 + 4p``. The activations are loaded in the
-    same order, so the dot's sum over K is the same sum."""
-    kk = tl.arange(0, BLOCK_K)
-    r = kk // 2
-    return 8 * (r // 4) + r % 4 + 4 * (kk % 2)
+def _nibble_slot(n):
+    """Where column ``n`` of an activation goes in the nibble order (:func:`nibble_order`)."""
+    m = n % 8
+    return n - m + 2 * (m % 4) + m // 4
 
 
 @triton.jit
@@ -275,14 +280,16 @@ def _k_range(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(pw, ps, n_ok, c, K, EVEN: tl.constexpr):
-    """Words and scales at the pointer tiles ``pw``/``ps`` (word columns ``c``); masked unless EVEN (K a
-    multiple of the K tile, the output rows a multiple of the N tile)."""
+def _weight_tile(pw, ps, n_ok, c, K, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
+    """Words ``[BN, BLOCK_K/8]`` and scales ``[BN, BLOCK_K/32]`` at the pointer tiles ``pw``/``ps`` (first word
+    column ``c``); masked unless EVEN (K a multiple of the K tile, the output rows a multiple of the N tile)."""
     if EVEN:
         return tl.load(pw), tl.load(ps)
     else:
-        m = n_ok[:, None] & (c < K // 8)[None, :]
-        return tl.load(pw, mask=m, other=0), tl.load(ps, mask=m, other=0.0)
+        cw = c + tl.arange(0, BLOCK_K // 8)
+        cg = c // 4 + tl.arange(0, BLOCK_K // 32)
+        return (tl.load(pw, mask=n_ok[:, None] & (cw < K // 8)[None, :], other=0),
+                tl.load(ps, mask=n_ok[:, None] & (cg < K // 32)[None, :], other=0.0))
 
 
 @triton.jit
@@ -290,9 +297,10 @@ def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, Sor
                          stride_x, stride_pe, stride_pn, stride_se, stride_sn, stride_h,
                          TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
-    """Grid ``(blocks, cdiv(I, BLOCK_N), SPLIT_K)``. ``SPLIT_K == 1``: ``Hbuf [N k, I]`` (x's dtype) gets
-    ``silu(g) * u`` at the block's sorted rows; else ``Hbuf [N k, 2I]`` fp32 (zeroed) gets ``g | u`` partials
-    by atomics. Pointers advance by a tile per step (no per-element address arithmetic in the loop); rows
+    """Grid ``(blocks, cdiv(I, BLOCK_N), SPLIT_K)``. ``X``: the activations in nibble order
+    (:func:`nibble_order`). ``SPLIT_K == 1``: ``Hbuf [N k, I]`` (x's dtype) gets ``silu(g) * u`` at the block's
+    sorted rows; else ``Hbuf [N k, 2I]`` fp32 (zeroed) gets ``g | u`` partials by atomics; columns in nibble
+    order either way. Pointers advance by a tile per step (no per-element address arithmetic in the loop); rows
     past the block's end read its last row (no mask) and are not stored."""
     b = tl.program_id(0)
     e = tl.load(BlockExpert + b)
@@ -311,12 +319,12 @@ def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, Sor
             acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros_like(acc_g)
         lo, hi = _k_range(Hd, BLOCK_K, SPLIT_K)
-        c = lo // 8 + tl.arange(0, BLOCK_K // 8)
-        pg = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + c[None, :]
-        sg = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4)[None, :]
+        c = lo // 8  # first word column of the tile
+        pg = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + (c + tl.arange(0, BLOCK_K // 8))[None, :]
+        sg = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4 + tl.arange(0, BLOCK_K // 32))[None, :]
         pu = pg + I * stride_pn
         su = sg + I * stride_sn
-        kx = lo + _nibble_cols(BLOCK_K)
+        kx = lo + tl.arange(0, BLOCK_K)
         px = X + tok.to(tl.int64)[:, None] * stride_x + kx[None, :]
         DT: tl.constexpr = X.dtype.element_ty
         for _k0 in range(lo, hi, BLOCK_K):
@@ -324,9 +332,9 @@ def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, Sor
                 xa = tl.load(px)
             else:
                 xa = tl.load(px, mask=(kx < Hd)[None, :], other=0.0)
-            wg, sgv = _weight_tile(pg, sg, n_ok, c, Hd, EVEN)
+            wg, sgv = _weight_tile(pg, sg, n_ok, c, Hd, BLOCK_K, EVEN)
             acc_g = _mma(acc_g, xa, _dequant(wg, sgv, BLOCK_N, BLOCK_K, DT, UPCAST), SWAP_AB, UPCAST)
-            wu, suv = _weight_tile(pu, su, n_ok, c, Hd, EVEN)
+            wu, suv = _weight_tile(pu, su, n_ok, c, Hd, BLOCK_K, EVEN)
             acc_u = _mma(acc_u, xa, _dequant(wu, suv, BLOCK_N, BLOCK_K, DT, UPCAST), SWAP_AB, UPCAST)
             px += BLOCK_K
             kx += BLOCK_K
@@ -339,7 +347,7 @@ def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, Sor
             g, u = tl.trans(acc_g), tl.trans(acc_u)
         else:
             g, u = acc_g, acc_u
-        dst = Hbuf + r.to(tl.int64)[:, None] * stride_h + n[None, :]
+        dst = Hbuf + r.to(tl.int64)[:, None] * stride_h + _nibble_slot(n)[None, :]  # the down kernel's K order
         mask = ok[:, None] & n_ok[None, :]
         if SPLIT_K == 1:
             tl.store(dst, (g * tl.sigmoid(g) * u).to(Hbuf.dtype.element_ty), mask=mask)
@@ -374,10 +382,10 @@ def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEn
         else:
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         lo, hi = _k_range(I, BLOCK_K, SPLIT_K)
-        c = lo // 8 + tl.arange(0, BLOCK_K // 8)
-        pw = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + c[None, :]
-        ps = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4)[None, :]
-        kh = lo + _nibble_cols(BLOCK_K)
+        c = lo // 8  # first word column of the tile
+        pw = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + (c + tl.arange(0, BLOCK_K // 8))[None, :]
+        ps = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4 + tl.arange(0, BLOCK_K // 32))[None, :]
+        kh = lo + tl.arange(0, BLOCK_K)
         ph = Hbuf + rc.to(tl.int64)[:, None] * stride_h + kh[None, :]
         for _k0 in range(lo, hi, BLOCK_K):
             hmask = (kh < I)[None, :]
@@ -394,7 +402,7 @@ def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEn
                     h = tl.load(ph)
                 else:
                     h = tl.load(ph, mask=hmask, other=0.0)
-            w, sw = _weight_tile(pw, ps, n_ok, c, I, EVEN)
+            w, sw = _weight_tile(pw, ps, n_ok, c, I, BLOCK_K, EVEN)
             acc = _mma(acc, h, _dequant(w, sw, BLOCK_N, BLOCK_K, DTYPE, UPCAST), SWAP_AB, UPCAST)
             ph += BLOCK_K
             kh += BLOCK_K
@@ -687,7 +695,7 @@ def _launch(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale, out
         hbuf = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
     acc = torch.zeros(N, H, dtype=torch.float32, device=x.device)
     upcast = _interpreting()
-    xc = x.contiguous()
+    xc = nibble_order(x)  # contiguous tiles of the activations in the order the weight tiles come out
     gbn, gbk, gw, gs = cfg.gate_up
     _gate_up_int4_kernel[(plan.num_blocks, triton.cdiv(I, gbn), plan.gate_up_split)](
         xc, w13_packed, w13_scale, hbuf, block_expert, block_start, block_end, sorted_idx, E, H, I,
