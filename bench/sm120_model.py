@@ -1,6 +1,12 @@
-"""A paper model of verify-attention time on an RTX PRO 6000 Blackwell (sm_120), from emulated runs.
+"""A paper model of verify-attention and routed-expert time on an RTX PRO 6000 Blackwell (sm_120), from
+emulated runs.
 
     python -m bench.sm120_model RESULT.txt [RESULT.txt ...] --mma-sync-tflops 434.5 --copy-gbps 4144
+    python -m bench.sm120_model --moe moe_sweep.jsonl
+
+``--moe``: the ``arch == "sm_120"`` rows of ``bench/moe_sweep.py``'s JSON lines (run under the same
+emulation); the routed layer is bandwidth-bound, so its model is the RTX PRO 6000's copy floor over the
+fraction of the H200's copy floor the emulated run reaches (the ceilings stored in each row).
 
 No sm_120 GPU is available to this project (docs/SPEC.md section 6). This prints, for each
 ``tritree-sm120`` / ``tritree-fp8`` row of ``bench.verify_sweep`` output run under
@@ -42,13 +48,42 @@ def model_rows(lines, emulated: Ceilings):
     return rows
 
 
+def moe_model_rows(rows):
+    """``bench/moe_sweep.py`` JSON rows of the emulated sm_120 configs -> the same fields as
+    :func:`model_rows` for the routed layer (memory-bound: bytes over bandwidth)."""
+    out = []
+    for r in rows:
+        if r.get("arch") != "sm_120" or "us" not in r:
+            continue
+        emu_floor = r["bytes"] / (r["ceilings"]["copy_gbps"] * 1e9) * 1e6
+        fraction = emu_floor / r["us"]
+        rtx_floor = r["bytes"] / (RTX_PRO_6000.copy_gbps * 1e9) * 1e6
+        out.append(dict(shape=r["shape"], routing=r["routing"], N=r["N"], emulated_us=r["us"], fraction=fraction,
+                        rtx_floor_us=rtx_floor, rtx_model_us=rtx_floor / fraction))
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", nargs="+", help="verify_sweep output (text) of emulated runs")
-    ap.add_argument("--mma-sync-tflops", type=float, required=True,
-                    help="bench.mma_sync_ceiling's best rate on the same machine")
-    ap.add_argument("--copy-gbps", type=float, required=True, help="the copy bandwidth measured in the same run")
+    ap.add_argument("results", nargs="*", help="verify_sweep output (text) of emulated runs")
+    ap.add_argument("--mma-sync-tflops", type=float, help="bench.mma_sync_ceiling's best rate on the same machine")
+    ap.add_argument("--copy-gbps", type=float, help="the copy bandwidth measured in the same run")
+    ap.add_argument("--moe", default=None, help="bench/moe_sweep.py JSON lines of an emulated run")
     args = ap.parse_args(argv)
+    if args.moe:
+        import json
+        with open(args.moe) as f:
+            rows = moe_model_rows(json.loads(line) for line in f if line.strip())
+        print("| shape | routing | N | emulated on H200 (us) | of the H200's copy floor | RTX PRO 6000 floor (paper, us) "
+              "| modelled RTX PRO 6000 time (us) |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['shape']} | {r['routing']} | {r['N']} | {r['emulated_us']:.1f} | {100 * r['fraction']:.1f}% "
+                  f"| {r['rtx_floor_us']:.1f} | {r['rtx_model_us']:.0f} |")
+        if not args.results:
+            return
+    if not args.results or args.mma_sync_tflops is None or args.copy_gbps is None:
+        ap.error("verify rows need RESULT files, --mma-sync-tflops and --copy-gbps")
     lines = [line for path in args.results for line in open(path)]
     rows = model_rows(lines, Ceilings(args.copy_gbps, args.mma_sync_tflops))
     print("| shape | pool | emulated on H200 (us) | of the emulation's ceiling | RTX PRO 6000 floor (paper, us) "

@@ -35,3 +35,14 @@ def test_paper_floors_of_the_engine_shape():
 
 def test_other_lines_are_ignored():
     assert model_rows(["# NVIDIA H200 ...", _row(8, 8, 64, "tritree", 36.1), "garbage"], EMULATED) == []
+
+
+def test_moe_model_scales_the_rtx_copy_floor_by_the_emulated_fraction():
+    from bench.sm120_model import moe_model_rows
+
+    row = dict(arch="sm_120", shape="ep8", routing="uniform", N=17, us=200.0, bytes=3.7e8,
+               ceilings=dict(copy_gbps=4240.0, matmul_tflops=800.3))
+    (r,) = moe_model_rows([row, dict(row, arch="sm_90")])
+    emu_floor = 3.7e8 / 4240e9 * 1e6
+    assert math.isclose(r["fraction"], emu_floor / 200.0)
+    assert math.isclose(r["rtx_model_us"], 3.7e8 / (RTX_PRO_6000.copy_gbps * 1e9) * 1e6 * 200.0 / emu_floor)
