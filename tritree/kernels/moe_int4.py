@@ -192,6 +192,26 @@ def moe_int4_reference(x, topk_idx, topk_w, experts: Int4Experts, dtype=torch.fl
 # Kernels
 # --------------------------------------------------------------------------------------------------
 
+def _magic_asm(one: str, bias: str, magic: str, ty: str) -> str:
+    """PTX of :func:`_magic_pairs` for one 16-bit type: ``1.0`` and ``-(magic + 8)`` as packed pairs, the magic
+    number ``128.0`` (bf16) / ``1024.0`` (fp16) whose low mantissa bits take a nibble, the packed FMA type."""
+    return f"""{{
+    .reg .b32 t, one, bias, s2, nz;
+    mov.b32 one, {one};
+    mov.b32 bias, {bias};
+    mov.b32 nz, 0x80008000;
+    lop3.b32 t, $2, 0x000F000F, {magic}, 0xEA;
+    fma.rn.{ty} t, t, one, bias;
+    mov.b32 s2, {{$3, $3}};
+    fma.rn.{ty} t, t, s2, nz;
+    mov.b32 {{$0, $1}}, t;
+    }}"""
+
+
+_MAGIC_BF16 = tl.constexpr(_magic_asm("0x3F803F80", "0xC308C308", "0x43004300", "bf16x2"))
+_MAGIC_FP16 = tl.constexpr(_magic_asm("0x3C003C00", "0xE408E408", "0x64006400", "f16x2"))
+
+
 @triton.jit
 def _magic_pairs(words, s, DTYPE: tl.constexpr):
     """Nibbles 0 and 4 of each (pre-shifted) word as ``DTYPE``: ``(u - 8) * s`` rounded once, by the magic-number
@@ -199,33 +219,11 @@ def _magic_pairs(words, s, DTYPE: tl.constexpr):
     ``1024 + u`` in fp16), then two packed FMAs, ``- (128 + 8)`` (exact) and ``* s`` (one rounding): two weights
     for three instructions, the same values as the fp32 formula."""
     if DTYPE == tl.bfloat16:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 t, one, bias, s2, nz;
-            mov.b32 one, 0x3F803F80;
-            mov.b32 bias, 0xC308C308;
-            mov.b32 nz, 0x80008000;
-            lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA;
-            fma.rn.bf16x2 t, t, one, bias;
-            mov.b32 s2, {$3, $3};
-            fma.rn.bf16x2 t, t, s2, nz;
-            mov.b32 {$0, $1}, t;
-            }""",
-            "=h,=h,r,h", [words, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(_MAGIC_BF16, "=h,=h,r,h", [words, s], dtype=(tl.bfloat16, tl.bfloat16),
+                                         is_pure=True, pack=1)
     else:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 t, one, bias, s2, nz;
-            mov.b32 one, 0x3C003C00;
-            mov.b32 bias, 0xE408E408;
-            mov.b32 nz, 0x80008000;
-            lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA;
-            fma.rn.f16x2 t, t, one, bias;
-            mov.b32 s2, {$3, $3};
-            fma.rn.f16x2 t, t, s2, nz;
-            mov.b32 {$0, $1}, t;
-            }""",
-            "=h,=h,r,h", [words, s.to(tl.float16)], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(_MAGIC_FP16, "=h,=h,r,h", [words, s.to(tl.float16)],
+                                         dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
 
 
 @triton.jit
