@@ -14,6 +14,7 @@ from tritree.budget import (
     StepCost,
     auto_tree_lens,
     auto_tree_lens_reference,
+    cost_table_json,
     load_cost_file,
     parse_cost_json,
     save_cost_table,
@@ -178,6 +179,8 @@ def _doc(**table):
     (_doc(step_ms=[[[1.0, 2.0, -3.0], [1.5, 2.5, 3.5]], [[2.0, 3.0, 4.0], [2.5, 3.5, 4.5]]]), "step_ms[0][0][2]"),
     (_doc(step_ms=[[[1.0, 2.0, 3.0], [1.5, 2.5, 3.5]], [[2.0, 3.0, 4.0], [2.5, float("nan"), 4.5]]]), "step_ms[1][1][1]"),
     (_doc(source=3), "source"),
+    (_doc(captured_ms=[[[1.0, 2.0, 3.0]]]), "captured_ms"),
+    (_doc(captured_ms=[[[1.0, 2.0, 3.0], [1.5, 2.5, 3.5]], [[2.0, 3.0, 0.0], [2.5, 3.5, 4.5]]]), "captured_ms[1][0][2]"),
 ])
 def test_cost_json_validation_names_the_field(doc, field):
     if "gpus" in doc and isinstance(doc["gpus"], dict) and "GPU X" in doc["gpus"] and field != "source":
@@ -198,6 +201,37 @@ def test_cost_file_round_trip_and_interpolation(tmp_path):
     path.write_text("{")
     with pytest.raises(ValueError, match="not JSON"):
         load_cost_file(path)
+
+
+def test_cost_table_captured_times_and_one_context(tmp_path):
+    """``captured_ms`` (each size in its own graph) round-trips and interpolates like ``step_ms``;
+    ``at_ctx`` is the table at one context, whatever context is asked."""
+    captured = [[[0.5, 1.5, 2.5], [1.0, 2.0, 3.0]], [[1.5, 2.5, 3.5], [2.0, 3.0, 4.0]]]
+    (table,) = parse_cost_json(_doc(captured_ms=captured)).values()
+    path = tmp_path / "cost.json"
+    save_cost_table(path, table)
+    assert load_cost_file(path)["GPU X"] == table
+    assert table.captured_cost_ms(1, 0, 5) == 1.5 and table.captured_cost_ms(1, 500, 3) == pytest.approx(1.25)
+    at = table.at_ctx(500)
+    assert at.ctx == (500,)
+    for L in (0, 500, 10**6):
+        assert at.cost_ms(4, L, 9) == pytest.approx(table.cost_ms(4, 500, 9))
+        assert at.captured_cost_ms(1, L, 1) == pytest.approx(table.captured_cost_ms(1, 500, 1))
+    (bare,) = parse_cost_json(_doc()).values()
+    assert bare.captured_ms is None and "captured_ms" not in json.loads(json.dumps(cost_table_json(bare)))
+    with pytest.raises(ValueError, match="captured_ms"):
+        bare.captured_cost_ms(1, 0, 1)
+
+
+def test_modelled_step_times_of_bench_accept():
+    """Fixed sizes are charged their own graph's time, auto steps the truncated tree's time."""
+    from tritree.bench_accept import modelled_ms
+
+    table = CostTable("t", (1, 4), (0,), (1, 9), (((2.0, 3.0),), ((4.0, 6.0),)), 9, "", (((1.0, 2.0),), ((3.0, 5.0),)))
+    steps = [(1, 8), (4, 0), (4, 32)]  # (active requests, tree nodes in all)
+    assert modelled_ms(table, 0, steps, "tree", 8, 16) == pytest.approx(2.0 + 5.0 + 5.0)
+    assert modelled_ms(table, 0, steps, "plain", None, 16) == pytest.approx(1.0 + 3.0 + 3.0)
+    assert modelled_ms(table, 0, steps, "auto", None, 16) == pytest.approx(3.0 + 4.0 + 6.0)
     step = tabulate(table, 2, 4, 4096, "cpu")
     assert step.ms.shape == (2, 9) and (step.ms.diff(dim=1) >= 0).all()
     json.dumps(_doc())
@@ -234,10 +268,12 @@ def test_auto_budget_is_lossless_and_reports_the_sizes(monkeypatch):
     steep = CostTable("test", (1, 4), (0, 512), (1, 9), (((1.0, 1.5), (1.0, 1.5)), ((1.0, 1.5), (1.0, 1.5))), 9)
     eng = make_engine(cost_model=steep)
     auto = eng.generate(PROMPTS, 10, budget="auto", max_budget=8)
-    stats = eng.tree_size_stats()
+    stats, step_nodes = eng.tree_size_stats(), eng.step_nodes
     plain = eng.generate(PROMPTS, 10, speculative=False)
     assert [r.tokens for r in auto] == [r.tokens for r in plain]
     assert sum(stats["hist"].values()) == sum(r.steps for r in auto)
+    assert sum(a for a, _ in step_nodes) == sum(r.steps for r in auto)  # the steps' active requests
+    assert sum(n for _, n in step_nodes) == sum(k * c for k, c in stats["hist"].items())
     assert 0 <= stats["mean"] < 8 and len(stats["hist"]) > 1 and max(stats["hist"]) <= 8
     with pytest.raises(ValueError, match="budget"):
         eng.generate(PROMPTS, 2, budget="big")

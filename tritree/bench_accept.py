@@ -44,6 +44,35 @@ def heldout_prompts(n: int, length: int, fresh: bool = False) -> tuple[list[list
     return cut_prompts(n, length), f"cut from this machine's Python {platform.python_version()} files"
 
 
+def _cost_table(path, gpu_name):
+    """The table of ``gpu_name`` (or the file's only one) in the step-cost JSON ``path``."""
+    from .budget import load_cost_file
+
+    tables = load_cost_file(path)
+    if gpu_name is None and len(tables) == 1:
+        return next(iter(tables.values()))
+    if gpu_name not in tables:
+        raise ValueError(f"--cost-model {path}: no table for {gpu_name or 'the CPU'} (it has {sorted(tables)}; "
+                         f"--cost-gpu picks one)")
+    return tables[gpu_name]
+
+
+def modelled_ms(table, L: float, steps, mode: str, budget, block: int) -> float:
+    """The summed step time (ms) of ``steps`` (``(active requests, tree nodes in all)`` per step) under
+    ``table`` at context ``L``: a fixed-size step (a budget, the chain's block, plain decoding) costs its
+    own graph's time (``captured_ms`` when measured), an auto step the truncated tree's time in the
+    graph of the largest tree (``step_ms``)."""
+    fixed = table.captured_cost_ms if table.captured_ms is not None else table.cost_ms
+    total = 0.0
+    for a, n in steps:
+        if mode == "auto":
+            total += table.cost_ms(a, L, 1 + n / a)
+        else:
+            T = 1 if mode == "plain" else block if mode == "chain" else budget + 1
+            total += fixed(a, L, T)
+    return total
+
+
 def main(args) -> int:
     from .engine import Engine
     from .train import shipped_pair
@@ -51,37 +80,82 @@ def main(args) -> int:
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     tparams, tcfg, dparams, dcfg, what = shipped_pair(device, torch.float32)
-    eng = Engine(tparams, tcfg, dparams, dcfg, page_size=16, num_pages=4096, graphs=gpu)
+    table = None
+    if getattr(args, "cost_model", None):
+        table = _cost_table(args.cost_model, getattr(args, "cost_gpu", None) or (
+            torch.cuda.get_device_name() if gpu else None))
+
+    def engine(cost_model=None):
+        return Engine(tparams, tcfg, dparams, dcfg, page_size=16, num_pages=4096, graphs=gpu, cost_model=cost_model)
+
     prompts, source = heldout_prompts(args.prompts, args.prompt_len, fresh=getattr(args, "fresh_prompts", False))
+    B = getattr(args, "batch", None) or len(prompts)
+    groups = [prompts[i:i + B] for i in range(0, len(prompts), B)]
     print(f"bench accept on {'GPU ' + torch.cuda.get_device_name() if gpu else 'CPU (reference ops)'}: {what}; "
-          f"{len(prompts)} held-out prompts of {args.prompt_len} bytes ({source}), {args.new} new tokens", flush=True)
-    def timed(**kw):
+          f"{len(prompts)} held-out prompts of {args.prompt_len} bytes ({source}), {args.new} new tokens, "
+          f"{B} at a time", flush=True)
+    if table is not None:
+        print(f"modelled tokens/s: steps timed by the step-cost table of {table.gpu} ({table.source}) at "
+              f"context {', '.join(str(L) for L in table.ctx)}: this pair's acceptance, that model's step times",
+              flush=True)
+
+    def timed(eng, **kw):
         # Warm-up at the same batch, budget and sampling first: kernel JIT (Triton specialises on
         # the tree size) and the allocator stay out of the timed run.
-        eng.generate(prompts, 4, seed=3, **kw)
+        eng.generate(groups[0], 4, seed=3, **kw)
         if gpu:
             torch.cuda.synchronize()
+        res, steps = [], []
         t0 = time.perf_counter()
-        res = eng.generate(prompts, args.new, seed=3, **kw)
+        for g in groups:
+            res += eng.generate(g, args.new, seed=3, **kw)
+            steps += eng.step_nodes
         if gpu:
             torch.cuda.synchronize()
-        return res, time.perf_counter() - t0
+        return res, steps, time.perf_counter() - t0
 
+    fixed_eng = engine()
+    modes = [("chain", dict(chain=True), fixed_eng, None)]
+    modes += [(f"tree {b}", dict(budget=b), fixed_eng, None) for b in args.budgets if b != "auto"]
+    if "auto" in args.budgets:
+        auto = dict(budget="auto", max_budget=args.max_budget)
+        if table is None:  # the engine's default cost model (the analytic one of this pair)
+            modes.append(("auto", auto, fixed_eng, None))
+        else:  # auto sized by the model of each context
+            modes += [(f"auto @{L}", auto, engine(table.at_ctx(L)), L) for L in table.ctx]
     rows = []
     for temp in (0.0, 1.0):
-        _, plain_s = timed(temperature=temp, speculative=False)
-        for name, kw in [("chain", dict(chain=True))] + [(f"tree {b}", dict(budget=b)) for b in args.budgets]:
-            res, dt = timed(temperature=temp, **kw)
-            steps = sum(r.steps for r in res)
+        _, plain_steps, plain_s = timed(fixed_eng, temperature=temp, speculative=False)
+        for name, kw, eng, at in modes:
+            res, steps, dt = timed(eng, temperature=temp, **kw)
             emitted = sum(len(r.tokens) - 1 for r in res)
-            acc = emitted / steps
-            rows.append(dict(mode=name, temperature=temp, acceptance=acc, steps=steps, seconds=dt, plain_seconds=plain_s,
-                             speedup=plain_s / dt, device=device))
-            print(f"temperature {temp}: {name:9s} acceptance length {acc:5.2f} tokens/step, {dt:6.1f} s "
-                  f"(plain {plain_s:.1f} s, speedup {plain_s / dt:.2f}x)", flush=True)
+            row = dict(mode=name, temperature=temp, acceptance=emitted / sum(r.steps for r in res), steps=len(steps),
+                       seconds=dt, plain_seconds=plain_s, speedup=plain_s / dt, device=device, batch=B,
+                       tokens=emitted + len(res))
+            if name.startswith("auto"):
+                row["tree_nodes_mean"] = eng.tree_size_stats()["mean"]
+            if table is not None:
+                mode = "auto" if name.startswith("auto") else "chain" if name == "chain" else "tree"
+                budget = kw.get("budget")
+                ctxs = [at] if at is not None else table.ctx
+                row["modelled_tokens_per_s"] = {
+                    str(L): 1e3 * emitted / modelled_ms(table, L, steps, mode, budget, dcfg.block_size) for L in ctxs}
+            rows.append(row)
+            extra = (f"; modelled {', '.join(f'{v:.1f} tokens/s at {L}' for L, v in row['modelled_tokens_per_s'].items())}"
+                     if table is not None else "")
+            nodes = f", mean tree {row['tree_nodes_mean']:.1f} nodes" if "tree_nodes_mean" in row else ""
+            print(f"temperature {temp}: {name:11s} acceptance length {row['acceptance']:5.2f} tokens/step{nodes}, "
+                  f"{dt:6.1f} s (plain {plain_s:.1f} s, speedup {plain_s / dt:.2f}x){extra}", flush=True)
+        if table is not None and 1 in table.tree:
+            for L in table.ctx:
+                ms = modelled_ms(table, L, plain_steps, "plain", None, dcfg.block_size)
+                print(f"temperature {temp}: plain decoding modelled {1e3 * len(plain_steps) / ms:.1f} tokens/s at {L}",
+                      flush=True)
     chain = {r["temperature"]: r["acceptance"] for r in rows if r["mode"] == "chain"}
     for r in rows:
         r["vs_chain"] = r["acceptance"] / chain[r["temperature"]]
+    if table is not None:
+        _print_auto_summary(rows, table)
     append_jsonl(args.out, rows)
     try:
         import matplotlib
@@ -92,7 +166,8 @@ def main(args) -> int:
         return 0
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for temp in (0.0, 1.0):
-        pts = [(int(r["mode"].split()[1]), r["acceptance"]) for r in rows if r["temperature"] == temp and r["mode"] != "chain"]
+        pts = [(int(r["mode"].split()[1]), r["acceptance"]) for r in rows
+               if r["temperature"] == temp and r["mode"].startswith("tree")]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"DDTree, temperature {temp:g}")
         ax.axhline(chain[temp], linestyle="--", color="gray" if temp else "black", linewidth=1,
                    label=f"DFlash chain, temperature {temp:g}")
@@ -106,3 +181,19 @@ def main(args) -> int:
     fig.savefig(args.plot, dpi=120)
     print(f"plot: {args.plot}")
     return 0
+
+
+def _print_auto_summary(rows, table) -> None:
+    """Per temperature and context: auto's modelled tokens/s against the best fixed budget's."""
+    for temp in sorted({r["temperature"] for r in rows}):
+        for L in table.ctx:
+            fixed = [(r["modelled_tokens_per_s"][str(L)], r["mode"]) for r in rows
+                     if r["temperature"] == temp and r["mode"].startswith("tree")]
+            auto = [r["modelled_tokens_per_s"][str(L)] for r in rows
+                    if r["temperature"] == temp and r["mode"] == f"auto @{L}"]
+            if not fixed or not auto:
+                continue
+            best, which = max(fixed)
+            print(f"temperature {temp}, context {L}: auto {auto[0]:.1f} tokens/s = {auto[0] / best:.3f}x the best "
+                  f"fixed budget ({which}: {best:.1f}); vs each: "
+                  + ", ".join(f"{m}: {auto[0] / v:.2f}x" for v, m in fixed), flush=True)

@@ -300,22 +300,34 @@ def main(args, tp=None) -> int:
     return 0
 
 
-def _calibrate_slice(layers, ctx, batch, static, trees, experts, reps) -> list[float]:
-    """Graph-timed step (ms) of the slice captured at ``static`` tree tokens, truncated to each of ``trees``."""
+def _calibrate_slice(layers, ctx, batch, static, trees, experts, reps) -> tuple[list[float], list[float]]:
+    """Graph-timed steps (ms) of the slice: ``(truncated, captured)``, ``truncated[t]`` captured at ``static``
+    tree tokens with the tree truncated to ``trees[t]`` (an auto step), ``captured[t]`` captured at
+    ``trees[t]`` tree tokens (a fixed-budget step)."""
     from .roofline import graph_time_us
 
-    tcfg, dcfg, tparams, dp, state = build(layers, ctx, static - 1, batch, experts=experts)
-    saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
     sampling = SamplingConfig()
-    ms = []
+
+    def timed(budget: int, sizes) -> list[float]:
+        tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, experts=experts)
+        saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+        ms = []
+        for T in sizes:
+            def step(T=T):
+                for k, v in saved.items():
+                    state[k].copy_(v)
+                decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling,
+                             sizer=None if T is None else (lambda scores, lens: torch.clamp(lens, max=T)))
+            ms.append(graph_time_us([step], reps=reps) / 1e3)
+        return ms
+
+    truncated = timed(static - 1, trees)
+    captured = []
     for T in trees:
-        def step(T=T):
-            for k, v in saved.items():
-                state[k].copy_(v)
-            decode_step_(tparams, tcfg, dp, dcfg, state, budget=static - 1, sampling=sampling,
-                         sizer=lambda scores, lens: torch.clamp(lens, max=T))
-        ms.append(graph_time_us([step], reps=reps) / 1e3)
-    return ms
+        torch.cuda.empty_cache()  # the previous slice's weights and caches
+        captured += timed(T - 1, [None])
+    torch.cuda.empty_cache()
+    return truncated, captured
 
 
 def calibrate(args) -> int:
@@ -326,8 +338,10 @@ def calibrate(args) -> int:
     grid size (the way an auto step truncates it): the step's CUDA-graph time (median), extrapolated to
     61 layers as ``bench decode`` does (``t(l) + (61 - l) (t(l + 1) - t(l))``, at least ``t(l)``). What is
     measured: draft, tree build, verify (one TP8 rank's heads and EP-local experts, no collectives),
-    accept, commit. Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this
-    GPU's name, other GPUs' tables kept."""
+    accept, commit. Each grid size is also timed in a graph captured at that size (a fixed-budget step:
+    the table's ``captured_ms``), and the two are printed side by side (the truncated tree's overhead).
+    Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this GPU's name, other
+    GPUs' tables kept."""
     from .budget import DEFAULT_COST_PATH, save_cost_table
 
     static = args.max_budget + 1
@@ -340,22 +354,27 @@ def calibrate(args) -> int:
     for B in batches:
         per_ctx = []
         for L in ctxs:
-            per_layers = {}
-            for layers in (args.layers, args.layers + 1):
-                per_layers[layers] = _calibrate_slice(layers, L, B, static, trees, args.experts, reps)
-                torch.cuda.empty_cache()
-            a, b = per_layers[args.layers], per_layers[args.layers + 1]
-            row = [max(x, x + (full - args.layers) * (y - x)) for x, y in zip(a, b)]
-            print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(f"{t}: {v:.2f}" for t, v in zip(trees, row)),
+            (a, ca), (b, cb) = (_calibrate_slice(n, L, B, static, trees, args.experts, reps)
+                                for n in (args.layers, args.layers + 1))
+            for what, x, y in (("truncated in the static graph", a, b), ("each in its own graph", ca, cb)):
+                print(f"batch {B} ctx {L}: graph ms with {args.layers} / {args.layers + 1} target layers, {what}: "
+                      + ", ".join(f"{t}: {u:.3f} / {v:.3f}" for t, u, v in zip(trees, x, y)), flush=True)
+            print(f"batch {B} ctx {L}: truncated / own graph, {args.layers} / {args.layers + 1} layers: "
+                  + ", ".join(f"{t}: {u / cu:.3f} / {v / cv:.3f}" for t, u, cu, v, cv in zip(trees, a, ca, b, cb)),
                   flush=True)
-            per_ctx.append(row)
+            row = [max(x, x + (full - args.layers) * (y - x)) for x, y in zip(a, b)]
+            crow = [max(x, x + (full - args.layers) * (y - x)) for x, y in zip(ca, cb)]
+            print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(f"{t}: {v:.2f} (own graph {c:.2f})"
+                                                                     for t, v, c in zip(trees, row, crow)), flush=True)
+            per_ctx.append((row, crow))
         grid.append(per_ctx)
     gpu = torch.cuda.get_device_name()
     table = CostTable(gpu, tuple(batches), tuple(ctxs), tuple(trees),
-                      tuple(tuple(tuple(r) for r in g) for g in grid), static,
+                      tuple(tuple(tuple(r) for r, _ in g) for g in grid), static,
                       f"python -m tritree bench calibrate: Kimi K2.6 TP8-rank slice ({args.experts} experts, EP-local, "
                       f"no collectives), {args.layers} and {args.layers + 1} layers extrapolated to {full}, CUDA graph, "
-                      f"static tree {static}")
+                      f"static tree {static}; captured_ms: each tree size in its own graph",
+                      tuple(tuple(tuple(c) for _, c in g) for g in grid))
     out = args.out or DEFAULT_COST_PATH
     save_cost_table(out, table)
     print(f"wrote the step-cost table for {gpu} to {out}")

@@ -69,7 +69,9 @@ def _interp(x: float, xs, ys) -> np.ndarray:
 class CostTable:
     """One GPU's measured step times: ``step_ms[b][l][t]`` at ``batch[b]``, ``ctx[l]``, ``tree[t]``
     (tree tokens per request, root included), measured in a graph of static tree size ``static_tree``
-    with the tree truncated to ``tree[t]`` (what a ``--budget auto`` step costs)."""
+    with the tree truncated to ``tree[t]`` (what a ``--budget auto`` step costs); ``captured_ms`` (optional,
+    same layout): each tree size in a graph captured at that size (what a fixed ``--budget tree - 1`` step
+    costs)."""
 
     gpu: str
     batch: tuple
@@ -78,16 +80,36 @@ class CostTable:
     step_ms: tuple
     static_tree: int
     source: str = ""
+    captured_ms: tuple | None = None
 
     def cost_ms(self, B: float, L: float, T: float) -> float:
-        per_b = [_interp(L, self.ctx, [_interp(T, self.tree, row) for row in grid]) for grid in self.step_ms]
-        return float(_interp(B, self.batch, per_b))
+        return _grid_at(self.step_ms, self.batch, self.ctx, self.tree, B, L, T)
+
+    def captured_cost_ms(self, B: float, L: float, T: float) -> float:
+        """A fixed-size step of ``T`` tree tokens in its own graph; ``ValueError`` when not measured."""
+        if self.captured_ms is None:
+            raise ValueError(f"the step-cost table of {self.gpu} has no captured_ms (bench calibrate measures it)")
+        return _grid_at(self.captured_ms, self.batch, self.ctx, self.tree, B, L, T)
 
     def floor_ms(self) -> float:
         return float(np.min(np.asarray(self.step_ms, dtype=np.float64)))
 
+    def at_ctx(self, L: float) -> "CostTable":
+        """This table at the one context ``L`` (interpolated; constant in context): the cost of a step at
+        ``L`` whatever context the requests have (to model one context with a model of another)."""
+        def col(ms):
+            return None if ms is None else tuple(
+                (tuple(float(v) for v in _interp(L, self.ctx, grid)),) for grid in ms)
+        return CostTable(self.gpu, self.batch, (int(L),), self.tree, col(self.step_ms), self.static_tree,
+                         f"{self.source} (at context {int(L)})", col(self.captured_ms))
+
     def ctx_points(self, max_ctx: int) -> list[int]:
         return list(self.ctx)
+
+
+def _grid_at(ms, batch, ctx, tree, B: float, L: float, T: float) -> float:
+    per_b = [_interp(L, ctx, [_interp(T, tree, row) for row in grid]) for grid in ms]
+    return float(_interp(B, batch, per_b))
 
 
 def _fail(where: str, what: str):
@@ -113,7 +135,8 @@ def parse_cost_json(obj) -> dict[str, CostTable]:
              "batch": [1, 4], "ctx": [4096, 46000], "tree": [1, 8, 65],   # strictly increasing ints
              "step_ms": [[[...len(tree)] ...len(ctx)] ...len(batch)],      # finite, > 0
              "static_tree": 65,                                             # int >= max(tree)
-             "source": "how it was measured"}}}                             # optional string
+             "source": "how it was measured",                               # optional string
+             "captured_ms": [[[...]]]}}}                                    # optional, as step_ms
 
     Raises ``ValueError`` naming the offending field."""
     if not isinstance(obj, dict):
@@ -137,24 +160,30 @@ def parse_cost_json(obj) -> dict[str, CostTable]:
         st = t["static_tree"]
         if isinstance(st, bool) or not isinstance(st, int) or st < tree[-1]:
             _fail(f"{w}.static_tree", f"expected an integer >= max(tree) = {tree[-1]}, got {st!r}")
-        ms = t["step_ms"]
-        if not isinstance(ms, list) or len(ms) != len(batch):
-            _fail(f"{w}.step_ms", f"expected {len(batch)} entries (one per batch), got {ms!r:.80}")
-        for i, grid in enumerate(ms):
-            if not isinstance(grid, list) or len(grid) != len(ctx):
-                _fail(f"{w}.step_ms[{i}]", f"expected {len(ctx)} entries (one per ctx), got {grid!r:.80}")
-            for j, row in enumerate(grid):
-                if not isinstance(row, list) or len(row) != len(tree):
-                    _fail(f"{w}.step_ms[{i}][{j}]", f"expected {len(tree)} values (one per tree), got {row!r:.80}")
-                for k, v in enumerate(row):
-                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                        _fail(f"{w}.step_ms[{i}][{j}][{k}]", f"expected a finite number > 0 (ms), got {v!r}")
+        ms = _ms_grid(f"{w}.step_ms", t["step_ms"], batch, ctx, tree)
+        captured = None if t.get("captured_ms") is None else _ms_grid(f"{w}.captured_ms", t["captured_ms"], batch,
+                                                                      ctx, tree)
         src = t.get("source", "")
         if not isinstance(src, str):
             _fail(f"{w}.source", f"expected a string, got {type(src).__name__}")
-        out[name] = CostTable(name, batch, ctx, tree, tuple(tuple(tuple(float(v) for v in r) for r in g) for g in ms),
-                              st, src)
+        out[name] = CostTable(name, batch, ctx, tree, ms, st, src, captured)
     return out
+
+
+def _ms_grid(w: str, ms, batch, ctx, tree) -> tuple:
+    """A validated ``[batch][ctx][tree]`` grid of times (ms) as nested tuples of floats."""
+    if not isinstance(ms, list) or len(ms) != len(batch):
+        _fail(w, f"expected {len(batch)} entries (one per batch), got {ms!r:.80}")
+    for i, grid in enumerate(ms):
+        if not isinstance(grid, list) or len(grid) != len(ctx):
+            _fail(f"{w}[{i}]", f"expected {len(ctx)} entries (one per ctx), got {grid!r:.80}")
+        for j, row in enumerate(grid):
+            if not isinstance(row, list) or len(row) != len(tree):
+                _fail(f"{w}[{i}][{j}]", f"expected {len(tree)} values (one per tree), got {row!r:.80}")
+            for k, v in enumerate(row):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                    _fail(f"{w}[{i}][{j}][{k}]", f"expected a finite number > 0 (ms), got {v!r}")
+    return tuple(tuple(tuple(float(v) for v in r) for r in g) for g in ms)
 
 
 def load_cost_file(path) -> dict[str, CostTable]:
@@ -171,7 +200,8 @@ def cost_table_json(table: CostTable) -> dict:
     """The JSON object of one GPU's table (the inverse of :func:`parse_cost_json` for one entry)."""
     return {"batch": list(table.batch), "ctx": list(table.ctx), "tree": list(table.tree),
             "step_ms": [[list(r) for r in g] for g in table.step_ms], "static_tree": table.static_tree,
-            "source": table.source}
+            "source": table.source,
+            **({} if table.captured_ms is None else {"captured_ms": [[list(r) for r in g] for g in table.captured_ms]})}
 
 
 def save_cost_table(path, table: CostTable) -> None:

@@ -427,10 +427,12 @@ def main(argv=None) -> int:
     bench.add_argument("--gen", type=_int_at_least(1), default=160, help="tokens' worth of steps to time (steps = gen / 8)")
     bench.add_argument("--budgets", type=_budget, nargs="+", default=None,
                        help="decode: 7 16 64 (7 = the DFlash chain's size; 'auto': sized by the cost model, "
-                            "at most --max-budget); accept: 8 16 32 64 128")
+                            "at most --max-budget); accept: 8 16 32 64 128 (and 'auto')")
     bench.add_argument("--max-budget", type=_int_at_least(1), default=64,
                        help="decode 'auto' and calibrate: the largest tree (the step's static size)")
-    bench.add_argument("--cost-model", default=None, help="decode 'auto': step-cost JSON (default as generate)")
+    bench.add_argument("--cost-model", default=None,
+                       help="decode 'auto': step-cost JSON (default as generate); accept: the table that sizes "
+                            "'auto' (at each of its contexts) and models every mode's tokens/s")
     bench.add_argument("--grid-batch", type=_int_at_least(1), nargs="+", default=[1], help="calibrate: batches")
     bench.add_argument("--grid-ctx", type=_int_at_least(0), nargs="+", default=[4096, 16384, 46000],
                        help="calibrate: context lengths")
@@ -438,7 +440,10 @@ def main(argv=None) -> int:
                        help="calibrate: tree tokens per request, root included (default 1 2 4 ... and "
                             "--max-budget + 1)")
     bench.add_argument("--layers", type=_int_at_least(1), default=2, help="target layers of the slice (layer 0 dense, MoE after)")
-    bench.add_argument("--batch", type=_int_at_least(1), default=1)
+    bench.add_argument("--batch", type=_int_at_least(1), default=None,
+                       help="decode: requests (default 1); accept: prompts decoded together (default all)")
+    bench.add_argument("--cost-gpu", default=None,
+                       help="accept: the table of --cost-model to use (default this GPU's, or the file's only one)")
     bench.add_argument("--out", default=None, help="append JSON rows here (calibrate: the step-cost JSON, default "
                                                    "~/.cache/tritree/step_cost.json, other GPUs' tables kept)")
     bench.add_argument("--tp", type=int, default=None, help="decode: " + TP_HELP)
@@ -493,12 +498,21 @@ def _dispatch(args, tp) -> int:
             if not torch_has_gpu():
                 os.environ["TRITON_INTERPRET"] = "0"  # the CPU reference path: the interpreter is too slow here
             from .bench_accept import main as accept_main
+            if args.cost_model is not None:
+                if not os.path.exists(args.cost_model):
+                    _usage_error("bench accept", f"--cost-model {args.cost_model}: no such file")
+                try:
+                    from .budget import load_cost_file
+                    load_cost_file(args.cost_model)
+                except (OSError, ValueError) as e:
+                    _usage_error("bench accept", f"--cost-model {args.cost_model}: {e}")
             args.budgets = args.budgets or [8, 16, 32, 64, 128]
             return accept_main(args)
         if args.which == "calibrate":
             from .bench_decode import calibrate
             return calibrate(args)
         from .bench_decode import main as bench_main
+        args.batch = args.batch or 1
         args.budgets = args.budgets or [7, 16, 64]
         if "auto" in args.budgets:
             args.cost_model, how = _cost_model("bench decode", args.cost_model, torch_has_gpu())

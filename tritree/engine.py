@@ -258,7 +258,8 @@ class Engine:
     default the analytic model of these parameters (:class:`tritree.budget.AnalyticCost`).
 
     ``tree_sizes``: a ``Counter`` of the tree nodes (root excluded) verified per active request and step
-    in the last ``generate`` call; :meth:`tree_size_stats` summarises it.
+    in the last ``generate`` call; :meth:`tree_size_stats` summarises it. ``step_nodes``: per step of that
+    call, ``(active requests, their tree nodes in all, root excluded)`` (what a batch step's cost depends on).
     """
 
     def __init__(self, tparams, tcfg, dparams, dcfg, *, page_size: int = 16, num_pages: int = 4096,
@@ -281,6 +282,7 @@ class Engine:
         self.cost_model = cost_model
         self._step_costs = {}  # (B, budget) -> StepCost: captured graphs read these buffers
         self.tree_sizes = Counter()
+        self.step_nodes: list[tuple[int, int]] = []
         self.pool = PagePool(num_pages, page_size)
         # One page past the pool's: rows of the batch without a request point there (their trees are
         # still written each step), so a finished request's pages can go to another at once.
@@ -387,6 +389,7 @@ class Engine:
         self._chain = chain and speculative
         self._auto = auto and speculative and not chain
         self.tree_sizes = Counter()
+        self.step_nodes = []
         prompts = list(prompts)
         results = [Result() for _ in prompts]
         queue = deque()  # (request index, token ids) waiting for pages, in order
@@ -466,6 +469,8 @@ class Engine:
                 for i in [r for r in rows if r is not None] + [i for i, _ in queue]:
                     results[i].tokens, results[i].finish, results[i].error = [], None, err
                 return
+            live = [k for k, i in enumerate(rows) if i is not None]
+            self.step_nodes.append((len(live), sum(sizes[k] - 1 for k in live)))
             for k, i in enumerate(rows):
                 if i is None:
                     continue
