@@ -278,6 +278,36 @@ def _k_range(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
+def _block_rows(BlockStart, BlockEnd, SortedIdx, b, BLOCK_M: tl.constexpr):
+    """Block ``b``'s rows of the expert-sorted assignments: ``(r, ok, rc, assignment)``: its ``BLOCK_M``
+    rows, which are real, the rows clamped to its last one (rows past the end read it: no mask) and the
+    assignment (token * top-k + slot) of each."""
+    start = tl.load(BlockStart + b)
+    end = tl.load(BlockEnd + b)
+    r = start + tl.arange(0, BLOCK_M)
+    rc = tl.minimum(r, end - 1)
+    return r, r < end, rc, tl.load(SortedIdx + rc)
+
+
+@triton.jit
+def _accumulator(SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A zero fp32 accumulator: ``[BN, BM]`` with tokens on the MMA's N dimension (swap-AB), else ``[BM, BN]``."""
+    if SWAP_AB:
+        return tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        return tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+
+
+@triton.jit
+def _tile_pointers(Wp, Ws, e64, n, c, stride_pe, stride_pn, stride_se, stride_sn, BLOCK_K: tl.constexpr):
+    """Expert ``e64``'s word tile ``[BN, BLOCK_K/8]`` and scale tile ``[BN, BLOCK_K/32]`` pointers at output rows
+    ``n`` from word column ``c``."""
+    pw = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + (c + tl.arange(0, BLOCK_K // 8))[None, :]
+    ps = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4 + tl.arange(0, BLOCK_K // 32))[None, :]
+    return pw, ps
+
+
+@triton.jit
 def _weight_tile(pw, ps, n_ok, c, K, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
     """Words ``[BN, BLOCK_K/8]`` and scales ``[BN, BLOCK_K/32]`` at the pointer tiles ``pw``/``ps`` (first word
     column ``c``); masked unless EVEN (K a multiple of the K tile, the output rows a multiple of the N tile)."""
@@ -303,23 +333,16 @@ def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, Sor
     b = tl.program_id(0)
     e = tl.load(BlockExpert + b)
     if e < E:  # blocks past the last used one own no rows: no weight is read for them
-        start = tl.load(BlockStart + b)
-        end = tl.load(BlockEnd + b)
-        r = start + tl.arange(0, BLOCK_M)
-        ok = r < end
-        tok = tl.load(SortedIdx + tl.minimum(r, end - 1)) // TOPK
+        r, ok, rc, a = _block_rows(BlockStart, BlockEnd, SortedIdx, b, BLOCK_M)
+        tok = a // TOPK
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < I
         e64 = e.to(tl.int64)
-        if SWAP_AB:
-            acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        else:
-            acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_g = _accumulator(SWAP_AB, BLOCK_M, BLOCK_N)
         acc_u = tl.zeros_like(acc_g)
         lo, hi = _k_range(Hd, BLOCK_K, SPLIT_K)
         c = lo // 8  # first word column of the tile
-        pg = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + (c + tl.arange(0, BLOCK_K // 8))[None, :]
-        sg = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4 + tl.arange(0, BLOCK_K // 32))[None, :]
+        pg, sg = _tile_pointers(Wp, Ws, e64, n, c, stride_pe, stride_pn, stride_se, stride_sn, BLOCK_K)
         pu = pg + I * stride_pn
         su = sg + I * stride_sn
         kx = lo + tl.arange(0, BLOCK_K)
@@ -366,23 +389,14 @@ def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEn
     b = tl.program_id(0)
     e = tl.load(BlockExpert + b)
     if e < E:
-        start = tl.load(BlockStart + b)
-        end = tl.load(BlockEnd + b)
-        r = start + tl.arange(0, BLOCK_M)
-        ok = r < end
-        rc = tl.minimum(r, end - 1)
-        a = tl.load(SortedIdx + rc)
+        _, ok, rc, a = _block_rows(BlockStart, BlockEnd, SortedIdx, b, BLOCK_M)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < Hd
         e64 = e.to(tl.int64)
-        if SWAP_AB:
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc = _accumulator(SWAP_AB, BLOCK_M, BLOCK_N)
         lo, hi = _k_range(I, BLOCK_K, SPLIT_K)
         c = lo // 8  # first word column of the tile
-        pw = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + (c + tl.arange(0, BLOCK_K // 8))[None, :]
-        ps = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + (c // 4 + tl.arange(0, BLOCK_K // 32))[None, :]
+        pw, ps = _tile_pointers(Wp, Ws, e64, n, c, stride_pe, stride_pn, stride_se, stride_sn, BLOCK_K)
         kh = lo + tl.arange(0, BLOCK_K)
         ph = Hbuf + rc.to(tl.int64)[:, None] * stride_h + kh[None, :]
         for _k0 in range(lo, hi, BLOCK_K):
