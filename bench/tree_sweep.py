@@ -51,7 +51,7 @@ def main(argv=None):
         dtypes = args.dtype or ["bf16"]
         grid_build = [(B, budget, D, dt) for dt in dtypes
                       for B, budget, D in itertools.product([1, 8, 32], [16, 64, 256, 1024], [7, 15])]
-        if not args.dtype:  # the point also with float32 logits (the dtype of the earlier runs)
+        if not args.dtype:  # the target point also with float32 logits
             grid_build += [(1, 64, 7, "fp32"), (1, 64, 15, "fp32")]
         grid_accept = [16, 64, 256]
     rows = []

@@ -40,10 +40,10 @@ from tritree.testing import paged_layout, random_trees
 
 SM_SCALE = 192**-0.5 * (1 + 0.1 * math.log(64)) ** 2
 GRIDS = {
-    # The issue's grid: L x T x H x B x P.
+    # The whole grid: L x T x H x B x P.
     "full": dict(L=[4096, 16384, 46000, 131072], T=[8, 16, 32, 64, 128], H=[8, 16, 64], B=[1, 4, 16], P=[1, 64]),
     # The target shapes and their neighbours.
-    # What one device call can afford: every L, the issue's T and H extremes, both page sizes.
+    # A run of a few minutes: every L, the target T and H extremes, both page sizes.
     "issue": dict(L=[4096, 16384, 46000, 131072], T=[8, 16, 64, 128], H=[8, 64], B=[1], P=[1, 64]),
     "batch": dict(L=[4096, 16384, 46000], T=[16, 64], H=[8], B=[4, 16], P=[64]),
     "targets": dict(L=[46000], T=[8, 16, 64], H=[8, 64], B=[1], P=[1, 64]),

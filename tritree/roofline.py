@@ -155,7 +155,7 @@ def versions() -> str:
 
 def cached_ceilings(path: str | None = None) -> Ceilings:
     """The ceilings stored in the JSON file ``path`` if it exists, else ``device_ceilings()`` (and stored
-    there when ``path`` is given), so the sweeps of one device call share one measurement."""
+    there when ``path`` is given), so the sweeps of one run share one measurement."""
     import json
     import os
 
