@@ -129,6 +129,18 @@ def _masked_tail(o, m_i, l_i, q_lat, q_pe, tail_lat_v, tail_pe_v, tail_blocks, p
 
 
 @gluon.jit
+def _full_tile(q_lat, q_pe, k_lat, k_pe, s_zero, p_smem, o, m_i, l_i, sm_scale_log2e, o_layout: gl.constexpr):
+    """One committed tile (no mask) in its ring slot ``k_lat``/``k_pe``: scores, online softmax, P through
+    ``p_smem``, ``O += P V``; ``(o, m_i, l_i)``, the slot and ``p_smem`` free again when it returns."""
+    s = _qk(q_lat, q_pe, k_lat, k_pe, s_zero, False)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
+    o = _publish_p(p, alpha, o, p_smem, o_layout)
+    o = warpgroup_mma(p_smem, k_lat, o)
+    _cta_barrier()
+    return o, m_i, l_i
+
+
+@gluon.jit
 def _verify_gluon_kernel(
     Q, KV, kv_desc, kv_desc3, PageTable, KvLens, TreeMask, TreeLens,
     Out, Lse,
@@ -259,11 +271,8 @@ def _verify_gluon_kernel(
             async_copy.wait_group(1)
             fence_async_shared()
             _cta_barrier()
-            s = _qk(q_lat, q_pe, k_lat.index(slot), k_pe.index(slot), s_zero, False)
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-            o = _publish_p(p, alpha, o, p_smem, o_layout)
-            o = warpgroup_mma(p_smem, k_lat.index(slot), o)
-            _cta_barrier()  # p_smem and the slot are free again: tile j+2 goes there
+            o, m_i, l_i = _full_tile(q_lat, q_pe, k_lat.index(slot), k_pe.index(slot), s_zero, p_smem, o, m_i, l_i,
+                                     sm_scale_log2e, o_layout)  # p_smem and the slot are free: tile j+2 goes there
             if j + 2 < n_full:
                 _gather_tile(KV, next_pg, stride_kvp, stride_kvs, g_blocks, slot * (D_LAT // 64), 0,
                              k_pe.index(slot), ld_layout, PAGE_SIZE, D_LAT, BLOCK_N)
@@ -275,11 +284,8 @@ def _verify_gluon_kernel(
         for j in range(n_full):
             slot = j % 2
             mbarrier.wait(bars.index(slot), (j // 2) & 1)
-            s = _qk(q_lat, q_pe, k_lat.index(slot), k_pe.index(slot), s_zero, False)
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, sm_scale_log2e)
-            o = _publish_p(p, alpha, o, p_smem, o_layout)
-            o = warpgroup_mma(p_smem, k_lat.index(slot), o)
-            _cta_barrier()  # p_smem and the slot are free again: tile j+2 goes there
+            o, m_i, l_i = _full_tile(q_lat, q_pe, k_lat.index(slot), k_pe.index(slot), s_zero, p_smem, o, m_i, l_i,
+                                     sm_scale_log2e, o_layout)  # p_smem and the slot are free: tile j+2 goes there
             if j + 2 < n_full:
                 if TMA3D:
                     _issue_tile3(kv_desc, kv_desc3, lat3, k_pe, bars, slot, next_row, D_LAT, BLOCK_N)
