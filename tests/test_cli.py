@@ -72,3 +72,17 @@ def test_bench_calibrate_refuses_on_the_cpu_with_one_line():
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "calibrate" in lines[0] and "GPU" in lines[0], r.stderr
+
+
+def test_bench_accept_cost_model_errors_are_one_line(tmp_path):
+    """A missing, invalid or GPU-less step-cost file for ``bench accept`` is a usage error naming --cost-model."""
+    good = tmp_path / "cost.json"
+    good.write_text('{"version": 1, "gpus": {"GPU X": {"batch": [1], "ctx": [0], "tree": [1, 9], '
+                    '"step_ms": [[[1.0, 2.0]]], "static_tree": 9}}}')
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    for argv in (["--cost-model", str(tmp_path / "none.json")], ["--cost-model", str(bad)],
+                 ["--cost-model", str(good), "--cost-gpu", "GPU Y"]):
+        r = subprocess.run([sys.executable, "-m", "tritree", "bench", "accept", *argv], capture_output=True,
+                           text=True, cwd=ROOT, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "--cost-model" in r.stderr, r.stderr

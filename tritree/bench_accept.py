@@ -44,19 +44,6 @@ def heldout_prompts(n: int, length: int, fresh: bool = False) -> tuple[list[list
     return cut_prompts(n, length), f"cut from this machine's Python {platform.python_version()} files"
 
 
-def _cost_table(path, gpu_name):
-    """The table of ``gpu_name`` (or the file's only one) in the step-cost JSON ``path``."""
-    from .budget import load_cost_file
-
-    tables = load_cost_file(path)
-    if gpu_name is None and len(tables) == 1:
-        return next(iter(tables.values()))
-    if gpu_name not in tables:
-        raise ValueError(f"--cost-model {path}: no table for {gpu_name or 'the CPU'} (it has {sorted(tables)}; "
-                         f"--cost-gpu picks one)")
-    return tables[gpu_name]
-
-
 def modelled_ms(table, L: float, steps, mode: str, budget, block: int) -> float:
     """The summed step time (ms) of ``steps`` (``(active requests, tree nodes in all)`` per step) under
     ``table`` at context ``L``: a fixed-size step (a budget, the chain's block, plain decoding) costs its
@@ -80,10 +67,7 @@ def main(args) -> int:
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     tparams, tcfg, dparams, dcfg, what = shipped_pair(device, torch.float32)
-    table = None
-    if getattr(args, "cost_model", None):
-        table = _cost_table(args.cost_model, getattr(args, "cost_gpu", None) or (
-            torch.cuda.get_device_name() if gpu else None))
+    table = getattr(args, "cost_table", None)  # a tritree.budget.CostTable (the CLI picks it) or None
 
     def engine(cost_model=None):
         return Engine(tparams, tcfg, dparams, dcfg, page_size=16, num_pages=4096, graphs=gpu, cost_model=cost_model)
@@ -149,8 +133,8 @@ def main(args) -> int:
         if table is not None and 1 in table.tree:
             for L in table.ctx:
                 ms = modelled_ms(table, L, plain_steps, "plain", None, dcfg.block_size)
-                print(f"temperature {temp}: plain decoding modelled {1e3 * len(plain_steps) / ms:.1f} tokens/s at {L}",
-                      flush=True)
+                tokens = sum(a for a, _ in plain_steps)  # one token a request and step
+                print(f"temperature {temp}: plain decoding modelled {1e3 * tokens / ms:.1f} tokens/s at {L}", flush=True)
     chain = {r["temperature"]: r["acceptance"] for r in rows if r["mode"] == "chain"}
     for r in rows:
         r["vs_chain"] = r["acceptance"] / chain[r["temperature"]]

@@ -140,6 +140,28 @@ def _cost_model(cmd: str, path, gpu: bool):
     return None, f"analytic default ({path} has no table for {name or 'the CPU'})"
 
 
+def _accept_cost_table(path, gpu_name):
+    """``bench accept --cost-model PATH [--cost-gpu NAME]``: that table (default this GPU's, or the file's
+    only one); usage errors for a missing file, an invalid one or no such table."""
+    import torch
+
+    from .budget import load_cost_file
+
+    if not os.path.exists(path):
+        _usage_error("bench accept", f"--cost-model {path}: no such file")
+    try:
+        tables = load_cost_file(path)
+    except (OSError, ValueError) as e:
+        _usage_error("bench accept", f"--cost-model {path}: {e}")
+    name = gpu_name or (torch.cuda.get_device_name() if torch_has_gpu() else None)
+    if name is None and len(tables) == 1:
+        return next(iter(tables.values()))
+    if name not in tables:
+        _usage_error("bench accept", f"--cost-model {path}: no table for {name or 'the CPU'} (it has "
+                                     f"{sorted(tables)}; --cost-gpu picks one)")
+    return tables[name]
+
+
 def _size_histogram(hist: dict) -> str:
     """``{nodes: count}`` in power-of-two buckets: ``0: 3, 1: 2, 2-3: 7, 4-7: 1``."""
     buckets = {}
@@ -498,14 +520,7 @@ def _dispatch(args, tp) -> int:
             if not torch_has_gpu():
                 os.environ["TRITON_INTERPRET"] = "0"  # the CPU reference path: the interpreter is too slow here
             from .bench_accept import main as accept_main
-            if args.cost_model is not None:
-                if not os.path.exists(args.cost_model):
-                    _usage_error("bench accept", f"--cost-model {args.cost_model}: no such file")
-                try:
-                    from .budget import load_cost_file
-                    load_cost_file(args.cost_model)
-                except (OSError, ValueError) as e:
-                    _usage_error("bench accept", f"--cost-model {args.cost_model}: {e}")
+            args.cost_table = None if args.cost_model is None else _accept_cost_table(args.cost_model, args.cost_gpu)
             args.budgets = args.budgets or [8, 16, 32, 64, 128]
             return accept_main(args)
         if args.which == "calibrate":
