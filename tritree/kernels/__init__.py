@@ -1,6 +1,7 @@
 """Triton kernels, one file per op family: reference + kernel(s) + launcher + configs."""
 
 from ._launch import clear_plan_caches, plan_cache_info
+from ._validate import set_debug
 from .accept import accept_tree, accept_tree_reference
 from .configs import AttnConfig, arch_of
 from .draft_attention import DraftAttentionPlan, draft_attention, draft_attention_reference
@@ -15,5 +16,5 @@ __all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "ver
            "kv_write_", "kv_write_reference", "page_table_from_token_table", "token_table_from_page_table",
            "Tree", "accept_tree", "draft_attention", "draft_attention_reference", "accept_tree_reference", "build_tree",
            "build_tree_reference", "expected_accept", "VerifyPlan", "DraftAttentionPlan", "plan_launch", "plan_cache_info",
-           "clear_plan_caches", "Int4Experts", "Int4MoePlan", "moe_int4_reference", "plan_int4_moe",
+           "clear_plan_caches", "set_debug", "Int4Experts", "Int4MoePlan", "moe_int4_reference", "plan_int4_moe",
            "routed_experts_int4"]

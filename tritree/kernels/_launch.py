@@ -42,15 +42,19 @@ class KernelLauncher:
     """``fn[grid](*args, **constexprs, **options)`` with the compiled binary cached per pointer alignment.
 
     ``args`` are the kernel's runtime arguments in order; ``constexprs`` and ``options`` (``num_warps``,
-    ``launch_pdl``, ``ptx_options``, ...) are fixed at construction. Under the interpreter every launch goes
-    through ``fn[grid]``."""
+    ``launch_pdl``, ``ptx_options``, ...) are fixed at construction. ``descriptors``: ``{position: host TMA
+    descriptor}`` templates (shape, strides, block); a call passes at such a position the tensor the
+    descriptor is over (its base), and no descriptor object is built per call. Under the interpreter every
+    launch goes through ``fn[grid]``."""
 
-    __slots__ = ("fn", "constexprs", "options", "_tail", "_binaries", "_ptr_positions", "_tensor_maps")
+    __slots__ = ("fn", "constexprs", "options", "_tail", "_binaries", "_ptr_positions", "_tensor_maps",
+                 "_templates")
 
-    def __init__(self, fn, constexprs: dict | None = None, **options):
+    def __init__(self, fn, constexprs: dict | None = None, descriptors: dict | None = None, **options):
         self.fn = fn
         self.constexprs = dict(constexprs or {})
         self.options = options
+        self._templates = dict(descriptors or {})
         self._binaries: dict = {}
         self._ptr_positions: tuple | None = None
         self._tensor_maps: dict = {}
@@ -67,55 +71,73 @@ class KernelLauncher:
         # The constexprs as the compiled launcher takes them: every one, in signature order, defaults filled.
         self._tail = tuple(self.constexprs.get(p.name, p.default) for p in params[n_rt:])
 
-    def _key(self, args) -> tuple:
-        pos = self._ptr_positions
-        if pos is None:
-            pos = self._ptr_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        return tuple([args[i].data_ptr() & 15 == 0 for i in pos])
-
     def __call__(self, grid, *args) -> None:
         """``grid``: a 3-tuple of ints."""
         if self._tail is None:
-            self.fn[grid](*args, **self.constexprs, **self.options)
+            self.fn[grid](*self._with_descriptors(args), **self.constexprs, **self.options)
             return
-        key = self._key(args)
+        pos = self._ptr_positions
+        if pos is None:
+            pos = self._ptr_positions = tuple(i for i, a in enumerate(args)
+                                              if isinstance(a, torch.Tensor) and i not in self._templates)
+        # Pointers go to the binary as integers: Triton's launcher then neither calls data_ptr() nor asks the
+        # driver what each pointer is (a driver call per pointer, the bulk of a launch's host time). The
+        # plan's signature fixed every tensor's device.
+        flat = list(args)
+        key = 0
+        for bit, i in enumerate(pos):
+            ptr = flat[i] = args[i].data_ptr()
+            if ptr & 15:
+                key |= 1 << bit
         entry = self._binaries.get(key)
         if entry is None:
             if len(grid) != 3:
                 raise ValueError(f"{self.fn.__name__}: a KernelLauncher grid has 3 dimensions, got {grid}")
-            binary = self.fn[grid](*args, **self.constexprs, **self.options)
-            self._binaries[key] = (binary, binary.run, binary.function, binary.packed_metadata,
-                                   _descriptor_launch(binary.run))
+            binary = self.fn[grid](*self._with_descriptors(args), **self.constexprs, **self.options)
+            self._binaries[key] = (binary, binary.function, binary.packed_metadata, _raw_launch(binary.run))
             return
-        binary, run, function, metadata, desc_launch = entry
+        binary, function, metadata, (raw, positions, metas, head) = entry
         hooks = knobs.runtime
         if hooks.launch_enter_hook.calls or hooks.launch_exit_hook.calls:  # a profiler's hooks: their metadata
-            binary[grid](*args, *self._tail)
+            binary[grid](*self._with_descriptors(args), *self._tail)
             return
+        if self._templates and not positions:
+            flat = self._with_descriptors(flat)
         stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
-        if desc_launch is not None:
-            raw, positions, metas, coop, pdl = desc_launch
-            run = raw
-            head = (coop, pdl, None, None, metadata, None, None, None)
-            args = self._expand_descriptors((*args, *self._tail), positions, metas)
-            raw(grid[0], grid[1], grid[2], stream, function, *head, *args)
+        if positions:
+            flat = self._expand_descriptors(flat, positions, metas)
+        if head is None:  # a launcher of another shape: through its own call
+            binary.run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *flat, *self._tail)
             return
-        run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args, *self._tail)
+        raw(grid[0], grid[1], grid[2], stream, function, *head, metadata, None, None, None, *flat, *self._tail)
+
+    def _with_descriptors(self, args) -> list:
+        """``args`` with the template descriptors rebased on the tensors given at their positions."""
+        if not self._templates:
+            return args
+        out = list(args)
+        for i, template in self._templates.items():
+            if isinstance(out[i], torch.Tensor):
+                out[i] = rebased(template, out[i])
+        return out
 
     def _expand_descriptors(self, args, positions, metas) -> list:
-        """The kernel arguments with each host TMA descriptor replaced by its encoded tensor map, shape and
-        strides (what Triton's launcher passes), the encoding kept per (argument, base pointer): a
-        descriptor's shape and strides are the plan's."""
+        """The kernel arguments with each host TMA descriptor (or a template's base tensor) replaced by its
+        encoded tensor map, shape and strides (what Triton's launcher passes), the encoding kept per
+        (argument, base pointer): a descriptor's shape and strides are the plan's."""
         out, prev = [], 0
         maps = self._tensor_maps
         for pos, meta in zip(positions, metas):
             out.extend(args[prev:pos])
             desc = args[pos]
-            k = (pos, desc.base.data_ptr())
+            base = desc if isinstance(desc, torch.Tensor) else desc.base
+            k = (pos, base.data_ptr())
             enc = maps.get(k)
             if enc is None:
                 if len(maps) > 256:
                     maps.clear()
+                if base is desc:
+                    desc = rebased(self._templates[pos], base)
                 enc = maps[k] = tuple(_make_tensordesc_arg(desc, meta))
             out.extend(enc)
             prev = pos + 1
@@ -123,28 +145,44 @@ class KernelLauncher:
         return out
 
 
-def _descriptor_launch(launcher):
-    """For kernels with host TMA descriptors on triton's 3.6-style CUDA launcher (a Python wrapper that
-    re-encodes every descriptor on every launch): ``(raw launch, descriptor positions, their metadata,
-    cooperative, pdl)`` so that encodings can be kept; None where the launcher has another shape (then the
-    launch goes through the launcher as is)."""
-    inner = getattr(launcher, "launch", None)
-    code = getattr(inner, "__code__", None)
-    if code is None or inner.__closure__ is None or _make_tensordesc_arg is None:
-        return None
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in inner.__closure__)))
-    if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
-        return None
+def rebased(desc, base):
+    """A copy of a host TMA descriptor over ``base`` (same shape and strides; a launch reads only the base's
+    pointer and dtype), without re-running its checks."""
+    new = object.__new__(type(desc))
+    new.__dict__.update(desc.__dict__)
+    new.base = base
+    return new
+
+
+def _raw_launch(launcher):
+    """``(raw launch, descriptor positions, their metadata, head)`` for triton's 3.6-style CUDA launcher (a
+    Python ``__call__`` that allocates no scratch here, around the compiled C launch, itself wrapped where
+    the kernel takes host TMA descriptors to re-encode every descriptor on every launch): the C launch
+    called directly with ``head = (cooperative, pdl, None, None)``, descriptor encodings kept by the
+    launcher. ``head`` is None where the launcher has another shape (the launch then goes through it)."""
+    other = (None, (), (), None)
     params = list(inspect.signature(type(launcher).__call__).parameters)
     if params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]:
-        return None
+        return other
     if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
-        return None
+        return other
+    inner = getattr(launcher, "launch", None)
+    if inner is None:
+        return other
+    head = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None)
+    code = getattr(inner, "__code__", None)
+    if code is None:  # the compiled launch itself: no descriptors
+        return inner, (), (), head
+    if inner.__closure__ is None or _make_tensordesc_arg is None:
+        return other
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in inner.__closure__)))
+    if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+        return other
     positions = tuple(sorted(cells["tensordesc_indices"]))
     metas = cells["tensordesc_meta"]
     if not metas or len(metas) != len(positions) or any(m is None for m in metas):
-        return None  # descriptors the launcher decomposes with their tensor: its own path
-    return (cells["launcher"], positions, tuple(metas), launcher.launch_cooperative_grid, launcher.launch_pdl)
+        return other  # descriptors the launcher decomposes with their tensor: its own path
+    return cells["launcher"], positions, tuple(metas), head
 
 
 try:

@@ -11,10 +11,25 @@ import torch
 ATTN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+# Value checks of GPU inputs: ``TRITREE_DEBUG=1`` when tritree is imported, or :func:`set_debug` (read on
+# every call: a module flag, not the environment, whose lookup costs more than a check of a small input).
+DEBUG_CHECKS = os.environ.get("TRITREE_DEBUG", "0") not in ("", "0", "false", "False")
+
+
 def debug_checks_enabled() -> bool:
-    """Full (value) checks of GPU inputs cost a device-to-host sync; they run when
-    ``TRITREE_DEBUG=1``. Inputs on the CPU are always fully checked (no sync to pay)."""
-    return os.environ.get("TRITREE_DEBUG", "0") not in ("", "0", "false", "False")
+    """Full (value) checks of GPU inputs cost a device-to-host sync; they run when ``TRITREE_DEBUG=1`` at
+    import or after ``set_debug(True)``. Inputs on the CPU are always fully checked (no sync to pay)."""
+    return DEBUG_CHECKS
+
+
+def set_debug(enabled: bool) -> bool:
+    """Turns the value checks of GPU inputs on or off (the run-time form of ``TRITREE_DEBUG=1``); returns
+    the previous setting. Plans read it on every call."""
+    global DEBUG_CHECKS
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    previous, DEBUG_CHECKS = DEBUG_CHECKS, enabled
+    return previous
 
 
 def check_tensor(name: str, x, *, ndim: int | None = None, dtypes=None, device: torch.device | None = None,
@@ -73,7 +88,7 @@ def values_checkable(*tensors: torch.Tensor) -> bool:
 def checks_values(device: torch.device) -> bool:
     """The plans' form of :func:`values_checkable` (never traced): inputs on ``device`` are value-checked
     when it is the CPU or ``TRITREE_DEBUG=1``."""
-    return device.type == "cpu" or debug_checks_enabled()
+    return DEBUG_CHECKS or device.type == "cpu"
 
 
 def check_value_range(name: str, x: torch.Tensor, lo: int, hi: int, what: str = "") -> None:

@@ -58,14 +58,16 @@ def _gumbel_pick_kernel(Logits, Thresh, PartVal, PartIdx, stride_r, R, V, chunk,
 
 
 @triton.jit
-def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, T,
+def _walk_kernel(Tokens, Parents, TreeLens, Picks, PicksOut, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, T,
                  BLOCK_T: tl.constexpr):
     """One program per request. ``Tokens`` / ``Parents`` rows by their own strides (views of wider buffers);
-    ``Picks`` and ``AcceptIdx`` are contiguous ``[B, T]``."""
+    ``Picks`` (int32 or int64: the target's argmax as torch returns it), ``PicksOut`` (int32, may be
+    ``Picks``) and ``AcceptIdx`` are contiguous ``[B, T]``."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
     row = b64 * T
     node = tl.arange(0, BLOCK_T)
+    tl.store(PicksOut + row + node, tl.load(Picks + row + node, mask=node < T).to(tl.int32), mask=node < T)
     n = tl.load(TreeLens + b)
     valid = (node < T) & (node < n)
     tok = tl.load(Tokens + b64 * stride_tb + node, mask=valid, other=-1)
@@ -198,7 +200,8 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
         accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
         accept_len = torch.empty(B, dtype=torch.int32, device=dev)
         bonus = torch.empty(B, dtype=torch.int32, device=dev)
-        _walk_kernel[(B,)](tokens, parents, tree_lens, picks.contiguous(), accept_idx, accept_len, bonus,
+        picks = picks.contiguous()
+        _walk_kernel[(B,)](tokens, parents, tree_lens, picks, picks, accept_idx, accept_len, bonus,
                            tokens.stride(0), parents.stride(0), T, BLOCK_T=triton.next_power_of_2(T), num_warps=4)
         return accept_idx, accept_len, bonus, picks
     try:
@@ -266,15 +269,20 @@ class _AcceptPlan:
         if V.checks_values(self.device):
             _check_accept_values(parents, tree_lens, target_logits)
         _check_rng(seed, step)
-        picks = target_picks(target_logits, seed=seed, step=step, **self.sampling)
         if self.reference:
+            picks = target_picks(target_logits, seed=seed, step=step, **self.sampling)
             idx_, len_, bonus = accept_tree_reference(tokens, parents, tree_lens, picks)
             return idx_, len_, bonus, picks
         B, T, dev = self.B, self.T, self.device
+        if self.sampling["temperature"] == 0.0:  # the walk narrows torch's int64 argmax: no cast launched
+            raw_picks = torch.argmax(target_logits, dim=-1)
+            picks = torch.empty(B, T, dtype=torch.int32, device=dev)
+        else:
+            raw_picks = picks = target_picks(target_logits, seed=seed, step=step, **self.sampling).contiguous()
         accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
         accept_len = torch.empty(B, dtype=torch.int32, device=dev)
         bonus = torch.empty(B, dtype=torch.int32, device=dev)
-        self._walk((B, 1, 1), tokens, parents, tree_lens, picks.contiguous(), accept_idx, accept_len, bonus,
+        self._walk((B, 1, 1), tokens, parents, tree_lens, raw_picks, picks, accept_idx, accept_len, bonus,
                    *self._ints)
         return accept_idx, accept_len, bonus, picks
 

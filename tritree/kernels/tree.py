@@ -230,6 +230,7 @@ def _topk_bound_kernel(X, Part, State, Arrive, V, D, stride_xb, stride_xd, strid
         y_thr = y_l - (tl.abs(y_l) + cmax) * 9.5367431640625e-07  # 2^-20 relative: 8 ulps and more
         tl.store(State + 2 * r, m)
         tl.store(State + 2 * r + 1, y_thr)
+        tl.store(Arrive + r, 0)  # every chunk has arrived: zero for the next call
 
 
 @triton.jit
@@ -308,7 +309,8 @@ def _topk_select_kernel(X, State, Spart, Cnt, Arrive, Cand, KeyBuf, OutLP, OutId
     the normaliser ``c``, computes the candidates' order keys (log-probability, then lower id), ranks
     each by counting the greater keys and writes the top K in order. If more than ``CAP`` candidates
     came (massive ties at the threshold), it selects the row's top K exactly by itself first
-    (:func:`_topk_fallback`)."""
+    (:func:`_topk_fallback`). Both passes zero their counters once every program of the row has used
+    them: the counters are zeroed once, when the scratch is made, and every call leaves them zero."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     row = _row_ptr(X, r, D, stride_xb, stride_xd)
@@ -334,6 +336,8 @@ def _topk_select_kernel(X, State, Spart, Cnt, Arrive, Cand, KeyBuf, OutLP, OutId
         s = tl.sum(tl.load(Spart + r * C2 + ci, mask=ci < C2, other=0, cache_modifier=".cg"), 0)
         cl = tl.log(s.to(tl.float64) * inv_scale).to(tl.float32)
         n = tl.atomic_add(Cnt + r, 0)
+        tl.store(Cnt + r, 0)  # every chunk has arrived (and appended): zero for the next call
+        tl.store(Arrive + r, 0)
         if (n > CAP) | (n < K):  # (fewer than K only for a row without a finite logit)
             _topk_fallback(row, cand_row, V, stride_xv, m, cl, y_thr, K, FB, BLOCK)
             n = K
@@ -416,7 +420,7 @@ class _TopkLaunch:
 
     def scratch(self):
         R, p, dev = self.B * self.D, self.p, self.device
-        counters = torch.empty(3, R, dtype=torch.int32, device=dev)  # arrivals of pass 1, of pass 2, candidates
+        counters = torch.zeros(3, R, dtype=torch.int32, device=dev)  # arrivals of pass 1, of pass 2, candidates
         return (counters, counters[0], counters[1], counters[2],
                 torch.empty(R, p.c1, p.G, dtype=torch.int32, device=dev),
                 torch.empty(R, 2, dtype=torch.float32, device=dev),
@@ -428,7 +432,6 @@ class _TopkLaunch:
 
     def run(self, draft_logits, scratch):
         counters, arrive1, arrive2, n_cand, part, state, spart, cand, keybuf, lp, ids = scratch
-        counters.zero_()
         self._bound(self._bound_grid, draft_logits, part, state, arrive1, *self._bound_ints)
         self._select(self._select_grid, draft_logits, state, spart, n_cand, arrive2, cand, keybuf, lp, ids,
                      *self._select_ints)

@@ -19,7 +19,17 @@ import triton.language as tl
 
 from . import _validate as V
 from . import _verify_gluon_launch as GL
-from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, full_lengths, interpreting, scalars, signature
+from ._launch import (
+    KernelLauncher,
+    PlanCache,
+    StreamScratch,
+    eager,
+    full_lengths,
+    interpreting,
+    rebased,
+    scalars,
+    signature,
+)
 from ._splitkv import (
     LOG2E,
     MergePlan,
@@ -602,13 +612,14 @@ class VerifyPlan:
                                     q.device)
             o_strides = (S * M * self.d_lat, 0, self.d_lat, M * self.d_lat)
             l_strides = (S * M, 0, 1, M)
-            self._scratch = StreamScratch(lambda: (
-                torch.empty(B, S, M, self.d_lat, dtype=self.launch.partials_dtype, device=q.device),
-                torch.empty(B, S, M, dtype=torch.float32, device=q.device)))
         else:
             o_strides = (*out_strides[:3], 0)
             l_strides = (*lse_strides[:3], 0)
-        self._lse_scratch = StreamScratch(lambda: torch.empty(B, T, H, dtype=torch.float32, device=q.device))
+        # (split partials: out, lse; the lse when the caller wants none), one set per stream
+        self._scratch = StreamScratch(lambda: (
+            torch.empty(B, S, M, self.d_lat, dtype=self.launch.partials_dtype, device=q.device) if S > 1 else None,
+            torch.empty(B, S, M, dtype=torch.float32, device=q.device) if S > 1 else None,
+            torch.empty(B, T, H, dtype=torch.float32, device=q.device)))
         self._o_strides, self._l_strides = o_strides, l_strides
         route = self.launch.route
         if route == "triton":
@@ -629,7 +640,6 @@ class VerifyPlan:
                                  pdl_capable=pdl_capable(q.device), partials_dtype=self.launch.partials_dtype)
         self._gluon = g
         self._grid = g.grid
-        self._split = KernelLauncher(g.fn, dict(g.constexprs), **g.options())
         narrow = (g.narrow_splits,) if g.kernel == "gluon-ws" else ()
         self._int_args = (self.sm_scale * LOG2E, q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.stride(1),
                           page_table.stride(0), page_table.shape[1], kv.shape[0], tree_mask.stride(0),
@@ -638,8 +648,11 @@ class VerifyPlan:
         # partials) as base, which is all a launch reads of a descriptor's tensor.
         example = torch.empty(B, g.num_splits, T * H, self.d_lat, dtype=self.launch.partials_dtype,
                               device=q.device) if g.partials_desc else None
-        self._desc = [_rebased(d, None) for d in GL.descriptors_for(g, kv, example)]  # hold no pool
+        templates = [rebased(d, None) for d in GL.descriptors_for(g, kv, example)]  # hold no pool
         self._desc_partials = 3 if g.partials_desc else -1
+        self._n_desc = len(templates)
+        self._split = KernelLauncher(g.fn, dict(g.constexprs), descriptors=dict(enumerate(templates, start=2)),
+                                     **g.options())
         self._gluon_ok = False
 
     # -- per call ------------------------------------------------------------------------------------
@@ -664,9 +677,9 @@ class VerifyPlan:
             _check_values(kv, page_table, kv_lens, tree_lens, T)
         if out is None:
             out = torch.empty(B, T, H, self.d_lat, dtype=self.dtype, device=self.device)
+        part_o, part_l, lse_scratch = self._scratch.get(self.device)
         if lse is None:
-            lse = (torch.empty(B, T, H, dtype=torch.float32, device=self.device) if return_lse
-                   else self._lse_scratch.get(self.device))
+            lse = torch.empty(B, T, H, dtype=torch.float32, device=self.device) if return_lse else lse_scratch
         route = self.launch.route
         if route == "reference":
             ref_out, ref_lse = verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=self.sm_scale,
@@ -678,7 +691,7 @@ class VerifyPlan:
         if tree_lens is None:
             tree_lens = full_lengths(B, T, self.device)
         S = self.launch.num_splits
-        dst_o, dst_l = self._scratch.get(self.device) if S > 1 else (out, lse)
+        dst_o, dst_l = (part_o, part_l) if S > 1 else (out, lse)
         if route == "triton":
             self._split(self._grid, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, *self._int_args)
         else:
@@ -688,7 +701,7 @@ class VerifyPlan:
         return (out, lse) if return_lse else out
 
     def _run_gluon(self, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l):
-        descs = [_rebased(d, dst_o if i == self._desc_partials else kv) for i, d in enumerate(self._desc)]
+        descs = (kv,) * self._n_desc if self._desc_partials < 0 else (kv, kv, kv, dst_o)  # the templates' bases
         args = (q, kv, *descs, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, *self._int_args)
         if self._gluon_ok or not self._gluon.tma3d:
             self._split(self._grid, *args)
@@ -703,15 +716,6 @@ class VerifyPlan:
             self._plan_gluon(q, kv, page_table, tree_mask, self._o_strides, self._l_strides)
             self._run_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l)
         self._gluon_ok = True
-
-
-def _rebased(desc, base):
-    """A copy of a host TMA descriptor over ``base`` (same shape and strides; a launch reads only the base's
-    pointer and dtype), without re-running its checks."""
-    new = object.__new__(type(desc))
-    new.__dict__.update(desc.__dict__)
-    new.base = base
-    return new
 
 
 def _contiguous_strides(shape) -> tuple:
