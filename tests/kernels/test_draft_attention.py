@@ -137,7 +137,7 @@ def _valid():
     (lambda c: {}, dict(sm_scale=-1.0), ValueError, "sm_scale"),
 ])
 def test_validation(mutate, kw, exc, match, monkeypatch):
-    monkeypatch.setenv("TRITREE_DEBUG", "1")
+    monkeypatch.setattr("tritree.kernels._validate.DEBUG_CHECKS", True)
     c = _valid()
     c = {**c, **mutate(c)}
     kw = {"sm_scale": 0.25, **kw}

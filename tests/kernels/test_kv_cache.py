@@ -393,7 +393,7 @@ def _commit_case():
     (lambda a: a.__setitem__(0, a[0].transpose(0, 1)), "contiguous in its per-token dims|page size"),
 ])
 def test_commit_validation(change, match, monkeypatch):
-    monkeypatch.setenv("TRITREE_DEBUG", "1")
+    monkeypatch.setattr("tritree.kernels._validate.DEBUG_CHECKS", True)
     args = list(_commit_case())
     change(args)
     with pytest.raises((ValueError, TypeError), match=match):

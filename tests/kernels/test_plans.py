@@ -168,3 +168,18 @@ def test_accept_tree_reads_views_of_wider_buffers_by_their_strides(which):
     for a, b in zip(got, want):
         assert torch.equal(a.cpu(), b.cpu())
     assert (wide_t[:, :T] == 77).all() and (wide_t[:, 2 * T:] == 77).all() and (wide_p[:, :5] == 88).all()
+
+
+def test_set_debug_switches_the_value_checks_of_gpu_inputs():
+    from tritree.kernels import _validate as V
+
+    cuda = torch.device("cuda")
+    before = tritree.set_debug(True)
+    try:
+        assert V.checks_values(cuda) and V.debug_checks_enabled()
+        assert tritree.set_debug(False) is True
+        assert not V.checks_values(cuda) and V.checks_values(torch.device("cpu"))
+        with pytest.raises(TypeError, match="enabled"):
+            tritree.set_debug("1")
+    finally:
+        tritree.set_debug(before)

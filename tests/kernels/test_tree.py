@@ -221,7 +221,7 @@ def test_sampling_is_reproducible_and_keyed_by_step():
 # ---------------------------------------------------------------------------------------------
 
 def test_bad_inputs(monkeypatch):
-    monkeypatch.setenv("TRITREE_DEBUG", "1")
+    monkeypatch.setattr("tritree.kernels._validate.DEBUG_CHECKS", True)
     logits = torch.randn(1, 3, 10, device=DEVICE)
     root = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="budget"):
@@ -434,3 +434,25 @@ def test_build_tree_is_an_opaque_op_for_torch_compile():
     traced = torch.compile(lambda x, r: tuple(build_tree(x, 6, r)), backend="aot_eager", fullgraph=True)(logits, root)
     for a, b in zip(eager, traced):
         assert torch.equal(a, b)
+
+
+def test_top_k_counters_are_left_zero_for_the_next_call():
+    """The top-k passes zero each other's arrival and candidate counters, so a plan's scratch is zeroed
+    once (no memset per call): repeated calls on one plan give the reference's tree every time."""
+    import tritree.kernels.tree as tree_mod
+    from tritree.kernels._launch import scalars, signature
+
+    g = torch.Generator().manual_seed(3)
+    trees = []
+    for _ in range(3):
+        logits = torch.randn(2, 3, 50, generator=g).to(DEVICE)
+        root = torch.tensor([1, 4], dtype=torch.int32, device=DEVICE)
+        tree = build_tree(logits, 7, root)
+        ref = build_tree_reference(logits.cpu(), 7, root.cpu())
+        assert torch.equal(tree.tokens.cpu(), ref.tokens) and torch.equal(tree.parents.cpu(), ref.parents)
+        plan = tree_mod._BUILD_PLANS.get((signature(logits, root), scalars(7)), logits, 7, root)
+        if plan.reference:
+            pytest.skip("CPU reference path: no kernels")
+        (counters, *_), _ranks = plan._scratch.get(logits.device)
+        assert int(counters.abs().sum()) == 0
+        trees.append(tree)

@@ -302,7 +302,7 @@ def _call(c, **over):
     (lambda c: dict(q=c["q"].numpy() if c["q"].device.type == "cpu" else None), TypeError, "q must be a torch.Tensor"),
 ])
 def test_validation(mutate, exc, match, monkeypatch):
-    monkeypatch.setenv("TRITREE_DEBUG", "1")  # value checks on GPU inputs too
+    monkeypatch.setattr("tritree.kernels._validate.DEBUG_CHECKS", True)  # value checks on GPU inputs too
     c = _valid()
     with pytest.raises(exc, match=match):
         _call(c, **mutate(c))
