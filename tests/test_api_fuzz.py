@@ -26,9 +26,9 @@ from .conftest import HAS_GPU
 ROOT = Path(__file__).resolve().parents[1]
 # Examples per op on the CPU (Triton's interpreter; the attention ops cost ~1 s an example) and on a GPU.
 CPU_EXAMPLES = {"verify_mla": 10, "draft_attention": 10, "build_tree": 15, "routed_experts_int4": 10}
-# Each new shape compiles (verify_mla's Gluon kernels ~15-30 s an example on the H200): bounded so that a
-# mode runs in a few minutes.
-GPU_EXAMPLES = {"verify_mla": 8}
+# Each new shape compiles (verify_mla's Gluon kernels ~15-30 s an example on the H200): bounded so that an
+# op's run takes a few minutes.
+GPU_EXAMPLES = {"verify_mla": 4}
 GPU_DEFAULT_EXAMPLES = 15
 # Under memcheck every access is instrumented; verify_mla's examples also compile (~15-30 s each).
 MEMCHECK_EXAMPLES = {"verify_mla": 2}
@@ -63,13 +63,15 @@ def test_fuzz(mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(SAMPLES))
 @pytest.mark.parametrize("mode,debug", [("valid", False), ("valid", True), ("invalid", True),
                                         ("invalid_structure", False), ("unchecked", False)])
-def test_gpu_fuzz(mode, debug):
+def test_gpu_fuzz(mode, debug, op):
     """GPU, with value checks (``TRITREE_DEBUG=1``) and without: without them bad values are not refused
     (``invalid_structure`` leaves them out) and ``unchecked`` runs them: any result, but nothing written
-    outside the outputs."""
-    run_samples(mode, {op: GPU_EXAMPLES.get(op, GPU_DEFAULT_EXAMPLES) for op in sorted(SAMPLES)}, debug=debug)
+    outside the outputs. One op a test: each new shape compiles, and the ops run in parallel under
+    pytest-xdist."""
+    run_samples(mode, {op: GPU_EXAMPLES.get(op, GPU_DEFAULT_EXAMPLES)}, debug=debug)
 
 
 @pytest.mark.gpu
