@@ -45,7 +45,7 @@ def main(argv=None):
                      "page_table": torch.arange(pages, dtype=torch.int32, device=dev)[None],
                      "kv_lens": torch.full((1,), L, dtype=torch.int32, device=dev)}
             mask, depth = tree_mask_from_parents(random_trees(1, T, ("wide",)).to(dev))
-            positions = (L + depth).long()
+            rope = kimi_k2.rope_cos_sin(cfg, (L + depth).long(), dt)
             x = torch.randn(1, T, cfg.hidden_size, device=dev, dtype=dt)
             q = torch.randn(1, T, heads, cfg.latent_dim, device=dev, dtype=dt)
             for layer in (0, 1):
@@ -54,7 +54,7 @@ def main(argv=None):
 
                 def attn_block():
                     h = kimi_k2.rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-                    return kimi_k2.attention_verify(params, cfg, layer, h, positions, cache, mask, None, kv)
+                    return kimi_k2.attention_verify(params, cfg, layer, h, rope, cache, mask, None, kv)
 
                 def attention_only():
                     return verify_mla(q, kv, cache["page_table"], cache["kv_lens"], mask, sm_scale=cfg.softmax_scale)

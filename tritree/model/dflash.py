@@ -18,7 +18,7 @@ import torch
 from .. import dist
 from ..kernels import draft_attention, kv_write_
 from .config import DFlashConfig
-from .layers import apply_rope, cos_sin, linear, random_params, rms_norm, swiglu, yarn_inv_freq
+from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm, swiglu
 
 
 def layer_prefix(i: int) -> str:
@@ -62,7 +62,7 @@ def new_cache(cfg: DFlashConfig, num_pages: int, page_size: int, page_table: tor
 
 
 def _rope(cfg: DFlashConfig, positions, dtype):
-    inv = yarn_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
+    inv = inv_freq_kept(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
     return cos_sin(inv, positions, dtype, cfg.rope_amplitude)
 
 

@@ -32,20 +32,21 @@ from ..kernels import kv_write_, verify_mla
 from ..kernels.moe import routed_experts
 from ..kernels.moe_int4 import GROUP, Int4Experts, routed_experts_int4
 from .config import KimiK2Config
-from .layers import apply_rope, cos_sin, linear, random_params, rms_norm, swiglu, yarn_inv_freq
+from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm, swiglu
 
 # --------------------------------------------------------------------------------------------------
 # RoPE
 # --------------------------------------------------------------------------------------------------
 
 def rope_inv_freq(cfg: KimiK2Config, device=None) -> torch.Tensor:
-    """The target's rope inverse frequencies, float32 [qk_rope_head_dim / 2]."""
-    return yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling, device)
+    """The target's rope inverse frequencies, float32 [qk_rope_head_dim / 2] (kept per device, read-only)."""
+    return inv_freq_kept(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling, device)
 
 
 def rope_cos_sin(cfg: KimiK2Config, positions: torch.Tensor, dtype):
-    """cos, sin ``[..., rope]`` (halves layout) at integer ``positions``, times the YaRN amplitude
-    (``cfg.rope_amplitude``: 1.0 for K2.x)."""
+    """The rope tables (:func:`tritree.model.layers.cos_sin`: cos, signed sin ``[..., rope]``) at integer
+    ``positions``, times the YaRN amplitude (``cfg.rope_amplitude``: 1.0 for K2.x). Computed once per
+    forward and shared by every layer."""
     return cos_sin(rope_inv_freq(cfg, positions.device), positions, dtype, cfg.rope_amplitude)
 
 
@@ -210,8 +211,9 @@ def mlp(params, cfg, i, h, tp=None, tree_lens=None):
     return dist.all_reduce_(tp, out)
 
 
-def _mla_inputs(params, cfg, i, h, positions):
-    """Query halves and the cached latent of tokens ``h [B, S, hidden]`` at ``positions [B, S]``."""
+def _mla_inputs(params, cfg, i, h, rope):
+    """Query halves and the cached latent of tokens ``h [B, S, hidden]``; ``rope``: their
+    :func:`rope_cos_sin` tables ``([B, S, rope], [B, S, rope])``."""
     p = layer_prefix(i) + "self_attn."
     B, S, _ = h.shape
     H = cfg.heads
@@ -225,7 +227,7 @@ def _mla_inputs(params, cfg, i, h, positions):
     a = linear(h, params[p + "kv_a_proj_with_mqa.weight"], params.get(p + "kv_a_proj_with_mqa.bias"))
     c_kv, k_pe = a.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
     c_kv = rms_norm(c_kv, params[p + "kv_a_layernorm.weight"], cfg.qk_latent_eps)
-    cos, sin = rope_cos_sin(cfg, positions, h.dtype)
+    cos, sin = rope
     q_pe = apply_rope(q_pe, cos[:, :, None], sin[:, :, None])
     k_pe = apply_rope(k_pe, cos, sin)
     return q_nope, q_pe, torch.cat([c_kv, k_pe], dim=-1)
@@ -244,11 +246,12 @@ def _o_bias(params, i, o):
     return o if b is None else o + b.to(o.dtype)
 
 
-def attention_prefill(params, cfg, i, h, positions, tp=None):
-    """Naive MLA with causal attention over the prompt; returns (out, latents [B, S, 576]). Under ``tp``
-    the local heads' ``o_proj`` partial sums are all-reduced; the latents are the full (replicated) ones."""
+def attention_prefill(params, cfg, i, h, rope, tp=None):
+    """Naive MLA with causal attention over the prompt; returns (out, latents [B, S, 576]). ``rope``: the
+    tokens' :func:`rope_cos_sin` tables. Under ``tp`` the local heads' ``o_proj`` partial sums are
+    all-reduced; the latents are the full (replicated) ones."""
     B, S, _ = h.shape
-    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, positions)
+    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, rope)
     w_uk, w_uv = _kv_b(params, cfg, i)
     c_kv, k_pe = latent.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
     k_nope = torch.einsum("bsc,hnc->bshn", c_kv, w_uk.to(h.dtype))
@@ -261,11 +264,12 @@ def attention_prefill(params, cfg, i, h, positions, tp=None):
     return _o_bias(params, i, dist.all_reduce_(tp, o)), latent
 
 
-def attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, layer_kv, tp=None):
+def attention_verify(params, cfg, i, h, rope, cache, tree_mask, tree_lens, layer_kv, tp=None):
     """Absorbed MLA over the paged cache with the tree mask (verify_mla); writes the tree latents.
-    Under ``tp``: the local heads, then an all-reduce of the ``o_proj`` partial sums."""
+    ``rope``: the nodes' :func:`rope_cos_sin` tables. Under ``tp``: the local heads, then an all-reduce of
+    the ``o_proj`` partial sums."""
     B, T, _ = h.shape
-    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, positions)
+    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, rope)
     w_uk, w_uv = _kv_b(params, cfg, i)
     q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk.to(h.dtype))  # W_UK folded into the query
     q = torch.cat([q_lat, q_pe], dim=-1).contiguous()
@@ -310,12 +314,12 @@ def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None 
     _check_tp(cfg, tp)
     B, S = tokens.shape
     x = _embed(params, cfg, tokens, tp)
-    positions = torch.arange(S, device=tokens.device).expand(B, S)
+    rope = rope_cos_sin(cfg, torch.arange(S, device=tokens.device).expand(B, S), x.dtype)
     tapped = {}
     for n, i in enumerate(_layers(cfg, params)):
         p = layer_prefix(i)
         a, latent = attention_prefill(params, cfg, i, rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps),
-                                      positions, tp)
+                                      rope, tp)
         if cache is not None:
             kv_write_(cache["kv"][n], cache["page_table"], cache["kv_lens"], latent.to(cache["kv"].dtype).contiguous())
         x = x + a
@@ -340,12 +344,12 @@ def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor,
     _check_tp(cfg, tp)
     B, T = tokens.shape
     x = _embed(params, cfg, tokens, tp)
-    positions = cache["kv_lens"][:, None].to(torch.int64) + depth.to(torch.int64)
+    rope = rope_cos_sin(cfg, cache["kv_lens"][:, None].to(torch.int64) + depth.to(torch.int64), x.dtype)
     tapped = {}
     for n, i in enumerate(_layers(cfg, params)):
         p = layer_prefix(i)
         h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + attention_verify(params, cfg, i, h, positions, cache, tree_mask, tree_lens, cache["kv"][n], tp)
+        x = x + attention_verify(params, cfg, i, h, rope, cache, tree_mask, tree_lens, cache["kv"][n], tp)
         x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps), tp,
                     tree_lens)
         if i in taps:

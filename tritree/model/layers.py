@@ -12,9 +12,13 @@ import torch.nn.functional as F
 
 
 def rms_norm(x, weight, eps):
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    """``weight * x / rms(x)`` over the last dimension, in float32 at least: ``F.rms_norm``, one fused
+    kernel on a GPU (16-bit inputs accumulated in float32). A weight of ``x``'s dtype is applied inside it
+    before the one rounding to that dtype (transformers rounds, then multiplies: the two differ by at
+    most one unit in the last place); a weight of another dtype after, in the promoted dtype."""
+    if weight.dtype == x.dtype:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def linear(x, w, b=None):
@@ -55,19 +59,39 @@ def yarn_inv_freq(d: int, base: float, rope_scaling: dict | None, device=None) -
     return freq / factor * ramp + freq * (1 - ramp)
 
 
+_INV_FREQ: dict = {}
+
+
+def inv_freq_kept(d: int, base: float, rope_scaling: dict | None, device=None) -> torch.Tensor:
+    """:func:`yarn_inv_freq`, computed once per (``d``, ``base``, ``rope_scaling``, device) and kept (a dozen
+    small kernels otherwise on every forward). Read-only. First met inside a CUDA-graph capture, where it
+    is computed at replay, it is not kept."""
+    device = torch.device("cpu" if device is None else device)
+    key = (d, float(base), repr(sorted((rope_scaling or {}).items())), device)
+    t = _INV_FREQ.get(key)
+    if t is None:
+        t = yarn_inv_freq(d, base, rope_scaling, device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return t
+        _INV_FREQ[key] = t  # never evicted: captured graphs may hold its address
+    return t
+
+
 def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype, amplitude: float = 1.0):
-    """cos, sin ``[..., 2 * len(inv_freq)]`` in the halves layout at integer ``positions``, times
-    ``amplitude``; computed in float32 and cast to ``dtype``."""
+    """The rope tables of :func:`apply_rope` at integer ``positions``, ``[..., 2 * len(inv_freq)]`` each,
+    computed in float32 and cast to ``dtype``: ``cos`` in the halves layout, and ``sin`` with its first
+    half negated (``[-sin, sin]``), times ``amplitude``."""
     ang = positions[..., None].float() * inv_freq
-    emb = torch.cat([ang, ang], dim=-1)
-    return (emb.cos() * amplitude).to(dtype), (emb.sin() * amplitude).to(dtype)
+    c, s = ang.cos(), ang.sin()
+    if amplitude != 1.0:
+        c, s = c * amplitude, s * amplitude
+    return torch.cat([c, c], dim=-1).to(dtype), torch.cat([-s, s], dim=-1).to(dtype)
 
 
 def apply_rope(x, cos, sin):
-    """Half-rotary RoPE; ``x [..., rope]``, cos/sin broadcastable."""
-    h = x.shape[-1] // 2
-    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-    return x * cos + rot * sin
+    """Half-rotary RoPE ``x * cos + [-x2, x1] * [sin, sin]`` with the tables of :func:`cos_sin` (``sin``
+    signed there, so the rotation is a roll by half the width); ``x [..., rope]``, the tables broadcastable."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin)
 
 
 def rope_permutation(d: int) -> torch.Tensor:
