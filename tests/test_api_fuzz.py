@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU_EXAMPLES = {"verify_mla": 10, "draft_attention": 10, "build_tree": 15, "routed_experts_int4": 10}
 # Each new shape compiles (verify_mla's Gluon kernels ~15-30 s an example on the H200): bounded so that an
 # op's run takes a few minutes.
-GPU_EXAMPLES = {"verify_mla": 4}
+GPU_EXAMPLES = {"verify_mla": 3}
 GPU_DEFAULT_EXAMPLES = 15
 # Under memcheck every access is instrumented; verify_mla's examples also compile (~15-30 s each).
 MEMCHECK_EXAMPLES = {"verify_mla": 2}
