@@ -106,9 +106,11 @@ def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, position
     B, n = taps.shape[:2]
     kv = draft_cache["kv"]
     ctx = context_features(params, cfg, taps.to(kv.dtype))
-    per_layer = [torch.stack(kv_i, dim=2) for kv_i in context_kv(params, cfg, ctx, positions)]
-    new = torch.stack(per_layer).to(kv.dtype)  # [layers, B, n, 2, Hkv, D]
-    kv_write_(kv, draft_cache["page_table"], draft_cache["kv_lens"], new.contiguous(), counts, stacked=True)
+    L, Hkv, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    # one copy into [layers, B, n, 2, Hkv, D]: every layer's K and V stacked, then laid out as the pool's rows
+    flat = torch.stack([t for kv_i in context_kv(params, cfg, ctx, positions) for t in kv_i], dim=0)
+    new = flat.view(L, 2, B, n, Hkv, D).permute(0, 2, 3, 1, 4, 5).contiguous().to(kv.dtype)
+    kv_write_(kv, draft_cache["page_table"], draft_cache["kv_lens"], new, counts, stacked=True)
     added = counts if counts is not None else torch.full_like(draft_cache["kv_lens"], n)
     return {**draft_cache, "kv_lens": draft_cache["kv_lens"] + added}
 
