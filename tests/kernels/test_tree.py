@@ -3,6 +3,7 @@ sampling (chi-square)."""
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -135,6 +136,43 @@ def test_greedy_ties_pick_the_lowest_id():
     logits[0, 0, [5, 7]] = 1.0
     idx, n, bonus, picks = accept_tree(tokens, parents, lens, logits)
     assert int(picks[0, 0]) == 5 and idx[0, :2].tolist() == [0, 1] and int(n[0]) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_accept_over_vocabulary_chunks(dtype):
+    """A vocabulary of several 4096-token chunks (each program one chunk of a row, the request's last
+    program reduces them): ties across chunks, the maximum in the last, part-filled chunk, rows of -inf,
+    logits read through a strided view; the arrival counters are left 0, so a second call agrees."""
+    from tritree.kernels.accept import _ACCEPT_PLANS, greedy_accept_layout
+
+    B, T, Vv = 2, 3, 3 * 4096 + 5
+    assert greedy_accept_layout(B, T, Vv, 4)[-1] > 1  # the interpreter's 4 "SMs": several chunks a row
+    g = torch.Generator().manual_seed(3)
+    wide = torch.randn(B, T, 2 * Vv, generator=g)
+    logits = wide[:, :, ::2]
+    logits[0, 0, [100, 5000]] = 9.0  # a tie across chunks: the lower id
+    logits[0, 1, Vv - 1] = 9.0  # the last id, in the part-filled chunk
+    logits[1, 0] = float("-inf")  # all -inf: id 0, as torch's argmax
+    logits[1, 1] = float("-inf")
+    logits[1, 1, 8191] = -3.0
+    logits = logits.to(dtype)
+    tokens = torch.tensor([[0, 100, 4], [0, 0, 8191]], dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 1], [-1, 0, 1]], dtype=torch.int32)
+    lens = torch.tensor([3, 3], dtype=torch.int32)
+    args = (tokens.to(DEVICE), parents.to(DEVICE), lens.to(DEVICE), logits.to(DEVICE))
+    for _ in range(2):
+        idx, n, bonus, picks = accept_tree(*args)
+        want = torch.argmax(logits.float(), dim=-1).to(torch.int32)
+        assert torch.equal(picks.cpu(), want)
+        assert picks[0, 0] == 100 and picks[0, 1] == Vv - 1 and picks[1, 0] == 0 and picks[1, 1] == 8191
+        ridx, rn, rbonus = accept_tree_reference(tokens, parents, lens, want)
+        assert torch.equal(idx.cpu(), ridx) and torch.equal(n.cpu(), rn) and torch.equal(bonus.cpu(), rbonus)
+        assert n.tolist() == [2, 3]
+    if DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        for plan in _ACCEPT_PLANS._plans.values():
+            if getattr(plan, "greedy", False) and hasattr(plan, "_scratch"):
+                for _, _, arrive in plan._scratch._sets.values():
+                    assert int(arrive.abs().sum()) == 0
 
 
 def _chi2_critical(df, z=3.719):  # upper 1e-4 quantile, Wilson-Hilferty

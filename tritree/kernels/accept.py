@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, eager, scalars, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, scalars, signature
 from .configs import num_sms
 from .tree import _interpreting
 
@@ -58,16 +58,14 @@ def _gumbel_pick_kernel(Logits, Thresh, PartVal, PartIdx, stride_r, R, V, chunk,
 
 
 @triton.jit
-def _walk_kernel(Tokens, Parents, TreeLens, Picks, PicksOut, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, T,
+def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, T,
                  BLOCK_T: tl.constexpr):
     """One program per request. ``Tokens`` / ``Parents`` rows by their own strides (views of wider buffers);
-    ``Picks`` (int32 or int64: the target's argmax as torch returns it), ``PicksOut`` (int32, may be
-    ``Picks``) and ``AcceptIdx`` are contiguous ``[B, T]``."""
+    ``Picks`` (int32) and ``AcceptIdx`` are contiguous ``[B, T]``."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
     row = b64 * T
     node = tl.arange(0, BLOCK_T)
-    tl.store(PicksOut + row + node, tl.load(Picks + row + node, mask=node < T).to(tl.int32), mask=node < T)
     n = tl.load(TreeLens + b)
     valid = (node < T) & (node < n)
     tok = tl.load(Tokens + b64 * stride_tb + node, mask=valid, other=-1)
@@ -93,6 +91,91 @@ def _walk_kernel(Tokens, Parents, TreeLens, Picks, PicksOut, AcceptIdx, AcceptLe
     else:
         tl.store(Bonus + b, -1)
     tl.store(AcceptLen + b, length)
+
+
+@triton.jit
+def _greedy_accept_kernel(Logits, Tokens, Parents, TreeLens, PartVal, PartIdx, Arrive, Picks, AcceptIdx, AcceptLen,
+                          Bonus, stride_lb, stride_lt, stride_lv, stride_tb, stride_pb, T, V, chunk, n_chunks, arrivals,
+                          BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Greedy acceptance in one launch, grid ``(B, row blocks, vocabulary chunks)``: each program the first
+    maximum (lowest id on ties) of its rows' logits over its chunk, into the partials; the last program of
+    request ``b`` to arrive (``Arrive[b]`` counts ``arrivals`` programs, and is left 0 for the next call)
+    reduces the chunks in order (the lowest id wins ties), stores the picks and walks the tree as
+    :func:`_walk_kernel` does. ``Logits`` by its three strides; the outputs contiguous."""
+    b = tl.program_id(0)
+    b64 = b.to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(2)
+    r_ok = rows < T
+    base = Logits + b64 * stride_lb + rows.to(tl.int64)[:, None] * stride_lt
+    lo = c * chunk
+    hi = tl.minimum(lo + chunk, V)
+    best_val = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_R], dtype=tl.int32) + lo  # a chunk of -inf: its first id, as torch's argmax
+    for v0 in range(lo, hi, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        ok = r_ok[:, None] & (v < hi)[None, :]
+        x = tl.load(base + v.to(tl.int64)[None, :] * stride_lv, mask=ok, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, 1)
+        idx = tl.min(tl.where(ok & (x == m[:, None]), v[None, :], V), 1)
+        take = m > best_val
+        best_idx = tl.where(take, idx, best_idx)
+        best_val = tl.where(take, m, best_val)
+    part = (b64 * T + rows) * n_chunks + c
+    tl.store(PartVal + part, best_val, mask=r_ok)
+    tl.store(PartIdx + part, tl.minimum(best_idx, V - 1), mask=r_ok)  # NaN rows (unchecked): still an id
+    tl.debug_barrier()
+    if tl.atomic_add(Arrive + b, 1, sem="acq_rel") == arrivals - 1:  # the request's last program to finish
+        node = tl.arange(0, BLOCK_T)
+        in_t = node < T
+        row = b64 * T
+        pv = tl.full([BLOCK_T], float("-inf"), tl.float32)
+        pick = tl.zeros([BLOCK_T], dtype=tl.int32)
+        for cc in range(0, n_chunks):
+            val = tl.load(PartVal + (row + node) * n_chunks + cc, mask=in_t, other=float("-inf"), cache_modifier=".cg")
+            ids = tl.load(PartIdx + (row + node) * n_chunks + cc, mask=in_t, other=0, cache_modifier=".cg")
+            take = (val > pv) | (cc == 0)  # chunks in order: a tie keeps the lower chunk's (lower) id
+            pick = tl.where(take, ids, pick)
+            pv = tl.where(take, val, pv)
+        tl.store(Picks + row + node, pick, mask=in_t)
+        tl.store(Arrive + b, 0)  # every program of the request has arrived: zero for the next call
+        n = tl.load(TreeLens + b)
+        valid = in_t & (node < n)
+        tok = tl.load(Tokens + b64 * stride_tb + node, mask=valid, other=-1)
+        par = tl.load(Parents + b64 * stride_pb + node, mask=valid, other=-2)
+        tl.store(AcceptIdx + row + node, -1, mask=in_t)
+        cur = 0
+        length = 0
+        if n > 0:
+            tl.debug_barrier()  # the -1 fill before the path's stores
+            tl.store(AcceptIdx + row, 0)
+            length = 1
+            going = 1
+            while going > 0:
+                at = tl.sum(tl.where(node == cur, pick, 0), 0)
+                # children come after their parent: a table that is not a tree (unchecked) cannot loop forever
+                match = valid & (par == cur) & (tok == at) & (node > cur)
+                nxt = tl.min(tl.where(match, node, BLOCK_T), 0)
+                going = (nxt < BLOCK_T).to(tl.int32)
+                if going > 0:
+                    tl.store(AcceptIdx + row + length, nxt)
+                    length += 1
+                    cur = nxt
+            tl.store(Bonus + b, tl.sum(tl.where(node == cur, pick, 0), 0))
+        else:
+            tl.store(Bonus + b, -1)
+        tl.store(AcceptLen + b, length)
+
+
+def greedy_accept_layout(B: int, T: int, V: int, sms: int) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_R, BLOCK_V, row_blocks, chunk, n_chunks)`` of the greedy launch: tiles of at most 4096 logits,
+    and the vocabulary split so that ~4 programs an SM read it (a few rows still fill the GPU)."""
+    block_v = min(4096, triton.next_power_of_2(V))
+    block_r = max(1, min(64, triton.next_power_of_2(T), 4096 // block_v))
+    row_blocks = triton.cdiv(T, block_r)
+    n_chunks = max(1, min(triton.cdiv(V, block_v), triton.cdiv(4 * sms, B * row_blocks)))
+    chunk = triton.cdiv(triton.cdiv(V, n_chunks), block_v) * block_v
+    return block_r, block_v, row_blocks, chunk, triton.cdiv(V, chunk)
 
 
 def _filter_threshold(logits2d: torch.Tensor, temperature: float, top_k, top_p) -> torch.Tensor:
@@ -201,7 +284,7 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
         accept_len = torch.empty(B, dtype=torch.int32, device=dev)
         bonus = torch.empty(B, dtype=torch.int32, device=dev)
         picks = picks.contiguous()
-        _walk_kernel[(B,)](tokens, parents, tree_lens, picks, picks, accept_idx, accept_len, bonus,
+        _walk_kernel[(B,)](tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus,
                            tokens.stride(0), parents.stride(0), T, BLOCK_T=triton.next_power_of_2(T), num_warps=4)
         return accept_idx, accept_len, bonus, picks
     try:
@@ -223,8 +306,9 @@ def _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top
     V.check_shape("tree_lens", tree_lens, (B,), "[B]")
     V.check_tensor("target_logits", target_logits, ndim=3, dtypes=(torch.float32, torch.float16, torch.bfloat16),
                    device=dev, last_contiguous=False)
-    if target_logits.shape[:2] != (B, T):
-        raise ValueError(f"target_logits must have shape [B, T, V] = [{B}, {T}, V], got {tuple(target_logits.shape)}")
+    if target_logits.shape[:2] != (B, T) or target_logits.shape[2] < 1:
+        raise ValueError(f"target_logits must have shape [B, T, V] = [{B}, {T}, V] with V >= 1, got "
+                         f"{tuple(target_logits.shape)}")
     V.check_float("temperature", temperature, lo=0.0)
     if top_k is not None:
         V.check_int("top_k", top_k, 1)
@@ -254,7 +338,9 @@ def _check_accept_values(parents, tree_lens, target_logits):
 
 
 class _AcceptPlan:
-    """accept_tree for one static signature and sampling rule: validated, the walk kernel bound once."""
+    """accept_tree for one static signature and sampling rule: validated, kernels bound once. Greedy: one
+    launch (:func:`_greedy_accept_kernel`; its partials and arrival counters one set per CUDA stream, a fresh
+    set inside a graph capture); sampling: the Gumbel picks, then the walk."""
 
     def __init__(self, tokens, parents, tree_lens, target_logits, temperature, top_k, top_p):
         _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)
@@ -262,8 +348,22 @@ class _AcceptPlan:
         self.B, self.T = tokens.shape
         self.device = tokens.device
         self.reference = self.device.type != "cuda" and not _interpreting()
-        self._walk = KernelLauncher(_walk_kernel, dict(BLOCK_T=triton.next_power_of_2(self.T)), num_warps=4)
-        self._ints = (tokens.stride(0), parents.stride(0), self.T)
+        self.greedy = temperature == 0.0
+        B, T, Vv = target_logits.shape
+        if self.greedy:
+            block_r, block_v, row_blocks, chunk, n_chunks = greedy_accept_layout(B, T, Vv, num_sms(self.device))
+            self._grid = (B, row_blocks, n_chunks)
+            self._ints = (*target_logits.stride(), tokens.stride(0), parents.stride(0), T, Vv, chunk, n_chunks,
+                          row_blocks * n_chunks)
+            self._greedy = KernelLauncher(_greedy_accept_kernel, dict(BLOCK_R=block_r, BLOCK_V=block_v,
+                                                                      BLOCK_T=triton.next_power_of_2(T)), num_warps=4)
+            dev = self.device
+            self._scratch = StreamScratch(lambda: (torch.empty(B * T * n_chunks, dtype=torch.float32, device=dev),
+                                                   torch.empty(B * T * n_chunks, dtype=torch.int32, device=dev),
+                                                   torch.zeros(B, dtype=torch.int32, device=dev)))
+        else:
+            self._walk = KernelLauncher(_walk_kernel, dict(BLOCK_T=triton.next_power_of_2(T)), num_warps=4)
+            self._ints = (tokens.stride(0), parents.stride(0), T)
 
     def run(self, tokens, parents, tree_lens, target_logits, seed, step):
         if V.checks_values(self.device):
@@ -274,16 +374,18 @@ class _AcceptPlan:
             idx_, len_, bonus = accept_tree_reference(tokens, parents, tree_lens, picks)
             return idx_, len_, bonus, picks
         B, T, dev = self.B, self.T, self.device
-        if self.sampling["temperature"] == 0.0:  # the walk narrows torch's int64 argmax: no cast launched
-            raw_picks = torch.argmax(target_logits, dim=-1)
-            picks = torch.empty(B, T, dtype=torch.int32, device=dev)
-        else:
-            raw_picks = picks = target_picks(target_logits, seed=seed, step=step, **self.sampling).contiguous()
         accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
         accept_len = torch.empty(B, dtype=torch.int32, device=dev)
         bonus = torch.empty(B, dtype=torch.int32, device=dev)
-        self._walk((B, 1, 1), tokens, parents, tree_lens, raw_picks, picks, accept_idx, accept_len, bonus,
-                   *self._ints)
+        if self.greedy:
+            picks = torch.empty(B, T, dtype=torch.int32, device=dev)
+            if B and T:
+                part_val, part_idx, arrive = self._scratch.get(dev)
+                self._greedy(self._grid, target_logits, tokens, parents, tree_lens, part_val, part_idx, arrive, picks,
+                             accept_idx, accept_len, bonus, *self._ints)
+            return accept_idx, accept_len, bonus, picks
+        picks = target_picks(target_logits, seed=seed, step=step, **self.sampling).contiguous()
+        self._walk((B, 1, 1), tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus, *self._ints)
         return accept_idx, accept_len, bonus, picks
 
 
