@@ -198,6 +198,32 @@ def tree_reports(archs=None) -> list[CompileReport]:
     return reports
 
 
+def accept_reports(archs=None) -> list[CompileReport]:
+    """Tree acceptance: the greedy single launch at K2.6's vocabulary (bf16 logits, trees of 9 to 1024 nodes)
+    and the walk after the sampled picks."""
+    from .accept import _greedy_accept_kernel, _walk_kernel, greedy_accept_layout
+
+    ints = ("stride_lb", "stride_lt", "stride_lv", "stride_tb", "stride_pb", "T", "V", "chunk", "n_chunks",
+            "arrivals")
+    greedy_sig = {"Logits": "*bf16", "Tokens": "*i32", "Parents": "*i32", "TreeLens": "*i32", "PartVal": "*fp32",
+                  "PartIdx": "*i32", "Arrive": "*i32", "Picks": "*i32", "AcceptIdx": "*i32", "AcceptLen": "*i32",
+                  "Bonus": "*i32", **{n: "i32" for n in ints}}
+    walk_sig = {"Tokens": "*i32", "Parents": "*i32", "TreeLens": "*i32", "Picks": "*i32", "AcceptIdx": "*i32",
+                "AcceptLen": "*i32", "Bonus": "*i32", "stride_tb": "i32", "stride_pb": "i32", "T": "i32"}
+    reports = []
+    for arch in (archs or ("sm_90", "sm_120")):
+        if arch not in CAPABILITY:
+            continue
+        for T in (9, 65, 1025):
+            block_r, block_v = greedy_accept_layout(1, T, 163_840, 132)[:2]
+            reports.append(audit(_greedy_accept_kernel, greedy_sig, {"BLOCK_R": block_r, "BLOCK_V": block_v,
+                                                                     "BLOCK_T": triton.next_power_of_2(T)},
+                                 arch, 4, 1, ("Logits",), f"T{T} BR{block_r} BV{block_v} w4"))
+            reports.append(audit(_walk_kernel, walk_sig, {"BLOCK_T": triton.next_power_of_2(T)}, arch, 4, 1, (),
+                                 f"T{T} w4"))
+    return reports
+
+
 def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     """The grouped-expert kernels at their launch defaults (``moe.MOE_LAUNCH``)."""
     from .moe import MOE_LAUNCH, _down_kernel, _gate_up_kernel
@@ -394,7 +420,7 @@ def main(argv=None) -> None:
         return
     reports = (verify_mla_reports(archs=args.arch) + draft_attention_reports(archs=args.arch)
                + moe_reports(archs=args.arch) + moe_int4_reports(archs=args.arch)
-               + tree_reports(archs=args.arch) + kv_reports(archs=args.arch))
+               + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return
