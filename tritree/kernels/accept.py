@@ -270,7 +270,7 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
             ``step`` may be a one-element int64 tensor on the device (read by the kernel, so a captured
             graph advances it without recapture).
     Returns ``(accept_idx [B, T] int32 (root first, -1 padded), accept_len [B], bonus [B], picks [B, T])``.
-    Eager calls run a plan cached per static signature.
+    No host sync. Eager calls run a plan cached per static signature (greedy: one kernel launch).
     """
     if not eager():  # traced by torch.compile: the kernel launched as Dynamo traces launches
         _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p)

@@ -699,8 +699,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
         root_tokens: ``[B]`` int token of the root (the last accepted / bonus token).
     Returns a :class:`Tree` (static shapes; fewer nodes than the budget only when fewer are
     reachable: ``sum_d K^d`` with ``K = min(budget, V)``, or when tokens have probability 0: a
-    candidate of score -inf is never created). No host sync: three kernels and a memset. Eager calls run
-    a plan cached per static signature.
+    candidate of score -inf is never created). No host sync: three kernels (traced by torch.compile, also a
+    memset of the counters). Eager calls run a plan cached per static signature.
     """
     if eager():
         try:
