@@ -58,11 +58,11 @@ def _gumbel_pick_kernel(Logits, Thresh, PartVal, PartIdx, stride_r, R, V, chunk,
 
 
 @triton.jit
-def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, T,
-                 BLOCK_T: tl.constexpr):
-    """One program per request. ``Tokens`` / ``Parents`` rows by their own strides (views of wider buffers);
-    ``Picks`` (int32) and ``AcceptIdx`` are contiguous ``[B, T]``."""
-    b = tl.program_id(0)
+def _walk_tree(Tokens, Parents, TreeLens, AcceptIdx, AcceptLen, Bonus, b, pick, stride_tb, stride_pb, T,
+               BLOCK_T: tl.constexpr):
+    """Request ``b``'s walk from the root into the child whose token is its node's pick (``pick``: the
+    request's ``[BLOCK_T]`` int32 picks, in registers). ``Tokens`` / ``Parents`` rows by their own strides
+    (views of wider buffers); ``AcceptIdx`` contiguous ``[B, T]``."""
     b64 = b.to(tl.int64)
     row = b64 * T
     node = tl.arange(0, BLOCK_T)
@@ -74,23 +74,34 @@ def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, 
     cur = 0
     length = 0
     if n > 0:
+        tl.debug_barrier()  # the -1 fill before the path's stores
         tl.store(AcceptIdx + row, 0)
         length = 1
         going = 1
         while going > 0:
-            pick = tl.load(Picks + row + cur)
+            at = tl.sum(tl.where(node == cur, pick, 0), 0)
             # children come after their parent: a table that is not a tree (unchecked) cannot loop forever
-            match = valid & (par == cur) & (tok == pick) & (node > cur)
+            match = valid & (par == cur) & (tok == at) & (node > cur)
             nxt = tl.min(tl.where(match, node, BLOCK_T), 0)
             going = (nxt < BLOCK_T).to(tl.int32)
             if going > 0:
                 tl.store(AcceptIdx + row + length, nxt)
                 length += 1
                 cur = nxt
-        tl.store(Bonus + b, tl.load(Picks + row + cur))
+        tl.store(Bonus + b, tl.sum(tl.where(node == cur, pick, 0), 0))
     else:
         tl.store(Bonus + b, -1)
     tl.store(AcceptLen + b, length)
+
+
+@triton.jit
+def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, T,
+                 BLOCK_T: tl.constexpr):
+    """One program per request: :func:`_walk_tree` over ``Picks`` (int32, contiguous ``[B, T]``)."""
+    b = tl.program_id(0)
+    node = tl.arange(0, BLOCK_T)
+    pick = tl.load(Picks + b.to(tl.int64) * T + node, mask=node < T, other=0)
+    _walk_tree(Tokens, Parents, TreeLens, AcceptIdx, AcceptLen, Bonus, b, pick, stride_tb, stride_pb, T, BLOCK_T)
 
 
 @triton.jit
@@ -100,8 +111,8 @@ def _greedy_accept_kernel(Logits, Tokens, Parents, TreeLens, PartVal, PartIdx, A
     """Greedy acceptance in one launch, grid ``(B, row blocks, vocabulary chunks)``: each program the first
     maximum (lowest id on ties) of its rows' logits over its chunk, into the partials; the last program of
     request ``b`` to arrive (``Arrive[b]`` counts ``arrivals`` programs, and is left 0 for the next call)
-    reduces the chunks in order (the lowest id wins ties), stores the picks and walks the tree as
-    :func:`_walk_kernel` does. ``Logits`` by its three strides; the outputs contiguous."""
+    reduces the chunks in order (the lowest id wins ties), stores the picks and walks the tree
+    (:func:`_walk_tree`). ``Logits`` by its three strides; the outputs contiguous."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -139,32 +150,7 @@ def _greedy_accept_kernel(Logits, Tokens, Parents, TreeLens, PartVal, PartIdx, A
             pv = tl.where(take, val, pv)
         tl.store(Picks + row + node, pick, mask=in_t)
         tl.store(Arrive + b, 0)  # every program of the request has arrived: zero for the next call
-        n = tl.load(TreeLens + b)
-        valid = in_t & (node < n)
-        tok = tl.load(Tokens + b64 * stride_tb + node, mask=valid, other=-1)
-        par = tl.load(Parents + b64 * stride_pb + node, mask=valid, other=-2)
-        tl.store(AcceptIdx + row + node, -1, mask=in_t)
-        cur = 0
-        length = 0
-        if n > 0:
-            tl.debug_barrier()  # the -1 fill before the path's stores
-            tl.store(AcceptIdx + row, 0)
-            length = 1
-            going = 1
-            while going > 0:
-                at = tl.sum(tl.where(node == cur, pick, 0), 0)
-                # children come after their parent: a table that is not a tree (unchecked) cannot loop forever
-                match = valid & (par == cur) & (tok == at) & (node > cur)
-                nxt = tl.min(tl.where(match, node, BLOCK_T), 0)
-                going = (nxt < BLOCK_T).to(tl.int32)
-                if going > 0:
-                    tl.store(AcceptIdx + row + length, nxt)
-                    length += 1
-                    cur = nxt
-            tl.store(Bonus + b, tl.sum(tl.where(node == cur, pick, 0), 0))
-        else:
-            tl.store(Bonus + b, -1)
-        tl.store(AcceptLen + b, length)
+        _walk_tree(Tokens, Parents, TreeLens, AcceptIdx, AcceptLen, Bonus, b, pick, stride_tb, stride_pb, T, BLOCK_T)
 
 
 def greedy_accept_layout(B: int, T: int, V: int, sms: int) -> tuple[int, int, int, int, int]:
