@@ -157,6 +157,32 @@ def test_gpu_graph_step_equals_eager_step_and_plain_greedy(budget):
     assert [r.tokens for r in again] == [r.tokens for r in a] and len(eng_graph._graphs) == graphs
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [0, 16])
+def test_gpu_eager_step_never_waits_for_the_gpu(monkeypatch, budget):
+    """The eager decode step queues its work and returns: any host synchronisation inside it (a value
+    read, a data-dependent shape) raises under ``set_sync_debug_mode("error")``. Only the host loop
+    between steps reads results."""
+    import tritree.engine as engine_mod
+
+    step = engine_mod.decode_step_
+    calls = []
+
+    def guarded(*a, **k):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return step(*a, **k)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            calls.append(1)
+
+    eng = make_engine(device="cuda", graphs=False)
+    eng.generate(PROMPTS, 4, budget=max(budget, 1))  # compiles and fills the caches outside the guard
+    monkeypatch.setattr(engine_mod, "decode_step_", guarded)
+    out = eng.generate(PROMPTS, 8, budget=budget) if budget else eng.generate(PROMPTS, 8, speculative=False)
+    assert calls and all(r.error is None and len(r.tokens) == 8 for r in out), [r.error for r in out]
+
+
 def test_close_all_engines_frees_every_live_engines_graphs():
     """What ``dist.shutdown_tp`` runs before destroying the process group (NCCL's teardown hangs on
     live graphs that captured collectives): every engine a caller still holds loses its graphs."""

@@ -18,7 +18,11 @@ times the step of this slice over a grid of batch, context and tree size and wri
 
 from __future__ import annotations
 
+import cProfile
+import io
 import math
+import pstats
+import time
 from dataclasses import dataclass
 
 import torch
@@ -160,9 +164,11 @@ def without_collectives(tp: TPGroup) -> TPGroup:
 
 
 def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None, experts: str = "int4",
-        auto: bool = False, cost_model=None) -> dict:
+        auto: bool = False, cost_model=None, profile: bool = False) -> dict:
     """One row of the benchmark. ``auto``: trees of ``budget`` nodes sized each step by ``cost_model``
-    (default the slice's :class:`tritree.budget.AnalyticCost`); the row then has ``tree_nodes_mean``."""
+    (default the slice's :class:`tritree.budget.AnalyticCost`); the row then has ``tree_nodes_mean``.
+    ``host_ms``: the Python time of one eager step (to its return, before the synchronisation: the GPU
+    runs behind it); ``profile``: also print a cProfile of ``reps`` eager steps."""
     from .roofline import ceilings_source, device_ceilings, graph_time_us, rotation_count, verify_mla_counts
 
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp, experts=experts)
@@ -186,13 +192,15 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
     step()
     torch.cuda.synchronize()
     phases = {}
-    eager_ms, sizes = [], []
+    eager_ms, host_ms, sizes = [], [], []
     for _ in range(reps):
         timer = PhaseTimer(True, "cuda")
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
+        t0 = time.perf_counter()
         step(timer)
+        host_ms.append((time.perf_counter() - t0) * 1e3)
         b.record()
         b.synchronize()
         eager_ms.append(a.elapsed_time(b))
@@ -200,6 +208,8 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
         for k, v in timer.durations_ms().items():
             phases.setdefault(k, []).append(v)
     med = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
+    if profile:
+        _print_profile(step, reps)
     graph_ms = graph_time_us([step], reps=reps) / 1e3
     graph_ms_local = None
     if active(tp):
@@ -236,12 +246,27 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
     floor_us, bound = ceil.floor_us(nbytes, flops)
     return dict(layers=layers, ctx=ctx, budget=budget, batch=batch, experts=experts, auto=auto,
                 tree_nodes_mean=sum(sizes) / len(sizes) - 1, eager_ms=sorted(eager_ms)[len(eager_ms) // 2],
+                host_ms=sorted(host_ms)[len(host_ms) // 2],
                 graph_ms=graph_ms, graph_ms_without_collectives=graph_ms_local, phases_ms=med,
                 phases_graph_ms=phases_graph, verify_attention_us=attn_us, verify_attention_fragmented_us=attn[True],
                 verify_attention_one_replay_us=attn["one call a replay"],
                 verify_attention_floor_us=floor_us,
                 floor_bound=bound, matmul_tflops=ceil.matmul_tflops, copy_gbps=ceil.copy_gbps,
                 ceilings=ceilings_source())
+
+
+def _print_profile(step, reps: int, top: int = 40) -> None:
+    """The top of a cProfile of ``reps`` eager steps, by own time and by cumulative time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(top)
+        print(f"cProfile of {reps} eager steps, by {key}:\n{out.getvalue()}", flush=True)
 
 
 def main(args, tp=None) -> int:
@@ -261,13 +286,14 @@ def main(args, tp=None) -> int:
         size = args.max_budget if auto else budget
         for layers in (args.layers, args.layers + 1):
             r = run(layers, args.ctx, size, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp, experts=experts,
-                    auto=auto, cost_model=getattr(args, "cost_model", None))
+                    auto=auto, cost_model=getattr(args, "cost_model", None),
+                    profile=getattr(args, "profile", False) and layers == args.layers)
             per[layers] = r
             rows.append(r)
             ph = ", ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
             chosen = f"; tree nodes chosen: mean {r['tree_nodes_mean']:.2f} of {size}" if auto else ""
             say(f"budget {budget:>3} layers {layers}: eager {r['eager_ms']:.3f} ms, graph {r['graph_ms']:.3f} ms "
-                f"(host overhead {r['eager_ms'] - r['graph_ms']:.3f} ms); phases ms: {ph}{chosen}", flush=True)
+                f"(host overhead {r['eager_ms'] - r['graph_ms']:.3f} ms, host time {r['host_ms']:.3f} ms); phases ms: {ph}{chosen}", flush=True)
             if r["graph_ms_without_collectives"] is not None:
                 share = 1 - r["graph_ms_without_collectives"] / r["graph_ms"]
                 say(f"budget {budget:>3} layers {layers}: graph without collectives "

@@ -469,6 +469,8 @@ def main(argv=None) -> int:
     bench.add_argument("--out", default=None, help="append JSON rows here (calibrate: the step-cost JSON, default "
                                                    "~/.cache/tritree/step_cost.json, other GPUs' tables kept)")
     bench.add_argument("--tp", type=int, default=None, help="decode: " + TP_HELP)
+    bench.add_argument("--profile", action="store_true",
+                       help="decode: also print a cProfile of the eager steps (the first slice of each budget)")
     bench.add_argument("--experts", choices=["int4", "bf16"], default="int4",
                        help="decode: routed experts INT4 packed (the W4A16 op) or bf16 (the grouped bf16 path)")
     tr = sub.add_parser("train", help="train the tiny target + DFlash draft on the stdlib's source")
