@@ -164,11 +164,12 @@ def without_collectives(tp: TPGroup) -> TPGroup:
 
 
 def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None, experts: str = "int4",
-        auto: bool = False, cost_model=None, profile: bool = False) -> dict:
+        auto: bool = False, cost_model=None, profile: bool = False, compile: bool = False) -> dict:
     """One row of the benchmark. ``auto``: trees of ``budget`` nodes sized each step by ``cost_model``
     (default the slice's :class:`tritree.budget.AnalyticCost`); the row then has ``tree_nodes_mean``.
     ``host_ms``: the Python time of one eager step (to its return, before the synchronisation: the GPU
-    runs behind it); ``profile``: also print a cProfile of ``reps`` eager steps."""
+    runs behind it); ``profile``: also print a cProfile of ``reps`` eager steps; ``compile``: the step under
+    ``torch.compile`` (as ``Engine(compile=True)`` runs it), eager and captured, without the per-phase split."""
     from .roofline import ceilings_source, device_ceilings, graph_time_us, rotation_count, verify_mla_counts
 
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp, experts=experts)
@@ -184,10 +185,12 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
         for k, v in mutable.items():
             state[k].copy_(v)
 
+    step_fn = torch.compile(decode_step_, dynamic=False) if compile else decode_step_
+
     def step(timer=None, group=tp):
         reset()
-        decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, timer=timer, tp=group,
-                     sizer=sizer)
+        step_fn(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling,
+                timer=None if compile else timer, tp=group, sizer=sizer)
 
     step()
     torch.cuda.synchronize()
@@ -287,7 +290,8 @@ def main(args, tp=None) -> int:
         for layers in (args.layers, args.layers + 1):
             r = run(layers, args.ctx, size, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp, experts=experts,
                     auto=auto, cost_model=getattr(args, "cost_model", None),
-                    profile=getattr(args, "profile", False) and layers == args.layers)
+                    profile=getattr(args, "profile", False) and layers == args.layers,
+                    compile=getattr(args, "compile", False))
             per[layers] = r
             rows.append(r)
             ph = ", ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
@@ -303,7 +307,7 @@ def main(args, tp=None) -> int:
         est61 = a["graph_ms"] + (61 - args.layers) * moe_layer
         verify_share = 61 * b["verify_attention_us"] / 1e3
         ph = b["phases_ms"]
-        non_target = ph.get("draft", 0) + ph.get("tree", 0) + ph.get("accept", 0) + ph["commit"] * 61 / b["layers"]
+        non_target = ph.get("draft", 0) + ph.get("tree", 0) + ph.get("accept", 0) + ph.get("commit", 0) * 61 / b["layers"]
         say(f"budget {budget:>3}: one more MoE layer costs {moe_layer:.3f} ms; 61-layer step ~ {est61:.1f} ms "
             f"({where}); verify attention {b['verify_attention_us']:.1f} us/layer vs floor "
             f"{b['verify_attention_floor_us']:.1f} us ({b['verify_attention_us'] / b['verify_attention_floor_us']:.2f}x, "
