@@ -13,9 +13,6 @@ sets rotated past the L2, captured back to back in one graph: ``tritree.roofline
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import statistics
 import time
 
@@ -23,7 +20,7 @@ import torch
 import triton
 
 import tritree
-from tritree.roofline import append_jsonl, graph_time_us, rotation_count, versions
+from tritree.roofline import append_jsonl, graph_time_us, profile_text, rotation_count, versions
 from tritree.testing import random_verify_inputs
 
 L = 46_000
@@ -114,18 +111,6 @@ def host_us(fn, calls: int) -> float:
         rounds.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(rounds)
-
-
-def profile_text(fn, calls: int, top: int = 25) -> str:
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
-    return s.getvalue()
 
 
 def main() -> int:

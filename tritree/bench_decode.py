@@ -18,10 +18,7 @@ times the step of this slice over a grid of batch, context and tree size and wri
 
 from __future__ import annotations
 
-import cProfile
-import io
 import math
-import pstats
 import time
 from dataclasses import dataclass
 
@@ -42,7 +39,7 @@ from .engine import (
 from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
 from .model.kimi_k2 import param_shapes
-from .roofline import append_jsonl
+from .roofline import append_jsonl, profile_text
 
 # Spread of a uniform random nibble minus 8 (q in [-8, 7]): sqrt((16^2 - 1) / 12).
 _Q_STD = (255 / 12) ** 0.5
@@ -212,7 +209,8 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
             phases.setdefault(k, []).append(v)
     med = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
     if profile:
-        _print_profile(step, reps)
+        text = profile_text(step, reps, 40, ("tottime", "cumulative"))
+        print(f"cProfile of {reps} eager steps, {text}", flush=True)
     graph_ms = graph_time_us([step], reps=reps) / 1e3
     graph_ms_local = None
     if active(tp):
@@ -256,20 +254,6 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
                 verify_attention_floor_us=floor_us,
                 floor_bound=bound, matmul_tflops=ceil.matmul_tflops, copy_gbps=ceil.copy_gbps,
                 ceilings=ceilings_source())
-
-
-def _print_profile(step, reps: int, top: int = 40) -> None:
-    """The top of a cProfile of ``reps`` eager steps, by own time and by cumulative time."""
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(reps):
-        step()
-    prof.disable()
-    torch.cuda.synchronize()
-    for key in ("tottime", "cumulative"):
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(top)
-        print(f"cProfile of {reps} eager steps, by {key}:\n{out.getvalue()}", flush=True)
 
 
 def main(args, tp=None) -> int:

@@ -3,7 +3,10 @@ with input rotation beyond the L2 cache."""
 
 from __future__ import annotations
 
+import cProfile
+import io
 import math
+import pstats
 import statistics
 from dataclasses import dataclass
 
@@ -131,6 +134,22 @@ def graph_time_us(fns, reps: int = 20) -> float:
             f()
     ms = _median_event_time(g.replay, reps=reps, warmup=2)
     return ms * 1e3 / len(fns)
+
+
+def profile_text(fn, calls: int, top: int = 25, sorts=("tottime",)) -> str:
+    """The top ``top`` rows of one cProfile of ``calls`` calls of ``fn`` (synchronised after), once per
+    order in ``sorts`` (``"tottime"``, ``"cumulative"``, ...)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    for key in sorts:
+        out.write(f"by {key}:\n")
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(top)
+    return out.getvalue()
 
 
 def rotation_count(bytes_per_set: int, cap: int = 32) -> int:
