@@ -18,7 +18,11 @@ its own files, ``bench/peer_sglang_moe.py``). Each variant is checked against th
 dequantised weights at every shape before it is timed. Under ``DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120`` the
 ``int4`` variant runs the sm_120 configs on the H200 (mma.sync emulation).
 
-``--configs "BM,gBN,gBK,gW,gS,dBN,dBK,dW,dS,swap;..."`` times these ``Int4MoeConfig`` instead of the table's.
+``walk`` (``bench/int4_walk.py``) reads the same touched experts' weights with the int4 plan's tiles and does
+no arithmetic: the access pattern's own ceiling (not checked against the reference; it computes nothing).
+
+``--configs "BM,gBN,gBK,gW,gS,dBN,dBK,dW,dS,swap;..."`` times these ``Int4MoeConfig`` instead of the table's
+(for ``int4`` and ``walk``).
 """
 
 from __future__ import annotations
@@ -110,6 +114,9 @@ def parse_config(text: str) -> Int4MoeConfig:
 def make_variant(variant: str, experts: Int4Experts, dense, plan):
     if variant == "int4":
         return lambda x, idx, w, out: routed_experts_int4(x, idx, w, experts, out=out, plan=plan)
+    if variant == "walk":
+        from bench.int4_walk import make_walk
+        return make_walk(experts, plan)
     if variant == "bf16":
         wg, wu, wd = dense
         return lambda x, idx, w, out: out.copy_(routed_experts(x, idx, w, wg, wu, wd))
@@ -141,7 +148,7 @@ def main(argv=None):
     ap.add_argument("--shape", nargs="+", default=["ep8", "tp8"], choices=sorted(SHAPES))
     ap.add_argument("--tokens", nargs="+", type=int, default=[1, 9, 17, 33, 65, 129])
     ap.add_argument("--routing", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed"])
-    ap.add_argument("--variant", nargs="+", default=["int4", "bf16"], choices=["int4", "bf16", "sglang"])
+    ap.add_argument("--variant", nargs="+", default=["int4", "bf16"], choices=["int4", "walk", "bf16", "sglang"])
     ap.add_argument("--configs", default="", help="semicolon-separated Int4MoeConfig (see module) for int4")
     ap.add_argument("--out", default="moe_sweep.jsonl")
     ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
@@ -171,9 +178,10 @@ def main(argv=None):
                     xs = [torch.randn(N, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in sets]
                     outs = [torch.empty_like(x) for x in xs]
                     for variant in args.variant:
-                        for cfg in (configs if variant == "int4" else [None]):
+                        tiled = variant in ("int4", "walk")
+                        for cfg in (configs if tiled else [None]):
                             plan = (plan_int4_moe(N, TOPK, E, HIDDEN, I, arch, num_sms(dev), cfg, ALL_EXPERTS)
-                                    if variant == "int4" else None)
+                                    if tiled else None)
                             label = (f"BM{plan.block_m} sk{plan.gate_up_split}/{plan.down_split}"
                                      f"{' swap' if plan.config.swap_ab else ''}"
                                      f"{' *' if cfg is not None else ''}") if plan else "-"
@@ -182,7 +190,7 @@ def main(argv=None):
                                      floor_us=floor_us, bytes=nbytes)
                             try:
                                 fn = make_variant(variant, experts, dense, plan)
-                                r["rel_err"] = check(fn, f32, xs[0], *sets[0])
+                                r["rel_err"] = float("nan") if variant == "walk" else check(fn, f32, xs[0], *sets[0])
                                 fns = [lambda x=x, s=s, o=o: fn(x, s[0], s[1], o) for x, s, o in zip(xs, sets, outs)]
                                 us = graph_time_us(fns)
                                 r.update(us=us, gbps=nbytes / (us * 1e-6) / 1e9,
