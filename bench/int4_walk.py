@@ -4,10 +4,10 @@
 two kernels (gate_up: ``[BN, BK/8]`` words and ``[BN, BK/32]`` scales per K step over the ``2I`` rows of
 ``w13``; down: the same over the ``H`` rows of ``w2``), over the kernels' grid (the same routing align and
 block -> expert map: an expert is read once per block of rows it owns, blocks past the last used one exit),
-the row layout's pointers stepped by a tile, and only folds what it reads into one word a
-program. No dequantisation, no MMA. Timed beside ``routed_experts_int4`` over the same routing, it splits
-the kernels' distance from the copy bandwidth into what the access pattern costs (this walk) and what the
-arithmetic and its latency cost (the rest). ``bench/moe_sweep.py --variant walk`` runs it.
+the kernels' own tile pointers stepped by a tile, and only folds what it reads into one word a
+program. No dequantisation, no MMA, no split-K. Timed beside ``routed_experts_int4`` over the same routing, it splits
+the kernels' distance from the copy bandwidth into what the access pattern costs (this walk) and what
+everything else the kernels do a K step costs (the rest). ``bench/moe_sweep.py --variant walk`` runs it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritree.kernels.moe_int4 import GROUP, Int4Experts, Int4MoePlan, align_routing
+from tritree.kernels.moe_int4 import GROUP, Int4Experts, Int4MoePlan, _tile_pointers, align_routing
 
 
 @triton.jit
@@ -29,9 +29,7 @@ def _walk_kernel(Wp, Ws, BlockExpert, Out, E, KW, stride_pe, stride_pn, stride_s
     e = tl.load(BlockExpert + b)
     if e < E:
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        e64 = e.to(tl.int64)
-        pw = Wp + e64 * stride_pe + n.to(tl.int64)[:, None] * stride_pn + tl.arange(0, BLOCK_K // 8)[None, :]
-        ps = Ws + e64 * stride_se + n.to(tl.int64)[:, None] * stride_sn + tl.arange(0, BLOCK_K // 32)[None, :]
+        pw, ps = _tile_pointers(Wp, Ws, e.to(tl.int64), n, 0, stride_pe, stride_pn, stride_se, stride_sn, BLOCK_K)
         acc_w = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.int32)
         acc_s = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.int32)
         for _c in range(0, KW, BLOCK_K // 8):

@@ -149,7 +149,7 @@ def main(argv=None):
     ap.add_argument("--tokens", nargs="+", type=int, default=[1, 9, 17, 33, 65, 129])
     ap.add_argument("--routing", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed"])
     ap.add_argument("--variant", nargs="+", default=["int4", "bf16"], choices=["int4", "walk", "bf16", "sglang"])
-    ap.add_argument("--configs", default="", help="semicolon-separated Int4MoeConfig (see module) for int4")
+    ap.add_argument("--configs", default="", help="semicolon-separated Int4MoeConfig (see module) for int4 and walk")
     ap.add_argument("--out", default="moe_sweep.jsonl")
     ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
     args = ap.parse_args(argv)
