@@ -24,7 +24,10 @@ import shutil
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.moe_sweep import SHAPES  # noqa: E402
 
 STALLS = ("long_scoreboard", "barrier", "short_scoreboard", "mio_throttle", "wait", "gmma", "not_selected",
           "math_pipe_throttle", "dispatch_stall", "lg_throttle")
@@ -100,7 +103,7 @@ def child(shape: str, N: int) -> None:
     import torch
 
     from bench.int4_walk import make_walk
-    from bench.moe_sweep import ALL_EXPERTS, HIDDEN, SHAPES, TOPK, random_experts, routing_sets
+    from bench.moe_sweep import ALL_EXPERTS, HIDDEN, TOPK, random_experts, routing_sets
     from tritree.kernels.configs import arch_of, num_sms
     from tritree.kernels.moe_int4 import plan_int4_moe, routed_experts_int4
 
@@ -125,7 +128,7 @@ def child(shape: str, N: int) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", nargs="+", default=["ep8", "tp8"], choices=["ep8", "tp8"])
+    ap.add_argument("--shape", nargs="+", default=["ep8", "tp8"], choices=sorted(SHAPES))
     ap.add_argument("--tokens", nargs="+", type=int, default=[17, 65])
     ap.add_argument("--ncu", default=shutil.which("ncu") or "ncu", help="the Nsight Compute command line")
     ap.add_argument("--out", default="ncu_moe.jsonl")
@@ -147,8 +150,8 @@ def main(argv=None) -> None:
                 cmd = [args.ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv",
                        "--print-units", "base", "--metrics", ",".join(METRICS.values()),
                        sys.executable, os.path.abspath(__file__), "--child", shape, str(N)]
-                res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                    [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])})
+                path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+                res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
                 if res.returncode != 0:
                     print(f"| {shape}, {N} | ncu failed (status {res.returncode}): {res.stderr.strip()[-300:]} |")
                     continue
