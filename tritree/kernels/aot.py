@@ -255,11 +255,11 @@ def moe_int4_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     """The INT4 grouped-expert kernels for every config of ``moe_int4.INT4_MOE_CONFIGS``, unsplit and
     split-K (the split gate_up kernel adds fp32 partials by atomics; the down kernel then forms the
     SiLU-and-mul on load)."""
-    from .moe_int4 import INT4_MOE_CONFIGS, _down_int4_kernel, _gate_up_int4_kernel
+    from .moe_int4 import BF16_OUT_SCALE, INT4_MOE_CONFIGS, _down_int4_kernel, _gate_up_int4_kernel
 
     ptr = "*" + dtype
     idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedIdx": "*i32",
-           "E": "i32", "Hd": "i32", "I": "i32"}
+           "E": "i32", "Hd": "i32", "I": "i32", "I_pad": "i32"}
     w = {"stride_pe": "i32", "stride_pn": "i32", "stride_se": "i32", "stride_sn": "i32"}
     act = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
     reports = []
@@ -268,11 +268,12 @@ def moe_int4_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
             continue
         for cfg in sorted(set(table.values()), key=lambda c: c.block_m):
             for split in (1, 2):
-                base = {"TOPK": 8, "BLOCK_M": cfg.block_m, "SPLIT_K": split, "SWAP_AB": cfg.swap_ab, "EVEN": True, "UPCAST": False}
+                base = {"TOPK": 8, "BLOCK_M": cfg.block_m, "SPLIT_K": split, "SWAP_AB": cfg.swap_ab, "EVEN": True, "UPCAST": False,
+                        "OUT_SCALE": BF16_OUT_SCALE if dtype == "bf16" else 1.0}
                 for fn, tiles, sig, extra in (
                     (_gate_up_int4_kernel, cfg.gate_up,
                      {"X": ptr, "Wp": "*i32", "Ws": "*bf16", "Hbuf": ptr if split == 1 else "*fp32", **idx,
-                      "stride_x": "i32", **w, "stride_h": "i32"}, {}),
+                      "stride_x": "i32", **w, "stride_h": "i32"}, {"H_BLOCK_K": cfg.down[1]}),
                     (_down_int4_kernel, cfg.down,
                      {"Hbuf": ptr if split == 1 else "*fp32", "Wp": "*i32", "Ws": "*bf16", "Out": "*fp32",
                       "TopkW": "*fp32", **idx, "stride_h": "i32", **w, "stride_o": "i32"},

@@ -15,16 +15,19 @@ Kernels (one plan per shape, :func:`plan_int4_moe`):
 1. routing align (:func:`align_routing`, one single-program kernel): assignments grouped by expert, cut
    into blocks of ``block_m`` rows, a static upper bound of ``cdiv(N k, block_m) + min(E, N k)`` blocks;
    blocks past the last used one map to expert ``E`` and exit before touching any weight.
-2. gate_up: ``h = silu(x Wg^T) * (x Wu^T)`` per block, the INT4 tiles dequantised in registers by the
-   magic-number conversion (:func:`_magic_pairs`: two weights for three instructions, one scale a word).
+2. gate_up: ``h = silu(x Wg^T) * (x Wu^T)`` per block. A weight tile of ``block_n`` rows is ``block_n / 2`` gate
+   rows over the same up rows (one MMA, one accumulator: half the registers of two tiles, so more programs
+   an SM keep loads in flight); the INT4 tiles are dequantised in registers (:func:`_magic_pairs`: one mask and
+   one packed FMA for two bf16 weights).
    With split-K the raw gate/up sums go to an fp32 buffer by atomics and the SiLU-and-mul moves into the
    down kernel's load.
 3. down: ``out[token] += topk_w * (h Wd^T)``: routed weight and top-k combine fused (fp32 atomics; split-K
    partials add the same way), cast to the activation dtype at the end.
 
-The dequantised tile keeps each word's nibbles in the order they come out of the conversion (pairs ``j, j + 4``
-side by side) and the activations are laid out in that order once per call (:func:`nibble_order` on x; the
-gate_up kernel stores h in it): the dot's sum over K does not depend on the order of its columns, no shuffle
+The dequantised tile's columns are permuted within each K tile so that the MMA's register-operand fragment of
+a thread is the nibbles of adjacent packed words it loads as one vector (:func:`nibble_order`); the
+activations are laid out in that order once per call (x, padded to whole tiles; the gate_up kernel stores h
+in the down kernel's order): the dot's sum over K does not depend on the order of its columns, no shuffle
 across threads is needed and the activation tiles load as contiguous vectors. Pointers advance by a tile per
 K step; shapes whose K and output rows are multiples of the tiles (Kimi K2.6's) load without masks.
 
@@ -193,8 +196,8 @@ def moe_int4_reference(x, topk_idx, topk_w, experts: Int4Experts, dtype=torch.fl
 # --------------------------------------------------------------------------------------------------
 
 def _magic_asm(one: str, bias: str, magic: str, ty: str) -> str:
-    """PTX of :func:`_magic_pairs` for one 16-bit type: ``1.0`` and ``-(magic + 8)`` as packed pairs, the magic
-    number ``128.0`` (bf16) / ``1024.0`` (fp16) whose low mantissa bits take a nibble, the packed FMA type."""
+    """PTX of :func:`_magic_pairs` for fp16: ``1.0`` and ``-(1024 + 8)`` as packed pairs, the magic number
+    ``1024.0`` whose low mantissa bits take a nibble, the packed FMA type."""
     return f"""{{
     .reg .b32 t, one, bias, s2, nz;
     mov.b32 one, {one};
@@ -208,16 +211,33 @@ def _magic_asm(one: str, bias: str, magic: str, ty: str) -> str:
     }}"""
 
 
-_MAGIC_BF16 = tl.constexpr(_magic_asm("0x3F803F80", "0xC308C308", "0x43004300", "bf16x2"))
+# bf16: the two nibbles masked into a pair of subnormals ``u 2^-133`` (exponent field 0: no bias to remove),
+# then one FMA with the scale raised by 2^BF16_SCALE_EXP and ``-8 u``'s share, ``-s 2^(BF16_SCALE_EXP - 130)``,
+# both exact powers of two of ``s`` (one pair a scale: shared by the 16 pairs of a group after CSE):
+# ``(u - 8) s 2^(BF16_SCALE_EXP - 133)`` rounded once, the same bits as ``q s`` scaled by a power of two.
+BF16_SCALE_EXP = 100
+BF16_OUT_SCALE = 2.0 ** (133 - BF16_SCALE_EXP)  # what the bf16 kernels' fp32 sums are multiplied by
+_MAGIC_BF16 = tl.constexpr("""{
+    .reg .b32 t, s2, sp, b, up, dn, nz;
+    mov.b32 up, 0x71807180;
+    mov.b32 dn, 0xB080B080;
+    mov.b32 nz, 0x80008000;
+    mov.b32 s2, {$3, $3};
+    fma.rn.bf16x2 sp, s2, up, nz;
+    fma.rn.bf16x2 b, s2, dn, nz;
+    and.b32 t, $2, 0x000F000F;
+    fma.rn.bf16x2 t, t, sp, b;
+    mov.b32 {$0, $1}, t;
+    }""")
 _MAGIC_FP16 = tl.constexpr(_magic_asm("0x3C003C00", "0xE408E408", "0x64006400", "f16x2"))
 
 
 @triton.jit
 def _magic_pairs(words, s, DTYPE: tl.constexpr):
     """Nibbles 0 and 4 of each (pre-shifted) word as ``DTYPE``: ``(u - 8) * s`` rounded once, by the magic-number
-    conversion: one ``lop3`` puts the two nibbles into the mantissas of a 16-bit pair (``128 + u`` in bf16,
-    ``1024 + u`` in fp16), then two packed FMAs, ``- (128 + 8)`` (exact) and ``* s`` (one rounding): two weights
-    for three instructions, the same values as the fp32 formula."""
+    conversion. bf16: one mask and one packed FMA a pair (``_MAGIC_BF16``), the value scaled by
+    ``1 / BF16_OUT_SCALE``. fp16 (whose exponent range cannot hold the scaled pair): one ``lop3`` puts the nibbles
+    into the mantissas of ``1024 + u``, then two packed FMAs, ``- (1024 + 8)`` (exact) and ``* s``."""
     if DTYPE == tl.bfloat16:
         return tl.inline_asm_elementwise(_MAGIC_BF16, "=h,=h,r,h", [words, s], dtype=(tl.bfloat16, tl.bfloat16),
                                          is_pure=True, pack=1)
@@ -229,30 +249,43 @@ def _magic_pairs(words, s, DTYPE: tl.constexpr):
 @triton.jit
 def _dequant(words, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
     """Packed words ``[BLOCK_N, BLOCK_K/8]`` and their group scales ``[BLOCK_N, BLOCK_K/32]`` -> ``[BLOCK_N, BLOCK_K]`` in
-    ``DTYPE``, its columns in nibble order (:func:`nibble_order`: pairs ``j, j + 4`` of each word side by side,
-    no shuffle across threads). UPCAST (the interpreter, which runs no PTX): the same values by fp32."""
-    w4 = tl.reshape(words[:, :, None] >> (4 * tl.arange(0, 4))[None, None, :], [BLOCK_N, BLOCK_K // 2])
-    s4 = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])
+    ``DTYPE``, its columns in nibble order (:func:`nibble_order`). UPCAST (the interpreter, which runs no PTX): the
+    same values by fp32, unscaled."""
+    M: tl.constexpr = BLOCK_K // 32
+    w4 = words[:, :, None] >> (4 * tl.arange(0, 4))[None, None, :]  # [BN, words, j]: nibbles j and j + 4 low
+    s4 = tl.reshape(tl.broadcast_to(s[:, :, None, None], [BLOCK_N, M, 4, 4]), [BLOCK_N, BLOCK_K // 8, 4])
     if UPCAST:
         lo = (((w4 & 0xF).to(tl.float32) - 8.0) * s4.to(tl.float32)).to(DTYPE)
         hi = ((((w4 >> 16) & 0xF).to(tl.float32) - 8.0) * s4.to(tl.float32)).to(DTYPE)
     else:
         lo, hi = _magic_pairs(w4, s4, DTYPE)
-    return tl.reshape(tl.join(lo, hi), [BLOCK_N, BLOCK_K])
+    v = tl.reshape(tl.join(lo, hi), [BLOCK_N, 4, M, 4, 2])  # [BN, q, m, j, h]: word q M + m, nibbles j, j + 4
+    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), [BLOCK_N, BLOCK_K])  # column 32 m + 8 j + 2 q + h
 
 
-def nibble_order(x: torch.Tensor) -> torch.Tensor:
-    """``x [N, K]`` with each group of 8 columns in the nibble order of :func:`_dequant`'s tiles: position
-    ``2a + b`` of a group holds its column ``4b + a`` (a copy; ``K`` a multiple of 8)."""
+def nibble_order(x: torch.Tensor, block_k: int) -> torch.Tensor:
+    """``x [N, K]`` in the column order of :func:`_dequant`'s tiles of ``block_k`` columns, ``K`` padded with zeros
+    to a multiple of ``block_k`` (a copy): in each tile, position ``32 m + 8 j + 2 q + h`` holds column
+    ``8 (q block_k / 32 + m) + j + 4 h`` (nibble ``j + 4h`` of the tile's word ``q block_k / 32 + m``). The MMA's
+    register operand gives each thread of a quad (``q``) the column pairs ``4 i + q`` of a row: in this order a
+    thread's pairs are the eight nibbles of ``block_k / 32`` adjacent words, which it loads as one vector and
+    dequantises in place (no exchange between threads)."""
     N, K = x.shape
-    return x.reshape(N, K // 8, 2, 4).transpose(2, 3).reshape(N, K)
+    Kp = -(-K // block_k) * block_k
+    if Kp != K:
+        x = F.pad(x, (0, Kp - K))
+    M = block_k // 32
+    return x.reshape(N, Kp // block_k, 4, M, 2, 4).permute(0, 1, 3, 5, 2, 4).reshape(N, Kp)
 
 
 @triton.jit
-def _nibble_slot(n):
-    """Where column ``n`` of an activation goes in the nibble order (:func:`nibble_order`)."""
-    m = n % 8
-    return n - m + 2 * (m % 4) + m // 4
+def _nibble_slot(n, BLOCK_K: tl.constexpr):
+    """Where column ``n`` of an activation goes in the nibble order of ``BLOCK_K`` tiles (:func:`nibble_order`)."""
+    M: tl.constexpr = BLOCK_K // 32
+    r = n % BLOCK_K
+    q = r // (8 * M)
+    m = (r // 8) % M
+    return n - r + 32 * m + 8 * (r % 4) + 2 * q + (r // 4) % 2
 
 
 @triton.jit
@@ -321,71 +354,67 @@ def _weight_tile(pw, ps, n_ok, c, K, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I,
+def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I, I_pad,
                          stride_x, stride_pe, stride_pn, stride_se, stride_sn, stride_h,
                          TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
-    """Grid ``(blocks, cdiv(I, BLOCK_N), SPLIT_K)``. ``X``: the activations in nibble order
-    (:func:`nibble_order`). ``SPLIT_K == 1``: ``Hbuf [N k, I]`` (x's dtype) gets ``silu(g) * u`` at the block's
-    sorted rows; else ``Hbuf [N k, 2I]`` fp32 (zeroed) gets ``g | u`` partials by atomics; columns in nibble
-    order either way. Pointers advance by a tile per step (no per-element address arithmetic in the loop); rows
-    past the block's end read its last row (no mask) and are not stored."""
+                         SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr,
+                         OUT_SCALE: tl.constexpr, H_BLOCK_K: tl.constexpr):
+    """Grid ``(blocks, cdiv(I, BLOCK_N), SPLIT_K)``. ``X [N, H padded]``: the activations in the nibble order of
+    ``BLOCK_K`` tiles (:func:`nibble_order`). ``SPLIT_K == 1``: ``Hbuf [N k, I_pad]`` (x's dtype) gets
+    ``silu(g) * u`` at the block's sorted rows; else ``Hbuf [N k, 2 I_pad]`` fp32 (zeroed) gets ``g | u``
+    partials by atomics; columns in the nibble order of the down kernel's ``H_BLOCK_K`` tiles either way (``I_pad``:
+    ``I`` rounded up to them; the padding is left as it is). Pointers advance by a tile per step (no per-element address arithmetic in the loop); rows
+    past the block's end read its last row (no mask) and are not stored. ``OUT_SCALE``: what the dequantisation
+    left out of the sums (:func:`_magic_pairs`)."""
     b = tl.program_id(0)
     e = tl.load(BlockExpert + b)
     if e < E:  # blocks past the last used one own no rows: no weight is read for them
         r, ok, rc, a = _block_rows(BlockStart, BlockEnd, SortedIdx, b, BLOCK_M)
         tok = a // TOPK
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        HALF: tl.constexpr = BLOCK_N // 2
+        n = tl.program_id(1) * HALF + tl.arange(0, HALF)  # the h columns of this program
         n_ok = n < I
+        i = tl.arange(0, BLOCK_N)
+        rows = tl.program_id(1) * HALF + i % HALF + tl.where(i < HALF, 0, I)  # gate rows n, then up rows I + n
+        rows_ok = tl.program_id(1) * HALF + i % HALF < I
         e64 = e.to(tl.int64)
-        acc_g = _accumulator(SWAP_AB, BLOCK_M, BLOCK_N)
-        acc_u = tl.zeros_like(acc_g)
+        acc = _accumulator(SWAP_AB, BLOCK_M, BLOCK_N)
         lo, hi = _k_range(Hd, BLOCK_K, SPLIT_K)
         c = lo // 8  # first word column of the tile
-        pg, sg = _tile_pointers(Wp, Ws, e64, n, c, stride_pe, stride_pn, stride_se, stride_sn, BLOCK_K)
-        pu = pg + I * stride_pn
-        su = sg + I * stride_sn
-        kx = lo + tl.arange(0, BLOCK_K)
-        px = X + tok.to(tl.int64)[:, None] * stride_x + kx[None, :]
+        pw, ps = _tile_pointers(Wp, Ws, e64, rows, c, stride_pe, stride_pn, stride_se, stride_sn, BLOCK_K)
+        px = X + tok.to(tl.int64)[:, None] * stride_x + (lo + tl.arange(0, BLOCK_K))[None, :]
         DT: tl.constexpr = X.dtype.element_ty
         for _k0 in range(lo, hi, BLOCK_K):
-            if EVEN:
-                xa = tl.load(px)
-            else:
-                xa = tl.load(px, mask=(kx < Hd)[None, :], other=0.0)
-            wg, sgv = _weight_tile(pg, sg, n_ok, c, Hd, BLOCK_K, EVEN)
-            acc_g = _mma(acc_g, xa, _dequant(wg, sgv, BLOCK_N, BLOCK_K, DT, UPCAST), SWAP_AB, UPCAST)
-            wu, suv = _weight_tile(pu, su, n_ok, c, Hd, BLOCK_K, EVEN)
-            acc_u = _mma(acc_u, xa, _dequant(wu, suv, BLOCK_N, BLOCK_K, DT, UPCAST), SWAP_AB, UPCAST)
+            xa = tl.load(px)  # X is padded to whole tiles
+            w, sw = _weight_tile(pw, ps, rows_ok, c, Hd, BLOCK_K, EVEN)
+            acc = _mma(acc, xa, _dequant(w, sw, BLOCK_N, BLOCK_K, DT, UPCAST), SWAP_AB, UPCAST)
             px += BLOCK_K
-            kx += BLOCK_K
-            pg += BLOCK_K // 8
-            pu += BLOCK_K // 8
+            pw += BLOCK_K // 8
             c += BLOCK_K // 8
-            sg += BLOCK_K // 32
-            su += BLOCK_K // 32
+            ps += BLOCK_K // 32
         if SWAP_AB:
-            g, u = tl.trans(acc_g), tl.trans(acc_u)
+            g, u = tl.split(tl.permute(tl.reshape(acc * OUT_SCALE, [2, HALF, BLOCK_M]), (2, 1, 0)))
         else:
-            g, u = acc_g, acc_u
-        dst = Hbuf + r.to(tl.int64)[:, None] * stride_h + _nibble_slot(n)[None, :]  # the down kernel's K order
+            g, u = tl.split(tl.reshape(acc * OUT_SCALE, [BLOCK_M, 2, HALF]).permute(0, 2, 1))
+        dst = Hbuf + r.to(tl.int64)[:, None] * stride_h + _nibble_slot(n, H_BLOCK_K)[None, :]  # down's K order
         mask = ok[:, None] & n_ok[None, :]
         if SPLIT_K == 1:
             tl.store(dst, (g * tl.sigmoid(g) * u).to(Hbuf.dtype.element_ty), mask=mask)
         else:
             tl.atomic_add(dst, g, mask=mask, sem="relaxed")
-            tl.atomic_add(dst + I, u, mask=mask, sem="relaxed")
+            tl.atomic_add(dst + I_pad, u, mask=mask, sem="relaxed")
 
 
 @triton.jit
-def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I,
+def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I, I_pad,
                       stride_h, stride_pe, stride_pn, stride_se, stride_sn, stride_o,
                       TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, ACT_IN_LOAD: tl.constexpr,
-                      DTYPE: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
+                      DTYPE: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr, OUT_SCALE: tl.constexpr):
     """Grid ``(blocks, cdiv(H, BLOCK_N), SPLIT_K)``: ``Out [N, H]`` fp32 (zeroed) ``+= topk_w h Wd^T`` by
-    atomics. ``ACT_IN_LOAD``: ``Hbuf`` holds fp32 ``g | u`` and ``h = silu(g) * u`` is formed on load
-    (rounded to ``DTYPE``, as the unsplit path stores it)."""
+    atomics; ``Hbuf`` as the gate_up kernel writes it, its padding zero. ``ACT_IN_LOAD``: ``Hbuf`` holds fp32
+    ``g | u`` and ``h = silu(g) * u`` is formed on load
+    (rounded to ``DTYPE``, as the unsplit path stores it). ``OUT_SCALE`` as in the gate_up kernel."""
     b = tl.program_id(0)
     e = tl.load(BlockExpert + b)
     if e < E:
@@ -397,27 +426,17 @@ def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEn
         lo, hi = _k_range(I, BLOCK_K, SPLIT_K)
         c = lo // 8  # first word column of the tile
         pw, ps = _tile_pointers(Wp, Ws, e64, n, c, stride_pe, stride_pn, stride_se, stride_sn, BLOCK_K)
-        kh = lo + tl.arange(0, BLOCK_K)
-        ph = Hbuf + rc.to(tl.int64)[:, None] * stride_h + kh[None, :]
-        for _k0 in range(lo, hi, BLOCK_K):
-            hmask = (kh < I)[None, :]
+        ph = Hbuf + rc.to(tl.int64)[:, None] * stride_h + (lo + tl.arange(0, BLOCK_K))[None, :]
+        for _k0 in range(lo, hi, BLOCK_K):  # Hbuf is padded to whole tiles
             if ACT_IN_LOAD:
-                if EVEN:
-                    g = tl.load(ph)
-                    u = tl.load(ph + I)
-                else:
-                    g = tl.load(ph, mask=hmask, other=0.0)
-                    u = tl.load(ph + I, mask=hmask, other=0.0)
+                g = tl.load(ph)
+                u = tl.load(ph + I_pad)
                 h = (g * tl.sigmoid(g) * u).to(DTYPE)
             else:
-                if EVEN:
-                    h = tl.load(ph)
-                else:
-                    h = tl.load(ph, mask=hmask, other=0.0)
+                h = tl.load(ph)
             w, sw = _weight_tile(pw, ps, n_ok, c, I, BLOCK_K, EVEN)
             acc = _mma(acc, h, _dequant(w, sw, BLOCK_N, BLOCK_K, DTYPE, UPCAST), SWAP_AB, UPCAST)
             ph += BLOCK_K
-            kh += BLOCK_K
             pw += BLOCK_K // 8
             c += BLOCK_K // 8
             ps += BLOCK_K // 32
@@ -425,7 +444,7 @@ def _down_int4_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEn
             y = tl.trans(acc)
         else:
             y = acc
-        wt = tl.load(TopkW + a, mask=ok, other=0.0).to(tl.float32)
+        wt = tl.load(TopkW + a, mask=ok, other=0.0).to(tl.float32) * OUT_SCALE
         tok = (a // TOPK).to(tl.int64)
         tl.atomic_add(Out + tok[:, None] * stride_o + n[None, :], y * wt[:, None], mask=ok[:, None] & n_ok[None, :],
                       sem="relaxed")
@@ -457,7 +476,7 @@ class Int4MoeConfig:
 # 101,376 B of shared memory, no spills; sm_90: wgmma wants 64 weight rows on M (swap-AB at few tokens).
 INT4_MOE_CONFIGS: dict[str, dict[int, Int4MoeConfig]] = {
     "sm_90": {
-        16: Int4MoeConfig(16, (64, 128, 4, 3), (64, 128, 4, 3), swap_ab=True),
+        16: Int4MoeConfig(16, (64, 128, 4, 4), (64, 128, 4, 3), swap_ab=True),
         64: Int4MoeConfig(32, (64, 128, 4, 3), (64, 128, 4, 3), swap_ab=True),
         1 << 30: Int4MoeConfig(64, (128, 128, 8, 3), (128, 128, 8, 3), swap_ab=False),
     },
@@ -541,7 +560,7 @@ def plan_int4_moe(N: int, topk: int, E: int, H: int, I: int, arch: str, sms: int
     blocks_used = max(1, used * -(-rows // bm))  # expected blocks that own rows
     gbn, gbk = config.gate_up[:2]
     dbn, dbk = config.down[:2]
-    gate_up_split = _split_for(blocks_used * -(-I // gbn), -(-H // gbk), sms)
+    gate_up_split = _split_for(blocks_used * -(-2 * I // gbn), -(-H // gbk), sms)
     down_split = _split_for(blocks_used * -(-H // dbn), -(-I // dbk), sms)
     return Int4MoePlan(config, min_blocks(A, E, bm), gate_up_split, down_split)
 
@@ -700,29 +719,33 @@ def _launch(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale, out
     I, k = I2 // 2, topk_idx.shape[1]
     cfg = plan.config
     sorted_idx, block_expert, block_start, block_end = align_routing(topk_idx, E, cfg.block_m, plan.num_blocks)
+    gbn, gbk, gw, gs = cfg.gate_up
+    dbn, dbk, dw, ds = cfg.down
+    I_pad = -(-I // dbk) * dbk  # h in whole K tiles of the down kernel (zero padding)
     split_gu = plan.gate_up_split > 1
     if split_gu:
-        hbuf = torch.zeros(N * k, 2 * I, dtype=torch.float32, device=x.device)
+        hbuf = torch.zeros(N * k, 2 * I_pad, dtype=torch.float32, device=x.device)
+    elif I_pad != I:
+        hbuf = torch.zeros(N * k, I_pad, dtype=x.dtype, device=x.device)
     else:
         hbuf = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
     acc = torch.zeros(N, H, dtype=torch.float32, device=x.device)
     upcast = _interpreting()
-    xc = nibble_order(x)  # contiguous tiles of the activations in the order the weight tiles come out
-    gbn, gbk, gw, gs = cfg.gate_up
-    _gate_up_int4_kernel[(plan.num_blocks, triton.cdiv(I, gbn), plan.gate_up_split)](
-        xc, w13_packed, w13_scale, hbuf, block_expert, block_start, block_end, sorted_idx, E, H, I,
+    out_scale = BF16_OUT_SCALE if x.dtype == torch.bfloat16 and not upcast else 1.0
+    xc = nibble_order(x, gbk)  # contiguous tiles of the activations in the order the weight tiles come out
+    _gate_up_int4_kernel[(plan.num_blocks, triton.cdiv(I, gbn // 2), plan.gate_up_split)](
+        xc, w13_packed, w13_scale, hbuf, block_expert, block_start, block_end, sorted_idx, E, H, I, I_pad,
         xc.stride(0), w13_packed.stride(0), w13_packed.stride(1), w13_scale.stride(0), w13_scale.stride(1),
         hbuf.stride(0), TOPK=k, BLOCK_M=cfg.block_m, BLOCK_N=gbn, BLOCK_K=gbk, SPLIT_K=plan.gate_up_split,
-        SWAP_AB=cfg.swap_ab, EVEN=H % gbk == 0 and I % gbn == 0, UPCAST=upcast, num_warps=gw, num_stages=gs)
-    dbn, dbk, dw, ds = cfg.down
+        SWAP_AB=cfg.swap_ab, EVEN=H % gbk == 0 and I % (gbn // 2) == 0, UPCAST=upcast, OUT_SCALE=out_scale,
+        H_BLOCK_K=dbk, num_warps=gw, num_stages=gs)
     tw = topk_w.reshape(-1).contiguous()
     _down_int4_kernel[(plan.num_blocks, triton.cdiv(H, dbn), plan.down_split)](
-        hbuf, w2_packed, w2_scale, acc, tw, block_expert, block_start, block_end, sorted_idx, E, H, I,
+        hbuf, w2_packed, w2_scale, acc, tw, block_expert, block_start, block_end, sorted_idx, E, H, I, I_pad,
         hbuf.stride(0), w2_packed.stride(0), w2_packed.stride(1), w2_scale.stride(0), w2_scale.stride(1),
         acc.stride(0), TOPK=k, BLOCK_M=cfg.block_m, BLOCK_N=dbn, BLOCK_K=dbk, SPLIT_K=plan.down_split,
         SWAP_AB=cfg.swap_ab, ACT_IN_LOAD=split_gu, DTYPE=_TL_DTYPE[x.dtype], EVEN=I % dbk == 0 and H % dbn == 0,
-        UPCAST=upcast,
-        num_warps=dw, num_stages=ds)
+        UPCAST=upcast, OUT_SCALE=out_scale, num_warps=dw, num_stages=ds)
     out.copy_(acc)
 
 
