@@ -359,12 +359,14 @@ def _gate_up_int4_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, Sor
                          TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr,
                          OUT_SCALE: tl.constexpr, H_BLOCK_K: tl.constexpr):
-    """Grid ``(blocks, cdiv(I, BLOCK_N), SPLIT_K)``. ``X [N, H padded]``: the activations in the nibble order of
-    ``BLOCK_K`` tiles (:func:`nibble_order`). ``SPLIT_K == 1``: ``Hbuf [N k, I_pad]`` (x's dtype) gets
+    """Grid ``(blocks, cdiv(I, BLOCK_N / 2), SPLIT_K)``: a program's weight tile is ``BLOCK_N / 2`` gate rows over
+    the same up rows, its output ``BLOCK_N / 2`` columns of h. ``X [N, H padded]``: the activations in the nibble
+    order of ``BLOCK_K`` tiles (:func:`nibble_order`). ``SPLIT_K == 1``: ``Hbuf [N k, I_pad]`` (x's dtype) gets
     ``silu(g) * u`` at the block's sorted rows; else ``Hbuf [N k, 2 I_pad]`` fp32 (zeroed) gets ``g | u``
-    partials by atomics; columns in the nibble order of the down kernel's ``H_BLOCK_K`` tiles either way (``I_pad``:
-    ``I`` rounded up to them; the padding is left as it is). Pointers advance by a tile per step (no per-element address arithmetic in the loop); rows
-    past the block's end read its last row (no mask) and are not stored. ``OUT_SCALE``: what the dequantisation
+    partials by atomics; columns in the nibble order of the down kernel's ``H_BLOCK_K`` tiles either way
+    (``I_pad``: ``I`` rounded up to them; the padding is not written). Pointers advance by a tile per step (no
+    per-element address arithmetic in the loop); rows past the block's end read its last row (no mask) and are
+    not stored. ``OUT_SCALE``: what the dequantisation
     left out of the sums (:func:`_magic_pairs`)."""
     b = tl.program_id(0)
     e = tl.load(BlockExpert + b)
