@@ -9,7 +9,7 @@ emulation); the routed layer is bandwidth-bound, so its model is the RTX PRO 600
 fraction of the H200's copy floor the emulated run reaches (the ceilings stored in each row).
 
 No sm_120 GPU is available to this project (docs/SPEC.md section 6). This prints, for each
-``tritree-sm120`` / ``tritree-fp8`` row of ``bench.verify_sweep`` output run under
+``tritree-sm120`` / ``tritree-sm120-triton`` / ``tritree-fp8`` row of ``bench.verify_sweep`` output run under
 ``DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120`` on the H200:
 
 * the RTX PRO 6000's roofline floor from its paper figures (``tritree.roofline.RTX_PRO_6000``:
@@ -28,7 +28,8 @@ import re
 
 from tritree.roofline import RTX_PRO_6000, Ceilings, verify_mla_counts
 
-ROW = re.compile(r"L=\s*(\d+) T=\s*(\d+) H=\s*(\d+) B=\s*(\d+) P=\s*(\d+) (tritree-sm120|tritree-fp8)\s+([\d.]+) us")
+ROW = re.compile(r"L=\s*(\d+) T=\s*(\d+) H=\s*(\d+) B=\s*(\d+) P=\s*(\d+)f? "
+                 r"(tritree-sm120-triton|tritree-sm120|tritree-fp8)\s+([\d.]+) us")
 
 
 def model_rows(lines, emulated: Ceilings):

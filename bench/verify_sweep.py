@@ -2,7 +2,8 @@
 PyTorch version a user would write (gather the pages, dense masked attention).
 
     python -m bench.verify_sweep --grid full --variant tritree --variant torch --out results.jsonl
-    DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 python -m bench.verify_sweep --variant tritree-sm120 ...
+    DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 python -m bench.verify_sweep --grid sm120 --variant tritree-sm120 \
+        --variant tritree-sm120-triton --mma-sync-ceiling
     python -m bench.verify_sweep --trees chain --variant tritree --variant flashinfer ...
 
 ``flashinfer``: FlashInfer's MLA kernel (``flashinfer.mla.BatchMLAPagedAttentionWrapper``, issue #2's named
@@ -10,7 +11,11 @@ peer; FlashInfer carried to the GPU machine as wheels, ``bench/PEERS.md``) over 
 table and queries, for chain-shaped trees only (``--trees chain``: its causal mask is a chain's tree mask).
 
 The sm_120 emulation (mma.sync instead of wgmma, with the sm_120 config table) must run in its own
-process: Triton reads DISABLE_MMA_V3 when it compiles.
+process: Triton reads DISABLE_MMA_V3 when it compiles. ``tritree-sm120`` is what ``verify_mla`` runs there
+(bf16 pools: the Gluon ``mma.sync`` kernel, ``kernel="gluon-mma"``, whose instructions are sm_120's on any GPU;
+fp8 pools: the Triton kernel); ``tritree-sm120-triton`` the Triton kernel with the tiles that served bf16 pools
+on sm_120 before the Gluon kernel (16x64x4x2 at P >= 64, 32x32x8x2 below). ``--mma-sync-ceiling`` measures
+``bench.mma_sync_ceiling`` in the same process and reports each row against it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ GRIDS = {
     "targets": dict(L=[46000], T=[8, 16, 64], H=[8, 64], B=[1], P=[1, 64]),
     # The engine's verify shapes (T = budget + 1) on a TP8 rank of K2.6 (8 heads).
     "engine": dict(L=[46000], T=[8, 17, 65], H=[8], B=[1], P=[64]),
+    # sm_120's target shapes: T = 8, 17, 65 with H = 8 and T = 16 with H = 64, at 46k and 128k, B = 1 and 4.
+    "sm120": dict(L=[46000, 131072], T=[8, 16, 17, 65], H=[8, 64], B=[1, 4], P=[1, 64],
+                  where=lambda B, T, H, L, P: (H == 8 and T != 16) or (H == 64 and T == 16)),
 }
 TORCH_SCORE_LIMIT = 8 << 30  # skip the dense PyTorch version when its score tensor would exceed this
 
@@ -124,8 +132,16 @@ def to_fp8_sets(sets):
     return sets
 
 
+def sm120_triton_config(P: int) -> AttnConfig:
+    """The Triton kernel's tiles that served bf16 pools on sm_120 before the Gluon kernel: 16x64x4x2 where a
+    page holds a tile, 32x32x8x2 below (one page id a row; 16x64 spills there)."""
+    return AttnConfig(16, 64, 4, 2) if P >= 64 else AttnConfig(32, 32, 8, 2)
+
+
 def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):
     fp8 = variant == "tritree-fp8"
+    if variant == "tritree-sm120-triton" and config is None:
+        config = sm120_triton_config(P)
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
     row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, trees=trees, config=str(config) if config else "default",
@@ -205,10 +221,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="targets", choices=sorted(GRIDS))
     ap.add_argument("--variant", action="append",
-                    choices=["tritree", "tritree-fp8", "tritree-sm120", "torch", "flashinfer"],
+                    choices=["tritree", "tritree-fp8", "tritree-sm120", "tritree-sm120-triton", "torch",
+                             "flashinfer"],
                     help="tritree-fp8: the pool quantised to float8_e4m3fn with a per-tensor scale; tritree-sm120: "
-                         "the sm_120 table under mma.sync emulation; torch: the dense PyTorch version; flashinfer: "
-                         "FlashInfer's MLA kernel (with --trees chain)")
+                         "the sm_120 table under mma.sync emulation; tritree-sm120-triton: the Triton kernel with "
+                         "sm_120's former bf16 tiles; torch: the dense PyTorch version; flashinfer: FlashInfer's "
+                         "MLA kernel (with --trees chain)")
+    ap.add_argument("--mma-sync-ceiling", action="store_true",
+                    help="measure the mma.sync ceiling (bench.mma_sync_ceiling) in this process and report each "
+                         "row's TFLOP/s against it")
     ap.add_argument("--trees", default="random", choices=sorted(TREE_KINDS),
                     help="tree shapes: random/wide trees, or chains (causal; what FlashInfer supports)")
     ap.add_argument("--fragmented", action="store_true",
@@ -221,11 +242,18 @@ def main(argv=None):
     ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
     args = ap.parse_args(argv)
     variants = args.variant or ["tritree"]
-    if "tritree-sm120" in variants and (os.environ.get("DISABLE_MMA_V3") != "1" or os.environ.get("TRITREE_ARCH") != "sm_120"):
-        sys.exit("tritree-sm120 needs DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 in the environment")
+    sm120 = {"tritree-sm120", "tritree-sm120-triton"} & set(variants)
+    if sm120 and (os.environ.get("DISABLE_MMA_V3") != "1" or os.environ.get("TRITREE_ARCH") != "sm_120"):
+        sys.exit(f"{sorted(sm120)} need DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 in the environment")
     ceil = cached_ceilings(args.ceilings)
     print(f"# {versions()}; copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s "
           f"({'from ' + args.ceilings if args.ceilings else ceilings_source()})", flush=True)
+    mma_sync = None
+    if args.mma_sync_ceiling:
+        from bench.mma_sync_ceiling import measure
+
+        mma_sync = max(t for t, _ in measure(8192).values())
+        print(f"# mma.sync ceiling (Triton bf16 matmul 8192^3, this process): {mma_sync:.1f} TFLOP/s", flush=True)
     configs = [None]
     if args.configs:
         configs = [parse_config(c) for c in args.configs.split(";")]
@@ -234,6 +262,8 @@ def main(argv=None):
     with open(args.out, "a") as f:
         for L, T, H, B, P in itertools.product(grid["L"], grid["T"], grid["H"], grid["B"], grid["P"]):
             if args.filter and not eval(args.filter, {}, dict(B=B, T=T, H=H, L=L, P=P)):
+                continue
+            if "where" in grid and not grid["where"](B=B, T=T, H=H, L=L, P=P):
                 continue
             for variant in variants:
                 for cfg in (configs if variant != "torch" else [None]):
@@ -244,9 +274,14 @@ def main(argv=None):
                         r = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(cfg), skipped=f"{type(e).__name__}: {str(e)[:200]}")
                         torch.cuda.empty_cache()
                     r["ceilings"] = ceil.__dict__
+                    extra = ""
+                    if mma_sync and "tflops" in r:
+                        r["mma_sync_tflops"] = mma_sync
+                        r["frac_mma_sync"] = r["tflops"] / mma_sync
+                        extra = f"  {r['frac_mma_sync'] * 100:5.1f}% of mma.sync"
                     f.write(json.dumps(r) + "\n")
                     f.flush()
-                    print(fmt_row(r) + (f" [{r['config']}]" if cfg else ""), flush=True)
+                    print(fmt_row(r) + extra + (f" [{r['config']}]" if cfg else ""), flush=True)
     print(f"# sweep done in {time.time() - t0:.0f} s")
 
 

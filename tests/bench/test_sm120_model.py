@@ -15,9 +15,10 @@ def _row(T, H, P, variant, us, L=46000):
 
 
 @pytest.mark.parametrize("T,H,variant,kv_bytes", [(65, 8, "tritree-sm120", 2), (8, 8, "tritree-sm120", 2),
-                                                  (64, 8, "tritree-fp8", 1)])
+                                                  (64, 8, "tritree-fp8", 1), (65, 8, "tritree-sm120-triton", 2)])
 def test_model_divides_the_paper_floor_by_the_emulated_fraction(T, H, variant, kv_bytes):
     (r,) = model_rows([_row(T, H, 64, variant, 490.9)], EMULATED)
+    assert r["variant"] == variant
     nbytes, flops = verify_mla_counts(1, T, H, 46000, kv_bytes=kv_bytes)
     emu_floor, _ = EMULATED.floor_us(nbytes, flops)
     rtx_floor, bound = RTX_PRO_6000.floor_us(nbytes, flops)

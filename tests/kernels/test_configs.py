@@ -22,7 +22,7 @@ def test_fp8_pools_take_the_fp8_table_where_there_is_one(rows):
     cfg = lookup(VERIFY_MLA_CONFIGS, "sm_90", rows, page_size=64, kv_fp8=True)
     table = VERIFY_MLA_CONFIGS["sm_90:fp8"]
     assert cfg == table[min(b for b in table if rows <= b)]
-    assert cfg.kernel == "triton"  # the Gluon kernels are bf16-only
+    assert cfg.kernel == "triton"  # the Hopper Gluon kernels are bf16-only
     if rows > 16:
         assert cfg.num_stages == 3 and cfg.tma
     # Pages below a tile: the small-pages table, as for bf16 pools.
@@ -30,18 +30,18 @@ def test_fp8_pools_take_the_fp8_table_where_there_is_one(rows):
         lookup(VERIFY_MLA_CONFIGS, "sm_90", rows, page_size=1)
     # Architectures without an fp8 table keep their own.
     assert lookup(VERIFY_MLA_CONFIGS, "sm_80", rows, kv_fp8=True) == lookup(VERIFY_MLA_CONFIGS, "sm_80", rows)
-    # sm_120's bf16 config spills with fp8 tiles (their conversion needs registers): its own fp8 table;
-    # pages below its tiles take the small-pages table, which compiles for both pool dtypes.
-    assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=64, kv_fp8=True) == \
-        VERIFY_MLA_CONFIGS["sm_120:fp8"][1 << 30]
-    for P in (1, 16, 32):
+    # sm_120: bf16 and fp8 pools run the Gluon mma.sync kernel at every page size (the fp8 table's config, whose
+    # 32x32 tiles also serve the Triton kernel where the Gluon one cannot).
+    for P in (1, 16, 32, 64):
         assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P, kv_fp8=True) == \
-            lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P) == VERIFY_MLA_CONFIGS["sm_120:small_pages"][1 << 30]
+            VERIFY_MLA_CONFIGS["sm_120:fp8"][1 << 30]
+        assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P, kv_fp8=True).kernel == "gluon-mma"
+        assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P).kernel == "gluon-mma"
 
 
 @pytest.mark.parametrize("P", [1, 16, 32, 64, 128])
 def test_pages_smaller_than_the_tiles_take_the_small_pages_table(P):
-    for arch in ("sm_90", "sm_120"):
+    for arch in ("sm_90",):
         for rows in (8, 64, 520):
             main = lookup(VERIFY_MLA_CONFIGS, arch, rows)
             small = lookup(VERIFY_MLA_CONFIGS, f"{arch}:small_pages", rows)

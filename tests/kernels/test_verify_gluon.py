@@ -264,7 +264,7 @@ def test_verify_mla_launches_on_h200(B, T, H, P, route, splits, grid, monkeypatc
 
 def run_kernel(case, kernel, num_splits, *, contiguous_partials=True):
     """``out, lse`` of one launch of ``kernel`` (``"gluon"``: ``launch_verify_gluon``; ``"gluon-ws"``:
-    ``launch_verify_gluon_ws``) into verify_mla's destinations (``split_destinations`` with the partials'
+    ``launch_verify_gluon_ws``; ``"gluon-mma"``: ``launch_verify_gluon_mma``) into verify_mla's destinations (``split_destinations`` with the partials'
     dtype of ``partials_narrow_for``), then the merge. Output, lse and partials poisoned with NaN first;
     every partial row of every split checked written. ``contiguous_partials=False``: the partials as a
     strided view (the staged store instead of TMA boxes)."""
@@ -285,7 +285,8 @@ def run_kernel(case, kernel, num_splits, *, contiguous_partials=True):
         dst_o.fill_(float("nan"))
         dst_l.fill_(float("nan"))
         assert dst_o.dtype == (q.dtype if narrow else torch.float32)
-    launch = L.launch_verify_gluon_ws if kernel == "gluon-ws" else L.launch_verify_gluon
+    launch = {"gluon-ws": L.launch_verify_gluon_ws, "gluon-mma": L.launch_verify_gluon_mma}.get(kernel,
+                                                                                                 L.launch_verify_gluon)
     launch(q, kv, case["page_table"], case["kv_lens"], case["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
            l_strides, SM_SCALE, num_splits)
     if num_splits > 1:

@@ -1,4 +1,4 @@
-"""Host side of the Hopper Gluon verify kernels: which compiled kernel a launch runs, and the launch.
+"""Host side of the Gluon verify kernels: which compiled kernel a launch runs, and the launch.
 
 ``plan_verify_gluon`` turns the static facts of a call (kernel name, B, T, H, P, split count, SMs, whether
 the device takes programmatic dependent launch, the partials' dtype) into a frozen ``GluonLaunch``: pure
@@ -14,6 +14,9 @@ P % 64 == 0, ``kernel="gluon-ws"`` above; pages below 64 take ``"gluon-ws"`` abo
   the rest of the process); several splits write bf16 partials re-laid out before their store
   (``COALESCED_STORE``; fp32 partials from the MMA layout measured slower). P < 64: row gathers, fp32
   partials.
+* ``"gluon-mma"`` (``_verify_gluon_sm120``, sm_120's ``mma.sync`` kernel, also run on Hopper): grid
+  ``(cdiv(M, 32), splits, B)``, 8 warps, row gathers by ``cp.async`` for every page size (16-byte aligned
+  rows), bf16 or fp8 (e4m3) pools, fp32 partials.
 * ``"gluon-ws"`` (``_verify_gluon_ws``, its producer partition in ``_verify_gluon_ws_producer``): 16-bit partials
   (the output's dtype) always.
   - Narrow block rule: with at least ``NARROW_MIN_BLOCKS`` row blocks, a last block of at most 8 / 16 real
@@ -59,6 +62,9 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ._verify_gluon_plain import _verify_gluon_kernel
+    from ._verify_gluon_sm120 import BLOCK_M as MMA_BLOCK_M
+    from ._verify_gluon_sm120 import BLOCK_N as MMA_BLOCK_N
+    from ._verify_gluon_sm120 import _verify_gluon_mma_kernel
     from ._verify_gluon_ws import _verify_gluon_ws_kernel
 
     GLUON_AVAILABLE = True
@@ -77,7 +83,10 @@ GATHER_PRODUCER_REGS = 40  # row addresses for 4 rows x 2 tiles per thread
 # Page sizes below one tile: full tiles are cp.async row gathers, not TMA.
 GATHER_PAGE_SIZES = (1, 2, 4, 8, 16, 32)
 SMEM_LIMIT_SM90 = 232_448
-KERNELS = ("gluon", "gluon-ws")
+KERNELS = ("gluon", "gluon-ws", "gluon-mma")
+# The GPUs (compute capability majors) each kernel runs on: the Hopper kernels use wgmma and 227 KB of shared
+# memory; the mma.sync kernel runs on sm_120 and, with the same instructions, on Hopper.
+KERNEL_MAJORS = {"gluon": (9,), "gluon-ws": (9,), "gluon-mma": (9, 12)}
 # Narrow block rule: at least this many row blocks (with two full blocks, more splits shorten their chunks
 # less than the page and pair rounding costs: T=17,H=8 measured slower), and a narrow program's time per key
 # over a 64-row block's for the split choice (an estimate: the tiles still pass through shared memory).
@@ -130,6 +139,11 @@ def partials_narrow_for(kernel: str, page_size: int) -> bool | None:
     return True if kernel == "gluon-ws" else None
 
 
+def runs_on(kernel: str, major: int) -> bool:
+    """Whether ``kernel`` runs on a GPU of compute capability major ``major``."""
+    return major in KERNEL_MAJORS.get(kernel, ())
+
+
 def _full_or_narrow(rows: int, narrow: int) -> bool:
     """The masked pairs / wide copies / split PDL condition: a narrow block, or rows that fill the last."""
     return narrow > 0 or rows % BLOCK_M == 0
@@ -153,7 +167,8 @@ class GluonLaunch:
 
     @property
     def fn(self):
-        return _verify_gluon_ws_kernel if self.kernel == "gluon-ws" else _verify_gluon_kernel
+        return {"gluon-ws": _verify_gluon_ws_kernel, "gluon-mma": _verify_gluon_mma_kernel}.get(
+            self.kernel, _verify_gluon_kernel)
 
     def options(self) -> dict:
         opts = {"num_warps": NUM_WARPS}
@@ -181,10 +196,14 @@ def plan_verify_gluon(*, kernel: str, batch: int, T: int, H: int, page_size: int
         partials_dtype = torch.bfloat16 if (num_splits == 1 or partials_narrow_for(kernel, page_size)) else torch.float32
     p16 = partials_dtype in (torch.bfloat16, torch.float16)
     M = T * H
+    common = dict(PAGE_SIZE=page_size, SINGLE_SPLIT=num_splits == 1)
+    if kernel == "gluon-mma":
+        cx = dict(common, BLOCK_M=MMA_BLOCK_M, BLOCK_N=MMA_BLOCK_N, D_LAT=D_LAT, D_PE=D_PE)
+        return GluonLaunch(kernel, (triton.cdiv(M, MMA_BLOCK_M), num_splits, batch), num_splits, num_splits,
+                           tuple(cx.items()), False, None, False, False, False, False, p16)
     gather = page_size % BLOCK_N != 0
     row_blocks = triton.cdiv(M, BLOCK_M)
     grid = (row_blocks, num_splits, batch)
-    common = dict(PAGE_SIZE=page_size, SINGLE_SPLIT=num_splits == 1)
     if kernel == "gluon":
         tma3d = USE_TMA3D and not gather
         cx = dict(common, TMA3D=tma3d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
@@ -251,9 +270,11 @@ def partials_descriptor(dst_o: torch.Tensor):
 
 def descriptors_for(launch: GluonLaunch, kv: torch.Tensor, dst_o: torch.Tensor | None = None) -> tuple:
     """The TMA descriptors ``launch`` passes, in its argument order (the plain kernel: ``(kv_desc, kv_desc3)``;
-    the ws kernel: ``(kv_desc, kv_desc3, kv_desc_pages, out_desc)``; an unused slot holds ``kv_desc``). They
-    depend on ``kv``'s pointer, shape and strides (and ``dst_o``'s, for the partials descriptor): a caller
-    may keep them while those are unchanged."""
+    the ws kernel: ``(kv_desc, kv_desc3, kv_desc_pages, out_desc)``; an unused slot holds ``kv_desc``; the
+    mma.sync kernel: none). They depend on ``kv``'s pointer, shape and strides (and ``dst_o``'s, for the
+    partials descriptor): a caller may keep them while those are unchanged."""
+    if launch.kernel == "gluon-mma":
+        return ()
     desc = kv_descriptor(kv)
     if launch.kernel == "gluon":
         return desc, kv_descriptor3(kv) if launch.tma3d else desc
@@ -266,15 +287,24 @@ def descriptors_for(launch: GluonLaunch, kv: torch.Tensor, dst_o: torch.Tensor |
 
 # ---- launch ---------------------------------------------------------------------------------
 
-def _check(q, kv, num_splits):
+def _check(q, kv, num_splits, kernel="gluon"):
     if not GLUON_AVAILABLE:
         raise RuntimeError(f"triton.experimental.gluon is not available: {_IMPORT_ERROR!r}")
     num_pages, P, D = kv.shape
-    if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
-        raise TypeError("the Gluon verify kernel takes bf16 q and kv")
     if q.shape[-1] != D_QK or D != D_QK:
         raise ValueError(f"the Gluon verify kernel needs 576 channels (512 + 64), got q {tuple(q.shape)}, "
                          f"kv {tuple(kv.shape)}")
+    if kernel != "gluon-mma" and (q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16):
+        raise TypeError("the Gluon verify kernel takes bf16 q and kv")
+    if kernel == "gluon-mma":  # row gathers at any page size, bf16 or fp8 (e4m3) pools
+        if q.dtype != torch.bfloat16 or kv.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+            raise TypeError("the mma.sync Gluon verify kernel takes bf16 q and a bf16 or float8_e4m3fn pool")
+        esz = kv.element_size()
+        if kv.stride(2) != 1 or (kv.stride(0) * esz) % 16 or (kv.stride(1) * esz) % 16 or kv.data_ptr() % 16:
+            raise ValueError("the Gluon verify kernel needs 16-byte aligned pool rows (channel stride 1)")
+        if num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+        return
     if P % BLOCK_N and P not in GATHER_PAGE_SIZES:
         raise ValueError(f"the Gluon verify kernel needs a page size that is a multiple of {BLOCK_N} or one of "
                          f"{GATHER_PAGE_SIZES}, got {P}")
@@ -290,12 +320,21 @@ def _check(q, kv, num_splits):
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
 
 
+def scale_args(kernel: str, sm_scale: float, kv_scale: float | None) -> tuple:
+    """The kernel's scale arguments: ``sm_scale log2(e)``; the mma.sync kernel also takes an fp8 pool's
+    ``kv_scale`` (folded into the score scale, and applied to O once)."""
+    if kernel != "gluon-mma":
+        return (float(sm_scale) * LOG2E,)
+    kv_scale = 1.0 if kv_scale is None else float(kv_scale)
+    return (float(sm_scale) * kv_scale * LOG2E, kv_scale)
+
+
 def run_verify_gluon(launch: GluonLaunch, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides,
-                     l_strides, sm_scale, descriptors=None):
+                     l_strides, sm_scale, descriptors=None, kv_scale=None):
     """Launches ``launch`` with ``verify_mla._launch_verify``'s conventions (``dst_o, dst_l, o_strides,
     l_strides`` from ``_splitkv.split_destinations``; with several splits the caller merges the partials,
     ``_splitkv.combine_splits``). ``descriptors``: ``descriptors_for(launch, kv, dst_o)``, or None to build
-    them. Returns the compiled kernel."""
+    them. ``kv_scale``: an fp8 pool's scale (the mma.sync kernel). Returns the compiled kernel."""
     B, T, H, _ = q.shape
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
@@ -305,7 +344,7 @@ def run_verify_gluon(launch: GluonLaunch, q, kv, page_table, kv_lens, tree_mask,
     return launch.fn[launch.grid](
         q, kv, *descriptors, page_table, kv_lens, tree_mask, tree_lens,
         dst_o, dst_l,
-        float(sm_scale) * LOG2E,
+        *scale_args(launch.kernel, sm_scale, kv_scale),
         q.stride(0), q.stride(1), q.stride(2),
         kv.stride(0), kv.stride(1),
         page_table.stride(0), page_table.shape[1], kv.shape[0],
@@ -345,6 +384,16 @@ def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o,
     return run_verify_gluon(launch, *args)
 
 
+def launch_verify_gluon_mma(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
+                            sm_scale, num_splits, kv_scale=None):
+    """The sm_120 ``mma.sync`` kernel (``kernel="gluon-mma"``): plan + run; ``kv_scale`` for a float8_e4m3fn
+    pool. Returns the compiled kernel."""
+    _check(q, kv, num_splits, "gluon-mma")
+    launch = _plan_for("gluon-mma", q, kv, dst_o, num_splits)
+    return run_verify_gluon(launch, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides,
+                            l_strides, sm_scale, kv_scale=kv_scale)
+
+
 def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
                            sm_scale, num_splits, timeline: int = 0):
     """The warp-specialised kernel (``kernel="gluon-ws"``): plan + run. ``dst_o``: 16-bit (the output, or
@@ -369,7 +418,8 @@ def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, kernel="glu
         lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H,
                                                             partials_narrow_for(kernel, kv.shape[1]))
-    launch = launch_verify_gluon_ws if kernel == "gluon-ws" else launch_verify_gluon
+    launch = {"gluon-ws": launch_verify_gluon_ws, "gluon-mma": launch_verify_gluon_mma}.get(kernel,
+                                                                                           launch_verify_gluon)
     launch(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale, num_splits)
     if num_splits > 1:
         combine_splits(dst_o, dst_l, out, lse)

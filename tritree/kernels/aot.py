@@ -2,6 +2,7 @@
 
 ``python -m tritree.kernels.aot`` compiles every config of every table for its architecture and
 prints shared memory, registers and spills; ``tests/kernels/test_aot_audit.py`` asserts the limits.
+The sm_120 Gluon verify kernel is among them (``gluon_mma_reports``, compiled for sm_120 and sm_90).
 ``--gluon``: the Hopper Gluon verify kernels' shipped launches instead (``gluon_verify_reports``).
 Triton compiles for any target on a CPU-only machine; registers and spills come from the
 ``cuobjdump`` that the Triton wheel ships.
@@ -116,7 +117,14 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
         no_fp8 = key == arch and f"{arch}:fp8" in VERIFY_MLA_CONFIGS
         kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.tma, c.split_scores): c for c in table.values()}
         # Small-pages tables serve pages below a tile: one page id per row (the P = 1 and P = 16 compiles).
-        page_sizes = SMALL_PAGE_SIZES if key.endswith(":small_pages") else (64,)
+        # Small-pages tables serve pages below a tile; where an architecture that must not spill has none, its
+        # main table serves them too (one page id per row, a different compile).
+        if key.endswith(":small_pages"):
+            page_sizes = SMALL_PAGE_SIZES
+        elif arch in NO_SPILL_ARCHS and f"{arch}:small_pages" not in VERIFY_MLA_CONFIGS and key == arch:
+            page_sizes = (64,) + SMALL_PAGE_SIZES
+        else:
+            page_sizes = (64,)
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
             for splits, P in itertools.product(split_variants, page_sizes):
                 if not fp8_only:
@@ -339,6 +347,47 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
     return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, divisible, label)
 
 
+def gluon_mma_reports(archs=None) -> list[CompileReport]:
+    """The sm_120 ``mma.sync`` Gluon verify kernel (``kernel="gluon-mma"``) as ``verify_mla`` launches it,
+    compiled for sm_120 and for sm_90 (where it also runs): bf16 and fp8 pools, one split and several, row
+    gathers at P = 1, 16, 64 and 128 (sm_90: 1 and 64)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from . import _verify_gluon_launch as L
+
+    if not L.GLUON_AVAILABLE:
+        return []
+    fn = L._verify_gluon_mma_kernel
+    ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
+            "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
+            "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
+    divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse", "stride_qb", "stride_qt",
+                 "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh", "stride_os")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    reports = []
+    for arch in (archs or ("sm_120", "sm_90")):
+        if arch not in ("sm_120", "sm_90"):
+            continue
+        # sm_120 (the limits that bind) at every page-size form; sm_90 one gather and one page-aligned form.
+        page_sizes = (1, 16, 64, 128) if arch == "sm_120" else (1, 64)
+        for kv, P, splits in itertools.product(("bf16", "fp8e4nv"), page_sizes, (1, 2)):
+            launch = L.plan_verify_gluon(kernel="gluon-mma", batch=1, T=65, H=8, page_size=P, num_splits=splits,
+                                         num_sms=132, pdl_capable=False)
+            cx = dict(launch.constexprs)
+            sig = {"Q": "*bf16", "KV": "*" + kv, "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32",
+                   "TreeLens": "*i32", "Out": "*bf16" if splits == 1 else "*fp32", "Lse": "*fp32",
+                   "sm_scale_log2e": "fp32", "v_scale": "fp32", **{n: "i32" for n in ints},
+                   **{k: "constexpr" for k in cx}}
+            k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
+                               target=GPUTarget("cuda", CAPABILITY[arch], 32), options=launch.options())
+            use = resource_usage(k.asm["cubin"])
+            label = (f"gluon-mma BM{cx['BLOCK_M']} BN{cx['BLOCK_N']} w{L.NUM_WARPS} splits{'1' if splits == 1 else 'N'} "
+                     f"P{P}{' kv fp8e4nv' if kv != 'bf16' else ''}")
+            reports.append(CompileReport(fn.__name__, arch, label, int(k.metadata.shared), use.get("REG", 0),
+                                         use.get("LOCAL", 0) + use.get("STACK", 0)))
+    return reports
+
+
 def gluon_verify_reports() -> list[str]:
     """The Gluon verify kernels' shipped launches (``_verify_gluon_launch.plan_verify_gluon``) compiled for
     sm_90: shared memory within the limit, spills, and for split-PDL builds ``griddepcontrol.wait`` ahead of
@@ -419,7 +468,8 @@ def main(argv=None) -> None:
         if any(ln.endswith("FAIL") for ln in lines):
             raise SystemExit(1)
         return
-    reports = (verify_mla_reports(archs=args.arch) + draft_attention_reports(archs=args.arch)
+    reports = (verify_mla_reports(archs=args.arch) + gluon_mma_reports(archs=args.arch)
+               + draft_attention_reports(archs=args.arch)
                + moe_reports(archs=args.arch) + moe_int4_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:

@@ -45,10 +45,11 @@ class AttnConfig:
         read in one load ahead of their tiles, so no KV address waits on a load inside the loop.
     split_scores: the warpgroups split each score tile by keys instead of both computing all of it
         (``_splitkv.attend_tile``); verify_mla only.
-    kernel: ``"triton"``, or a Hopper Gluon schedule of verify_mla (64x64 tiles, 8 warps): ``"gluon"``
+    kernel: ``"triton"``, a Hopper Gluon schedule of verify_mla (64x64 tiles, 8 warps): ``"gluon"``
         (the plain schedule) or ``"gluon-ws"`` (the warp-specialised one: TMA tiles where P % 64 == 0, else
-        row gathers by its producer partition). A call the Gluon kernels cannot serve (other GPU, dtype,
-        unaligned rows, triton without Gluon) runs the Triton kernel with the same tile sizes.
+        row gathers by its producer partition), or ``"gluon-mma"``, the sm_120 ``mma.sync`` kernel (32x32
+        tiles, 8 warps, row gathers; also runs on Hopper). A call the Gluon kernels cannot serve (other GPU,
+        dtype, unaligned rows, triton without Gluon) runs the Triton kernel with the same tile sizes.
     """
 
     block_m: int
@@ -102,24 +103,19 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         1 << 30: AttnConfig(64, 64, 8, 3, tma=True, split_scores=True),
     },
     "sm_120": {
-        # mma.sync path, pointer loads (any pool layout; pages below its 64-key tiles take
-        # "sm_120:small_pages"). 16x64x4x2: 98,304 B and 193-204 registers compiled for sm_120 at P = 64 and
-        # 128, no spill; under DISABLE_MMA_V3=1 on the H200 1.7-2.0x faster than 16x32x8x2. Next best: the
-        # same tiles with 8 warps and TMA tiles (8-13% slower; without TMA 8 warps spill), 32x32x8x2 (20-25%
-        # slower).
-        1 << 30: AttnConfig(16, 64, 4, 2),
+        # bf16 pools: the Gluon mma.sync kernel (``_verify_gluon_sm120``: queries in registers, 32 x 32 tiles, 8
+        # warps, a two-slot ring of KV tiles by row gathers at any page size; 98,304 B). The same tiles serve
+        # the Triton kernel where the Gluon one does not (fp16 / fp32, unaligned rows, a triton without Gluon):
+        # 32x32x8x2 compiles without a spill at P = 1, 16 and 64 (emulated 20-25% slower than 16x64x4x2, the
+        # Triton kernel's best at P = 64).
+        1 << 30: AttnConfig(32, 32, 8, 2, kernel="gluon-mma"),
     },
-    # fp8 pools on sm_120: with fp8 tiles 16x64x4x2 spills (converting them to bf16 takes registers).
-    # 32x32x8x2 (75,904 B, 248-254 registers, no spill at P = 1, 16, 64), emulated 12-18% faster than
-    # 16x64x8x2 and 1.6-1.8x faster than 16x32x8x2.
+    # fp8 (e4m3) pools on sm_120: the same Gluon kernel over 1-byte tiles (61,440 B), its fragments widened to
+    # bf16. Where it does not serve, the Triton kernel with these tiles: with fp8 tiles 16x64x4x2 spills
+    # (converting them to bf16 takes registers); 32x32x8x2 (75,904 B, 248-254 registers, no spill at P = 1,
+    # 16, 64), emulated 12-18% faster than 16x64x8x2 and 1.6-1.8x faster than 16x32x8x2.
     "sm_120:fp8": {
-        1 << 30: AttnConfig(32, 32, 8, 2),
-    },
-    # Pages below 64 tokens on sm_120 (both pool dtypes): one page id per row spills 16x64x4x2 (and
-    # 16x64x8x2 with fp8 tiles); 32x32x8x2 compiles without a spill for P = 1 and 16, bf16 and fp8, and
-    # emulated ties 16x64x8x2 (-17% to +10%).
-    "sm_120:small_pages": {
-        1 << 30: AttnConfig(32, 32, 8, 2),
+        1 << 30: AttnConfig(32, 32, 8, 2, kernel="gluon-mma"),
     },
     "sm_80": {
         16: AttnConfig(16, 32, 4, 2),

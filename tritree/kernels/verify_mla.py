@@ -256,7 +256,7 @@ def _verify_mla_kernel(
 # --------------------------------------------------------------------------------------------------
 
 KV_FP8 = torch.float8_e4m3fn
-GLUON_KERNELS = ("gluon", "gluon-ws")
+GLUON_KERNELS = ("gluon", "gluon-ws", "gluon-mma")
 
 
 class VerifyLaunch(NamedTuple):
@@ -271,17 +271,21 @@ class VerifyLaunch(NamedTuple):
 
 def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, H: int, head_dim: int,
                 page_size: int, max_pages: int, gluon_layout: bool, tma_layout: bool,
-                config: AttnConfig | None = None, num_splits: int | None = None) -> VerifyLaunch:
+                config: AttnConfig | None = None, num_splits: int | None = None,
+                gather_layout: bool | None = None) -> VerifyLaunch:
     """The launch policy of :func:`verify_mla`, from static facts only (torch.compile traces it).
 
     1. CPU tensors outside Triton's interpreter: the float reference.
     2. The config: ``config`` or the architecture's table (``configs.VERIFY_MLA_CONFIGS``) by packed rows
        ``M = T * H``: on Hopper the plain Gluon schedule up to 64 rows and the warp-specialised one above,
        the fp8 and small-page tables where they apply; Triton tiles on sm_120 / sm_80.
-    3. A Gluon config runs its Gluon kernel where that kernel serves the call: bf16 q and pool, 576
-       channels, a Hopper GPU, Gluon importable, q rows and pool rows 16-byte aligned (``gluon_layout``).
-       Anything else (fp8 pools, fp16 / fp32, other GPUs, unaligned views) runs the Triton kernel with the
-       config's tiles, by tensor descriptors where the pool is one contiguous matrix (``tma_layout``).
+    3. A Gluon config runs its Gluon kernel where that kernel serves the call: bf16 q and pool (the mma.sync
+       kernel: also fp8 pools), 576 channels, Gluon importable, a GPU the kernel runs on (the Hopper kernels: sm_90; ``"gluon-mma"``,
+       sm_120's ``mma.sync`` kernel: sm_120 and sm_90), q rows and pool rows 16-byte aligned
+       (``gluon_layout``: pools of P % 64 == 0 as one matrix for the Hopper kernels' TMA tiles;
+       ``gather_layout``, default ``gluon_layout``: rows alone, for the row gathers of ``"gluon-mma"``).
+       Anything else (fp8 pools elsewhere, fp16 / fp32, other GPUs, unaligned views) runs the Triton kernel with
+       the config's tiles, by tensor descriptors where the pool is one contiguous matrix (``tma_layout``).
     4. Splits: enough (row block, split) programs for one wave of the SMs in whole waves (one resident
        program an SM), no chunk shorter than 4 tiles of the page table's capacity. Warp-specialised
        launches whose last row block holds at most 16 real rows run that block narrow; it counts as 0.75
@@ -298,8 +302,11 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
     if cfg.kernel not in ("triton",) + GLUON_KERNELS:
         raise ValueError(f"config.kernel must be 'triton' or one of {GLUON_KERNELS}, got {cfg.kernel!r}")
     bf16 = q_dtype == kv_dtype == torch.bfloat16
-    gluon = (cfg.kernel != "triton" and bf16 and head_dim == D_QK and device.type == "cuda" and gluon_layout
-             and GL.GLUON_AVAILABLE and torch.cuda.get_device_capability(device)[0] == 9)
+    if cfg.kernel == "gluon-mma":  # the mma.sync kernel also reads fp8 pools
+        bf16 = q_dtype == torch.bfloat16 and kv_dtype in (torch.bfloat16, KV_FP8)
+    layout_ok = gather_layout if cfg.kernel == "gluon-mma" and gather_layout is not None else gluon_layout
+    gluon = (cfg.kernel != "triton" and bf16 and head_dim == D_QK and device.type == "cuda" and layout_ok
+             and GL.GLUON_AVAILABLE and GL.runs_on(cfg.kernel, torch.cuda.get_device_capability(device)[0]))
     if num_splits is None:
         split_args = dict(batch=batch, row_blocks=triton.cdiv(M, cfg.block_m), max_keys=max_pages * page_size,
                           block_n=cfg.block_n, sms=num_sms(device))
@@ -335,16 +342,26 @@ def _tma_layout(kv: torch.Tensor) -> bool:
 
 
 def _gluon_layout(q: torch.Tensor, kv: torch.Tensor) -> bool:
-    """The Gluon kernels' layout needs: pools of P % 64 == 0 as one matrix (TMA tiles), smaller pages by row
-    gathers (16-byte aligned rows); q rows by 16-byte copies."""
-    if kv.shape[1] % 64 == 0:
-        kv_ok = _tma_layout(kv)
-    else:
-        kv_ok = (kv.stride(2) == 1 and (kv.stride(0) * 2) % 16 == 0 and (kv.stride(1) * 2) % 16 == 0
-                 and (kv.storage_offset() * 2) % 16 == 0)
-    q_ok = (q.stride(3) == 1 and all((q.stride(i) * 2) % 16 == 0 for i in range(3))
+    """The Hopper Gluon kernels' layout needs: pools of P % 64 == 0 as one matrix (TMA tiles), smaller pages by
+    row gathers (16-byte aligned rows); q rows by 16-byte copies."""
+    kv_ok = _tma_layout(kv) if kv.shape[1] % 64 == 0 else _rows_aligned(kv)
+    return kv_ok and _q_rows_aligned(q)
+
+
+def _gather_layout(q: torch.Tensor, kv: torch.Tensor) -> bool:
+    """The row-gathering Gluon kernel's layout needs (``"gluon-mma"``): 16-byte aligned pool and q rows."""
+    return _rows_aligned(kv) and _q_rows_aligned(q)
+
+
+def _rows_aligned(kv: torch.Tensor) -> bool:
+    e = kv.element_size()
+    return (kv.stride(2) == 1 and (kv.stride(0) * e) % 16 == 0 and (kv.stride(1) * e) % 16 == 0
+            and (kv.storage_offset() * e) % 16 == 0)
+
+
+def _q_rows_aligned(q: torch.Tensor) -> bool:
+    return (q.stride(3) == 1 and all((q.stride(i) * 2) % 16 == 0 for i in range(3))
             and (q.storage_offset() * q.element_size()) % 16 == 0)
-    return kv_ok and q_ok
 
 
 def _launch_of(q, kv, page_table, config, num_splits, traced: bool = False) -> VerifyLaunch:
@@ -354,7 +371,7 @@ def _launch_of(q, kv, page_table, config, num_splits, traced: bool = False) -> V
     return plan_launch(device=q.device, q_dtype=q.dtype, kv_dtype=kv.dtype, batch=B, T=T, H=H, head_dim=D,
                        page_size=kv.shape[1], max_pages=page_table.shape[1],
                        gluon_layout=not traced and _gluon_layout(q, kv), tma_layout=not traced and _tma_layout(kv),
-                       config=config, num_splits=num_splits)
+                       config=config, num_splits=num_splits, gather_layout=not traced and _gather_layout(q, kv))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -446,17 +463,19 @@ def _verify_mla_out_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tens
 def _verify_mla_gluon_op(q: torch.Tensor, kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
                          tree_mask: torch.Tensor, tree_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                          sm_scale: float, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                         num_splits: int, tma: bool, split_scores: bool, kernel: str) -> None:
+                         num_splits: int, tma: bool, split_scores: bool, kernel: str,
+                         kv_scale: float = 1.0) -> None:
     """Configs with a Gluon ``kernel`` under torch.compile: an opaque op (torch.compile cannot trace Gluon
-    launches) that runs the eager plan, writing ``out``/``lse`` in place."""
+    launches) that runs the eager plan, writing ``out``/``lse`` in place. ``kv_scale``: an fp8 pool's."""
     cfg = AttnConfig(block_m, block_n, num_warps, num_stages, tma=tma, split_scores=split_scores, kernel=kernel)
     _plan(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, cfg, num_splits, D_ROPE,
-          None).run(q, kv, page_table, kv_lens, tree_mask, tree_lens, out=out, lse=lse)
+          kv_scale if kv.dtype == KV_FP8 else None).run(q, kv, page_table, kv_lens, tree_mask, tree_lens, out=out,
+                                                          lse=lse)
 
 
 @_verify_mla_gluon_op.register_fake
 def _(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, sm_scale, block_m, block_n, num_warps, num_stages,
-      num_splits, tma, split_scores, kernel):
+      num_splits, tma, split_scores, kernel, kv_scale=1.0):
     return None
 
 
@@ -473,15 +492,17 @@ def _verify_traced(q, kv, page_table, kv_lens, tree_mask, tree_lens, sm_scale, r
         return verify_mla_reference(q, kv, page_table, kv_lens, tree_mask, sm_scale=sm_scale, tree_lens=tree_lens,
                                     return_lse=return_lse, d_rope=d_rope, kv_scale=kv_scale)
     # The Gluon op decides on data pointers inside (its plan); the traced shapes say whether it may serve.
-    if (cfg.kernel != "triton" and kv_scale is None and q.dtype == kv.dtype == torch.bfloat16 and D == D_QK
-            and q.device.type == "cuda"):
+    gluon_dtypes = (q.dtype == kv.dtype == torch.bfloat16 and kv_scale is None) or (
+        cfg.kernel == "gluon-mma" and q.dtype == torch.bfloat16 and kv.dtype == KV_FP8)
+    if cfg.kernel != "triton" and gluon_dtypes and D == D_QK and q.device.type == "cuda":
         if out is None:
             out = torch.empty(B, T, H, D - d_rope, dtype=q.dtype, device=q.device)
         if lse is None:
             lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
         _verify_mla_gluon_op(q, kv, page_table, kv_lens, tree_mask, tree_lens, out, lse, float(sm_scale),
                              cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, launch.num_splits,
-                             bool(cfg.tma), bool(cfg.split_scores), cfg.kernel)
+                             bool(cfg.tma), bool(cfg.split_scores), cfg.kernel,
+                             1.0 if kv_scale is None else float(kv_scale))
         return (out, lse) if return_lse else out
     fp8 = {} if kv_scale is None else {"kv_scale": float(kv_scale)}
     args = (float(sm_scale), cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, launch.num_splits)
@@ -641,9 +662,10 @@ class VerifyPlan:
         self._gluon = g
         self._grid = g.grid
         narrow = (g.narrow_splits,) if g.kernel == "gluon-ws" else ()
-        self._int_args = (self.sm_scale * LOG2E, q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.stride(1),
-                          page_table.stride(0), page_table.shape[1], kv.shape[0], tree_mask.stride(0),
-                          tree_mask.stride(1), *o_strides, *l_strides, T, H, g.num_splits, *narrow)
+        self._int_args = (*GL.scale_args(g.kernel, self.sm_scale, self.kv_scale), q.stride(0), q.stride(1),
+                          q.stride(2), kv.stride(0), kv.stride(1), page_table.stride(0), page_table.shape[1],
+                          kv.shape[0], tree_mask.stride(0), tree_mask.stride(1), *o_strides, *l_strides, T, H,
+                          g.num_splits, *narrow)
         # Descriptor templates: their shapes and strides are the plan's; each call gives them its pool (and
         # partials) as base, which is all a launch reads of a descriptor's tensor.
         example = torch.empty(B, g.num_splits, T * H, self.d_lat, dtype=self.launch.partials_dtype,
