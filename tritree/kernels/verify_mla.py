@@ -802,8 +802,10 @@ def verify_mla(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, tree_lens=Non
         kv_scale: for a ``float8_e4m3fn`` pool, its per-tensor dequantisation scale (keys and values
             are ``kv * kv_scale``; default 1.0); must be None for other pools. fp8 pools run the
             Triton kernel (tiles converted to q's dtype in registers; the scale folded into the score
-            scale and applied to O once), also on Hopper. Rows enter such a pool quantised with the
-            same scale: ``kv_write_(kv, ..., (latent / kv_scale).to(torch.float8_e4m3fn))``.
+            scale and applied to O once), also on Hopper; on sm_120, with bf16 queries, the Gluon
+            ``mma.sync`` kernel (fragments widened to bf16, the scale applied the same way). Rows enter
+            such a pool quantised with the same scale:
+            ``kv_write_(kv, ..., (latent / kv_scale).to(torch.float8_e4m3fn))``.
 
     Returns:
         ``out: [B, T, H, 512]`` in q's dtype (and ``lse``). Row (b, i, h) attends to all ``kv_lens[b]``
