@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tritree.kernels import _splitkv
-from tritree.kernels._splitkv import choose_num_splits, combine_config, combine_splits
+from tritree.kernels._splitkv import balanced_num_splits, choose_num_splits, combine_config, combine_splits
 
 from ..conftest import DEVICE
 
@@ -103,6 +103,38 @@ def test_choose_num_splits_whole_waves():
     # Never more splits than chunks of min_tiles_per_split tiles, never fewer than one.
     assert choose_num_splits(batch=1, row_blocks=1, max_keys=256, block_n=64, sms=132) == 1
     assert choose_num_splits(batch=64, row_blocks=16, max_keys=46_080, block_n=64, sms=132, whole_waves=True) == 1
+
+
+def _modelled(per, S, tiles, sms, fixed=4):
+    return -(-per * S // sms) * (-(-tiles // S) + fixed)
+
+
+def test_balanced_num_splits_examples():
+    """Four requests of 65 x 8 rows in 32-row blocks (68 blocks) on 132 SMs: whole waves give one split and
+    leave half the SMs idle; the balanced count takes 7 (3.6 waves of short chunks: 0.58 of the time modelled).
+    One request: the whole-wave count (7)."""
+    keys = 46_080
+    assert choose_num_splits(batch=4, row_blocks=17, max_keys=keys, block_n=32, sms=132, whole_waves=True) == 1
+    assert balanced_num_splits(batch=4, row_blocks=17, max_keys=keys, block_n=32, sms=132) == 7
+    assert balanced_num_splits(batch=1, row_blocks=17, max_keys=keys, block_n=32, sms=132) == 7
+    assert balanced_num_splits(batch=1, row_blocks=1, max_keys=64, block_n=32, sms=132) == 1
+
+
+@given(st.integers(1, 16), st.integers(1, 64), st.integers(1, 300_000), st.sampled_from([16, 32, 64]),
+       st.sampled_from([4, 132, 170, 188]))
+def test_balanced_num_splits_is_within_slack_of_the_best(batch, row_blocks, max_keys, block_n, sms):
+    """The count is the smallest within 5% of the least modelled time over every allowed count, never more
+    splits than chunks of 4 tiles (at least one), and never modelled slower than whole waves."""
+    S = balanced_num_splits(batch=batch, row_blocks=row_blocks, max_keys=max_keys, block_n=block_n, sms=sms)
+    top = max(1, min(256, max_keys // (block_n * 4)))
+    assert 1 <= S <= top
+    per, tiles = batch * row_blocks, -(-max_keys // block_n)
+    costs = [_modelled(per, s, tiles, sms) for s in range(1, top + 1)]
+    assert _modelled(per, S, tiles, sms) <= min(costs) * 1.05
+    assert all(c > min(costs) * 1.05 for c in costs[:S - 1])
+    whole = choose_num_splits(batch=batch, row_blocks=row_blocks, max_keys=max_keys, block_n=block_n, sms=sms,
+                              whole_waves=True)
+    assert _modelled(per, S, tiles, sms) <= _modelled(per, whole, tiles, sms) * 1.05
 
 
 class _ArgumentRecorder:

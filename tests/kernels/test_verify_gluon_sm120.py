@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritree.kernels import _verify_gluon_launch as L
-from tritree.kernels._splitkv import choose_num_splits
+from tritree.kernels._splitkv import balanced_num_splits
 from tritree.kernels.configs import AttnConfig
 from tritree.testing import TREE_KINDS
 
@@ -112,15 +112,14 @@ def _launch_on(monkeypatch, *, major, sms, arch=None, B=1, T, H, P, L_keys=46_00
 @pytest.mark.parametrize("P", [1, 16, 64, 128])
 def test_verify_mla_picks_the_mma_kernel_on_sm120(B, T, H, P, monkeypatch):
     """bf16 on an RTX PRO 6000 (sm_120, 188 SMs): the Gluon mma.sync kernel at every page size, its 32x32 tiles,
-    fp32 partials, the split count that fills one wave of (row block, split) programs; an H200 under
-    ``TRITREE_ARCH=sm_120`` the same with its 132 SMs."""
+    fp32 partials, the balanced split count (waves against chunk length); an H200 under ``TRITREE_ARCH=sm_120``
+    the same with its 132 SMs."""
     for major, sms, arch in ((12, RTX_PRO_6000_SMS, None), (9, H200_SMS, "sm_120")):
         launch = _launch_on(monkeypatch, major=major, sms=sms, arch=arch, B=B, T=T, H=H, P=P)
         assert launch.route == "gluon-mma" and launch.config == MMA and launch.partials_dtype == torch.float32
-        want = choose_num_splits(batch=B, row_blocks=-(-T * H // 32), max_keys=launch_pages(T, P) * P, block_n=32,
-                                 sms=sms, programs_per_sm=1, whole_waves=True)
+        want = balanced_num_splits(batch=B, row_blocks=-(-T * H // 32), max_keys=launch_pages(T, P) * P, block_n=32,
+                                   sms=sms)
         assert launch.num_splits == want
-        assert -(-T * H // 32) * launch.num_splits * B <= sms or launch.num_splits == 1
 
 
 def launch_pages(T, P, L_keys=46_000):
@@ -163,9 +162,9 @@ def test_sm120_calls_the_mma_kernel_cannot_serve(P, monkeypatch):
        P=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]), L_keys=st.integers(0, 200_000),
        kv=st.sampled_from(["bf16", "fp8", "fp16"]), aligned=st.booleans(), sms=st.sampled_from([132, 170, 188]))
 def test_sm120_launch_decisions(B, T, H, P, L_keys, kv, aligned, sms):
-    """Every bf16-query call with 16-byte aligned rows on sm_120 runs the mma kernel, its programs
-    (32-row blocks x splits x requests) within one wave of the SMs unless one split already exceeds it, no
-    chunk below 4 tiles of the page table's capacity unless one split; everything else the Triton kernel."""
+    """Every bf16-query call with 16-byte aligned rows on sm_120 runs the mma kernel with the balanced split
+    count (no chunk below 4 tiles of the page table's capacity unless one split); everything else the Triton
+    kernel, its programs within one wave of the SMs unless one split already exceeds it."""
     _need_gluon()
     mp = pytest.MonkeyPatch()
     try:
@@ -179,9 +178,12 @@ def test_sm120_launch_decisions(B, T, H, P, L_keys, kv, aligned, sms):
     assert (launch.config.block_m, launch.config.block_n) == (32, 32)
     blocks = -(-T * H // 32)
     if launch.num_splits > 1:
-        assert B * blocks * launch.num_splits <= sms
         assert launch.num_splits * 32 * 4 <= launch_pages(T, P, L_keys) * P
+        if launch.route == "triton":
+            assert B * blocks * launch.num_splits <= sms
     if launch.route == "gluon-mma":
+        assert launch.num_splits == balanced_num_splits(batch=B, row_blocks=blocks,
+                                                        max_keys=launch_pages(T, P, L_keys) * P, block_n=32, sms=sms)
         assert launch.partials_dtype == torch.float32
         g = L.plan_verify_gluon(kernel="gluon-mma", batch=B, T=T, H=H, page_size=P, num_splits=launch.num_splits,
                                 num_sms=sms, pdl_capable=False, partials_dtype=launch.partials_dtype)

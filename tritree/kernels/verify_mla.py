@@ -34,6 +34,7 @@ from ._splitkv import (
     LOG2E,
     MergePlan,
     attend_tile,
+    balanced_num_splits,
     choose_num_splits,
     combine_splits,
     page_group,
@@ -287,7 +288,9 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
        Anything else (fp8 pools elsewhere, fp16 / fp32, other GPUs, unaligned views) runs the Triton kernel with
        the config's tiles, by tensor descriptors where the pool is one contiguous matrix (``tma_layout``).
     4. Splits: enough (row block, split) programs for one wave of the SMs in whole waves (one resident
-       program an SM), no chunk shorter than 4 tiles of the page table's capacity. Warp-specialised
+       program an SM), no chunk shorter than 4 tiles of the page table's capacity. The mma.sync kernel's 32-row
+       blocks fill waves less evenly: its count balances waves against chunk length
+       (``_splitkv.balanced_num_splits``). Warp-specialised
        launches whose last row block holds at most 16 real rows run that block narrow; it counts as 0.75
        of a block, so the full blocks get the SMs it leaves (``_verify_gluon_launch.choose_narrow_num_splits``).
     5. Split partials in q's dtype where the Gluon kernel stages and stores them 16-bit (half the bytes
@@ -312,6 +315,8 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
                           block_n=cfg.block_n, sms=num_sms(device))
         if device.type == "cuda" and bf16:
             num_splits = _narrow_num_splits(cfg, M, split_args)
+        if num_splits is None and gluon and cfg.kernel == "gluon-mma":
+            num_splits = balanced_num_splits(**split_args)
         if num_splits is None:
             num_splits = choose_num_splits(**split_args, programs_per_sm=cfg.programs_per_sm, whole_waves=True)
     if num_splits < 1:
