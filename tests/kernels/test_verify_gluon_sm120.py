@@ -84,8 +84,12 @@ def test_check_takes_any_page_size_with_aligned_rows():
     for P in (1, 2, 4, 8, 16, 32, 64, 128):
         L._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1, "gluon-mma")
         L._check(q, torch.zeros(4, P, 576, dtype=torch.float8_e4m3fn), 1, "gluon-mma")
-    with pytest.raises(ValueError, match="16-byte aligned"):
+    with pytest.raises(ValueError, match="16-byte aligned pool rows"):
         L._check(q, torch.zeros(4, 64, 580, dtype=torch.bfloat16)[..., :576], 1, "gluon-mma")
+    with pytest.raises(ValueError, match="16-byte aligned q rows"):
+        L._check(torch.zeros(1, 1, 1, 580, dtype=torch.bfloat16)[..., 2:578], torch.zeros(4, 64, 576,
+                                                                                       dtype=torch.bfloat16), 1,
+                 "gluon-mma")
     with pytest.raises(TypeError):
         L._check(q.half(), torch.zeros(4, 64, 576, dtype=torch.float16), 1, "gluon-mma")
 

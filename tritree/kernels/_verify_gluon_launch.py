@@ -302,6 +302,8 @@ def _check(q, kv, num_splits, kernel="gluon"):
         esz = kv.element_size()
         if kv.stride(2) != 1 or (kv.stride(0) * esz) % 16 or (kv.stride(1) * esz) % 16 or kv.data_ptr() % 16:
             raise ValueError("the Gluon verify kernel needs 16-byte aligned pool rows (channel stride 1)")
+        if q.stride(3) != 1 or any((q.stride(i) * 2) % 16 for i in range(3)) or q.data_ptr() % 16:
+            raise ValueError("the mma.sync Gluon verify kernel needs 16-byte aligned q rows (channel stride 1)")
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
         return
