@@ -28,6 +28,7 @@ from .test_verify_mla import (
     SM_SCALE,
     TOL,
     check_against_reference,
+    check_reference_then_graph_replay,
     make_case,
     page_layout_case,
     poison_unused_slots,
@@ -281,23 +282,13 @@ def test_mma_verify_mla_at_46k(T, H, P, monkeypatch):
 def test_mma_in_a_cuda_graph_and_compiled(monkeypatch):
     """The mma kernel through ``verify_mla`` (``TRITREE_ARCH=sm_120``): captured in a CUDA graph and replayed
     into poisoned outputs (bit-equal to the eager call), and under torch.compile (its opaque op)."""
-    monkeypatch.setenv("TRITREE_ARCH", "sm_120")
-    case = make_case(2, 65, 8, 64, [20_000, 3_000], [65, 40], ("random", "wide"), torch.bfloat16, seed=77)
-    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
-    kw = dict(sm_scale=SM_SCALE, tree_lens=case["tree_lens"])
-    ref = check_against_reference(case, torch.bfloat16)
-    out = torch.empty_like(ref)
-    lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
     from tritree import verify_mla
 
-    verify_mla(*args, **kw, out=out, lse=lse)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        verify_mla(*args, **kw, out=out, lse=lse)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref)
+    monkeypatch.setenv("TRITREE_ARCH", "sm_120")
+    case = make_case(2, 65, 8, 64, [20_000, 3_000], [65, 40], ("random", "wide"), torch.bfloat16, seed=77)
+    ref = check_reference_then_graph_replay(case)
+    args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
+    kw = dict(sm_scale=SM_SCALE, tree_lens=case["tree_lens"])
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: verify_mla(*a, **kw), fullgraph=True)(*args)
     assert ((compiled.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
