@@ -279,20 +279,21 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
     1. CPU tensors outside Triton's interpreter: the float reference.
     2. The config: ``config`` or the architecture's table (``configs.VERIFY_MLA_CONFIGS``) by packed rows
        ``M = T * H``: on Hopper the plain Gluon schedule up to 64 rows and the warp-specialised one above,
-       the fp8 and small-page tables where they apply; Triton tiles on sm_120 / sm_80.
-    3. A Gluon config runs its Gluon kernel where that kernel serves the call: bf16 q and pool (the mma.sync
-       kernel: also fp8 pools), 576 channels, Gluon importable, a GPU the kernel runs on (the Hopper kernels: sm_90; ``"gluon-mma"``,
-       sm_120's ``mma.sync`` kernel: sm_120 and sm_90), q rows and pool rows 16-byte aligned
-       (``gluon_layout``: pools of P % 64 == 0 as one matrix for the Hopper kernels' TMA tiles;
-       ``gather_layout``, default ``gluon_layout``: rows alone, for the row gathers of ``"gluon-mma"``).
-       Anything else (fp8 pools elsewhere, fp16 / fp32, other GPUs, unaligned views) runs the Triton kernel with
-       the config's tiles, by tensor descriptors where the pool is one contiguous matrix (``tma_layout``).
+       the fp8 and small-page tables where they apply; on sm_120 the Gluon ``mma.sync`` kernel
+       (``"gluon-mma"``) for every shape and page size, bf16 and fp8 pools; Triton tiles on sm_80.
+    3. A Gluon config runs its Gluon kernel where that kernel serves the call: bf16 q and pool (the
+       ``mma.sync`` kernel: also fp8 pools), 576 channels, Gluon importable, a GPU the kernel runs on (the
+       Hopper kernels: sm_90; ``"gluon-mma"``: sm_120, and sm_90 with the same instructions), q rows and pool
+       rows 16-byte aligned (``gluon_layout``: pools of P % 64 == 0 as one matrix for the Hopper kernels' TMA
+       tiles; ``gather_layout``, default ``gluon_layout``: rows alone, for the row gathers of ``"gluon-mma"``).
+       Anything else (fp8 pools elsewhere, fp16 / fp32, other GPUs, unaligned views) runs the Triton kernel
+       with the config's tiles, by tensor descriptors where the pool is one contiguous matrix (``tma_layout``).
     4. Splits: enough (row block, split) programs for one wave of the SMs in whole waves (one resident
-       program an SM), no chunk shorter than 4 tiles of the page table's capacity. The mma.sync kernel's 32-row
-       blocks fill waves less evenly: its count balances waves against chunk length
-       (``_splitkv.balanced_num_splits``). Warp-specialised
-       launches whose last row block holds at most 16 real rows run that block narrow; it counts as 0.75
-       of a block, so the full blocks get the SMs it leaves (``_verify_gluon_launch.choose_narrow_num_splits``).
+       program an SM), no chunk shorter than 4 tiles of the page table's capacity. The ``mma.sync`` kernel's
+       32-row blocks fill waves less evenly: its count balances waves against chunk length
+       (``_splitkv.balanced_num_splits``). Warp-specialised launches whose last row block holds at most 16
+       real rows run that block narrow; it counts as 0.75 of a block, so the full blocks get the SMs it
+       leaves (``_verify_gluon_launch.choose_narrow_num_splits``).
     5. Split partials in q's dtype where the Gluon kernel stages and stores them 16-bit (half the bytes
        the split programs write and the merge reads); fp32 otherwise.
     """
