@@ -53,10 +53,8 @@ from ._gluon_common import (
 )
 from ._splitkv import split_chunk
 
-NUM_WARPS = 8
 BLOCK_M = 32
 BLOCK_N = 32
-SLICES = 4  # channel slices: the warps along the batch axis of the MMA layout
 
 
 @gluon.jit

@@ -100,6 +100,15 @@ FP8_KV_ARCHS = ("sm_90", "sm_120")
 SMALL_PAGE_SIZES = (1, 16)
 
 
+# The verify kernels' integer arguments after their pointers and scales (Triton, and every Gluon form; the
+# warp-specialised one adds ``narrow_splits``), and the arguments launches specialise as 16-byte divisible.
+VERIFY_INT_ARGS = ("stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
+                   "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
+                   "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits")
+VERIFY_DIVISIBLE = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse", "stride_qb", "stride_qt",
+                    "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh", "stride_os")
+
+
 def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -> list[CompileReport]:
     """Compiles the verify kernel for every config of every table (and the one- and many-split
     store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool wherever
@@ -327,19 +336,14 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
         "TreeLens": "*i32", "Out": ptr if num_splits == 1 else "*fp32", "Lse": "*fp32", "sm_scale_log2e": "fp32",
         "v_scale": "fp32",
     }
-    ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
-            "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
-            "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
-    sig.update({n: "i32" for n in ints})
+    sig.update({n: "i32" for n in VERIFY_INT_ARGS})
     constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                   "UPCAST": False, "IEEE": dtype == "fp32",
                   "TMA": cfg.tma, "PAGE_GROUP": 16,
                   "SPLIT_SCORES": cfg.split_scores,
                   "TAIL_STAGES": 1 if cfg.split_scores else cfg.num_stages, "D_LAT": 512, "D_PE": 64,
                   "V_SCALED": kv_dtype is not None and kv_dtype != dtype}
-    divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse",
-                 "stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot",
-                 "stride_oh", "stride_os")
+    divisible = VERIFY_DIVISIBLE
     label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{' tma' if cfg.tma else ''}"
              f"{' hoist' if cfg.hoist_pages else ''}{' split' if cfg.split_scores else ''} "
              f"splits{'1' if num_splits == 1 else 'N'}{' kv ' + kv_dtype if kv_dtype else ''}"
@@ -358,12 +362,7 @@ def gluon_mma_reports(archs=None) -> list[CompileReport]:
     if not L.GLUON_AVAILABLE:
         return []
     fn = L._verify_gluon_mma_kernel
-    ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
-            "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
-            "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
-    divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse", "stride_qb", "stride_qt",
-                 "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh", "stride_os")
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in VERIFY_DIVISIBLE}
     reports = []
     for arch in (archs or ("sm_120", "sm_90")):
         if arch not in ("sm_120", "sm_90"):
@@ -376,7 +375,7 @@ def gluon_mma_reports(archs=None) -> list[CompileReport]:
             cx = dict(launch.constexprs)
             sig = {"Q": "*bf16", "KV": "*" + kv, "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32",
                    "TreeLens": "*i32", "Out": "*bf16" if splits == 1 else "*fp32", "Lse": "*fp32",
-                   "sm_scale_log2e": "fp32", "v_scale": "fp32", **{n: "i32" for n in ints},
+                   "sm_scale_log2e": "fp32", "v_scale": "fp32", **{n: "i32" for n in VERIFY_INT_ARGS},
                    **{k: "constexpr" for k in cx}}
             k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
                                target=GPUTarget("cuda", CAPABILITY[arch], 32), options=launch.options())
@@ -416,18 +415,11 @@ def gluon_verify_reports() -> list[str]:
             sig["out_desc"] = f"tensordesc<bf16[1,{L.BLOCK_M},64],{layout3!r}>" if launch.partials_desc else box
         sig.update({"PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32", "Out": out,
                     "Lse": "*fp32", "sm_scale_log2e": "fp32"})
-        ints = ["stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
-                "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
-                "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits"]
-        if kernel == "gluon-ws":
-            ints.append("narrow_splits")
+        ints = VERIFY_INT_ARGS + (("narrow_splits",) if kernel == "gluon-ws" else ())
         sig.update({n: "i32" for n in ints})
         sig.update({k: "constexpr" for k in cx})
         fn = launch.fn
-        divisible = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse", "stride_qb",
-                     "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh",
-                     "stride_os")
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in VERIFY_DIVISIBLE}
         opts = {"num_warps": L.NUM_WARPS, **({"ptx_options": launch.ptx_options} if launch.ptx_options else {})}
         tag = f"{kernel:8s} T={T:2d} H={H:2d} P={P:3d} splits={'1' if splits == 1 else 'N'}"
         try:
