@@ -95,6 +95,11 @@ def test_check_takes_any_page_size_with_aligned_rows():
         L._check(q.half(), torch.zeros(4, 64, 576, dtype=torch.float16), 1, "gluon-mma")
 
 
+def launch_pages(T, P, L_keys=46_000):
+    """The page-table capacity ``_launch_on`` plans with."""
+    return (L_keys + T + P - 1) // P + 1
+
+
 def _launch_on(monkeypatch, *, major, sms, arch=None, B=1, T, H, P, L_keys=46_000, q_dtype=torch.bfloat16,
                kv_dtype=torch.bfloat16, gather_layout=True, gluon_layout=False):
     """``verify_mla``'s launch decision (``plan_launch``) on a GPU of compute capability ``major`` with ``sms``
@@ -107,7 +112,7 @@ def _launch_on(monkeypatch, *, major, sms, arch=None, B=1, T, H, P, L_keys=46_00
         monkeypatch.delenv("TRITREE_ARCH", raising=False)
     monkeypatch.setattr(vm, "num_sms", lambda device: sms)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
-    max_pages = (L_keys + T + P - 1) // P + 1
+    max_pages = launch_pages(T, P, L_keys)
     return vm.plan_launch(device=torch.device("cuda", 0), q_dtype=q_dtype, kv_dtype=kv_dtype, batch=B, T=T, H=H,
                           head_dim=576, page_size=P, max_pages=max_pages, gluon_layout=gluon_layout, tma_layout=False,
                           gather_layout=gather_layout)
@@ -125,10 +130,6 @@ def test_verify_mla_picks_the_mma_kernel_on_sm120(B, T, H, P, monkeypatch):
         want = balanced_num_splits(batch=B, row_blocks=-(-T * H // 32), max_keys=launch_pages(T, P) * P, block_n=32,
                                    sms=sms)
         assert launch.num_splits == want
-
-
-def launch_pages(T, P, L_keys=46_000):
-    return (L_keys + T + P - 1) // P + 1
 
 
 @pytest.mark.parametrize("P", [1, 64])
