@@ -1,7 +1,7 @@
 """Routed-expert layer at Kimi K2.6's per-rank shapes: INT4 (W4A16) against its bandwidth floor and peers.
 
     PYTHONPATH=. python bench/moe_sweep.py [--shape ep8 tp8] [--tokens 1 9 17 33 65 129]
-        [--routing uniform skewed] [--variant int4 bf16 sglang] [--configs "..."]
+        [--routing uniform skewed] [--variant int4 int4-triton bf16 sglang walk] [--configs "..."]
 
 Shapes (H = 7168, top-8 of 384 experts): ``ep8``, one expert-parallel rank's 48 experts of I = 2048 (ids of
 the other ranks' experts are skipped); ``tp8``, one tensor-parallel rank's 384 experts of I = 2048 / 8 = 256.
@@ -12,17 +12,20 @@ local expert's INT4 nibbles and scales once (``1.6875 I H`` bytes) plus x and ou
 measured copy bandwidth on those bytes. Routing: ``uniform`` (top-8 distinct experts of 384 per token) or
 ``skewed`` (every token on the same 8 experts, a different 8 per rotated set).
 
-Variants: ``int4`` (``tritree.routed_experts_int4``), ``bf16`` (``tritree.kernels.moe.routed_experts`` over
-the same weights dequantised: today's dense path), ``sglang`` (SGLang's ``fused_moe_kernel_gptq_awq`` from
-its own files, ``bench/peer_sglang_moe.py``). Each variant is checked against the float32 reference of the
-dequantised weights at every shape before it is timed. Under ``DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120`` the
-``int4`` variant runs the sm_120 configs on the H200 (mma.sync emulation).
+Variants: ``int4`` (``tritree.routed_experts_int4`` on the experts in the layout the GPU's kernels stream,
+``kernel_layout``: on sm_90 / sm_120 the Gluon ``mma.sync`` kernels over the repacked ``"mma"`` layout),
+``int4-triton`` (the Triton kernels over the checkpoint layout: what other GPUs run), ``bf16``
+(``tritree.kernels.moe.routed_experts`` over the same weights dequantised: the dense path), ``sglang`` (SGLang's
+``fused_moe_kernel_gptq_awq`` from its own files, ``bench/peer_sglang_moe.py``). Each variant is checked against
+the float32 reference of the dequantised weights at every shape before it is timed. Under ``DISABLE_MMA_V3=1
+TRITREE_ARCH=sm_120`` the ``int4-triton`` variant runs the sm_120 configs on the H200 (mma.sync emulation);
+the ``int4`` variant's kernels are ``mma.sync`` on every GPU.
 
 ``walk`` (``bench/int4_walk.py``) reads the same touched experts' weights with the int4 plan's tiles and does
 no arithmetic: the access pattern's own ceiling (not checked against the reference; it computes nothing).
 
 ``--configs "BM,gBN,gBK,gW,gS,dBN,dBK,dW,dS,swap;..."`` times these ``Int4MoeConfig`` instead of the table's
-(for ``int4`` and ``walk``).
+(for ``int4-triton`` and ``walk``).
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from tritree.kernels._moe_int4_mma import plan_int4_mma  # noqa: E402
 from tritree.kernels.configs import arch_of, num_sms  # noqa: E402
 from tritree.kernels.moe import routed_experts  # noqa: E402
 from tritree.kernels.moe_int4 import (  # noqa: E402
     GROUP,
     Int4Experts,
     Int4MoeConfig,
+    kernel_layout,
     plan_int4_moe,
     routed_experts_int4,
 )
@@ -111,8 +116,11 @@ def parse_config(text: str) -> Int4MoeConfig:
     return Int4MoeConfig(v[0], tuple(v[1:5]), tuple(v[5:9]), bool(v[9]))
 
 
-def make_variant(variant: str, experts: Int4Experts, dense, plan):
+def make_variant(variant: str, experts: Int4Experts, dense, plan, kernel_experts: Int4Experts | None = None):
     if variant == "int4":
+        ke = kernel_experts or experts
+        return lambda x, idx, w, out: routed_experts_int4(x, idx, w, ke, out=out, global_experts=ALL_EXPERTS)
+    if variant == "int4-triton":
         return lambda x, idx, w, out: routed_experts_int4(x, idx, w, experts, out=out, plan=plan)
     if variant == "walk":
         from bench.int4_walk import make_walk
@@ -148,8 +156,8 @@ def main(argv=None):
     ap.add_argument("--shape", nargs="+", default=["ep8", "tp8"], choices=sorted(SHAPES))
     ap.add_argument("--tokens", nargs="+", type=int, default=[1, 9, 17, 33, 65, 129])
     ap.add_argument("--routing", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed"])
-    ap.add_argument("--variant", nargs="+", default=["int4", "bf16"], choices=["int4", "walk", "bf16", "sglang"])
-    ap.add_argument("--configs", default="", help="semicolon-separated Int4MoeConfig (see module) for int4 and walk")
+    ap.add_argument("--variant", nargs="+", default=["int4", "bf16"], choices=["int4", "int4-triton", "walk", "bf16", "sglang"])
+    ap.add_argument("--configs", default="", help="semicolon-separated Int4MoeConfig (see module) for int4-triton and walk")
     ap.add_argument("--out", default="moe_sweep.jsonl")
     ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
     args = ap.parse_args(argv)
@@ -165,6 +173,7 @@ def main(argv=None):
         for shape in args.shape:
             E, I = SHAPES[shape]
             experts = random_experts(E, HIDDEN, I, dev)
+            kernel_experts = experts.to_layout(kernel_layout(dev, HIDDEN, I))
             f32 = experts.dequantize(torch.float32)
             dense = tuple(t.to(torch.bfloat16) for t in f32) if "bf16" in args.variant else None
             per_expert = expert_bytes(HIDDEN, I)
@@ -178,18 +187,21 @@ def main(argv=None):
                     xs = [torch.randn(N, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in sets]
                     outs = [torch.empty_like(x) for x in xs]
                     for variant in args.variant:
-                        tiled = variant in ("int4", "walk")
+                        tiled = variant in ("int4-triton", "walk")
                         for cfg in (configs if tiled else [None]):
                             plan = (plan_int4_moe(N, TOPK, E, HIDDEN, I, arch, num_sms(dev), cfg, ALL_EXPERTS)
                                     if tiled else None)
                             label = (f"BM{plan.block_m} sk{plan.gate_up_split}/{plan.down_split}"
                                      f"{' swap' if plan.config.swap_ab else ''}"
                                      f"{' *' if cfg is not None else ''}") if plan else "-"
+                            if variant == "int4" and kernel_experts.layout == "mma":
+                                mp = plan_int4_mma(N, TOPK, E, HIDDEN, I, num_sms(dev), ALL_EXPERTS)
+                                label = f"mma BM{mp.block_m} sk{mp.gate_up_split}/{mp.down_split}"
                             r = dict(shape=shape, E=E, I=I, routing=routing, N=N, used=used, variant=variant,
                                      arch=arch, config=str(plan.config) if plan else None, plan=label,
                                      floor_us=floor_us, bytes=nbytes)
                             try:
-                                fn = make_variant(variant, experts, dense, plan)
+                                fn = make_variant(variant, experts, dense, plan, kernel_experts)
                                 r["rel_err"] = float("nan") if variant == "walk" else check(fn, f32, xs[0], *sets[0])
                                 fns = [lambda x=x, s=s, o=o: fn(x, s[0], s[1], o) for x, s, o in zip(xs, sets, outs)]
                                 us = graph_time_us(fns)
@@ -206,7 +218,7 @@ def main(argv=None):
                             r["ceilings"] = ceil.__dict__
                             f.write(json.dumps(r) + "\n")
                             f.flush()
-            del experts, f32, dense
+            del experts, kernel_experts, f32, dense
             torch.cuda.empty_cache()
     print(f"# sweep done in {time.time() - t0:.0f} s")
 

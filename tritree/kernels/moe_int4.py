@@ -99,17 +99,48 @@ def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, dtype=torch.float
     return (q * scale.to(q.dtype).repeat_interleave(GROUP, dim=-1)).to(dtype)
 
 
+LAYOUTS = ("checkpoint", "mma")
+
+
 @dataclass(frozen=True)
 class Int4Experts:
     """One layer's routed experts, INT4 (see the module docstring for the layout and shapes).
 
     ``w13_packed [E, 2I, H/8]`` int32, ``w13_scale [E, 2I, H/32]`` bf16 (gate rows then up rows),
-    ``w2_packed [E, H, I/8]`` int32, ``w2_scale [E, H, I/32]`` bf16."""
+    ``w2_packed [E, H, I/8]`` int32, ``w2_scale [E, H, I/32]`` bf16.
+
+    ``layout``: ``"checkpoint"`` (the compressed-tensors order above) or ``"mma"``: the same shapes and bytes in
+    the order the Hopper / sm_120 kernels stream (:func:`tritree.kernels._moe_int4_mma.repack_mma`; a lane's
+    ``mma.sync`` fragments contiguous), made once at load by :meth:`to_layout` (:func:`kernel_layout` says which
+    one a device runs)."""
 
     w13_packed: torch.Tensor
     w13_scale: torch.Tensor
     w2_packed: torch.Tensor
     w2_scale: torch.Tensor
+    layout: str = "checkpoint"
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+    def to_layout(self, layout: str) -> "Int4Experts":
+        """These experts in ``layout`` (a copy; ``self`` when already so)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if layout == self.layout:
+            return self
+        from . import _moe_int4_mma as M
+
+        if layout == "mma":
+            if not M.shape_ok(self.hidden, self.intermediate):
+                raise ValueError(f"the mma layout needs hidden and intermediate sizes that are multiples of 256, got "
+                                 f"H={self.hidden}, I={self.intermediate}")
+            convert = M.repack_mma
+        else:
+            convert = M.unrepack_mma
+        return Int4Experts(*convert(self.w13_packed, self.w13_scale), *convert(self.w2_packed, self.w2_scale),
+                           layout=layout)
 
     @property
     def num_experts(self) -> int:
@@ -141,6 +172,8 @@ class Int4Experts:
 
     def dequantize(self, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(w_gate [E, I, H], w_up [E, I, H], w_down [E, H, I])`` in ``dtype``."""
+        if self.layout != "checkpoint":
+            return self.to_layout("checkpoint").dequantize(dtype)
         w13 = dequantize_int4(self.w13_packed, self.w13_scale, dtype)
         I = self.intermediate
         return w13[:, :I], w13[:, I:], dequantize_int4(self.w2_packed, self.w2_scale, dtype)
@@ -150,6 +183,8 @@ class Int4Experts:
         32-column group boundaries (gate/up rows, down's input columns, packed words and scales alike). The
         ranks' outputs sum to the unsharded layer's."""
         I = self.intermediate
+        if self.layout != "checkpoint":
+            raise ValueError("shard_tp needs the checkpoint layout: shard, then convert (to_layout)")
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"rank must be in [0, world), got rank={rank}, world={world}")
         if I % (world * GROUP):
@@ -170,7 +205,7 @@ class Int4Experts:
             raise ValueError(f"{E} experts do not split into {world} equal parts for rank {rank}")
         lo, hi = rank * E // world, (rank + 1) * E // world
         return Int4Experts(self.w13_packed[lo:hi], self.w13_scale[lo:hi], self.w2_packed[lo:hi],
-                           self.w2_scale[lo:hi]), lo
+                           self.w2_scale[lo:hi], layout=self.layout), lo
 
 
 # --------------------------------------------------------------------------------------------------
@@ -667,15 +702,34 @@ def _validate(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale) -
             raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
 
 
+def kernel_layout(device, hidden: int, intermediate: int) -> str:
+    """The :class:`Int4Experts` layout the kernels of ``device`` stream: ``"mma"`` on sm_90 and sm_120 GPUs (the
+    Gluon ``mma.sync`` kernels of :mod:`tritree.kernels._moe_int4_mma`, when this triton has Gluon and both sizes
+    are multiples of 256), else ``"checkpoint"`` (the Triton kernels; the CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] not in (9, 12):
+        return "checkpoint"
+    try:
+        from . import _moe_int4_mma as M
+    except ImportError:  # a triton without Gluon
+        return "checkpoint"
+    return "mma" if M.shape_ok(hidden, intermediate) else "checkpoint"
+
+
 def routed_experts_int4(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, experts: Int4Experts,
-                        *, out: torch.Tensor | None = None, plan: Int4MoePlan | None = None,
+                        *, out: torch.Tensor | None = None, plan=None,
                         global_experts: int | None = None) -> torch.Tensor:
     """Grouped routed-expert SwiGLU over INT4 experts (W4A16; see module).
 
     ``x [N, H]`` bf16/fp16, ``topk_idx [N, k]`` int32/int64 (ids outside ``[0, E)`` skipped: expert
     parallelism), ``topk_w [N, k]`` float -> ``[N, H]`` in x's dtype, written to ``out`` when given.
-    ``plan`` replaces :func:`plan_int4_moe`'s (tests, tuning). No host sync: CUDA-graph capturable once warm.
-    Runs as the op ``tritree::routed_experts_int4`` (opaque to torch.compile, with a fake impl)."""
+    Experts in the ``"checkpoint"`` layout run the Triton kernels (``plan``: an :class:`Int4MoePlan` replacing
+    :func:`plan_int4_moe`'s), in the ``"mma"`` layout the Gluon ``mma.sync`` kernels (``plan``: an
+    ``Int4MmaPlan`` replacing ``plan_int4_mma``'s; GPU only, the reference elsewhere). No host sync:
+    CUDA-graph capturable once warm. Runs as the op ``tritree::routed_experts_int4`` or
+    ``tritree::routed_experts_int4_mma`` (opaque to torch.compile, with fake impls)."""
+    if not isinstance(experts, Int4Experts):
+        raise TypeError(f"experts must be an Int4Experts, got {type(experts).__name__}")
     _validate(x, topk_idx, topk_w, experts.w13_packed, experts.w13_scale, experts.w2_packed, experts.w2_scale)
     N, H = x.shape
     k, E, I = topk_idx.shape[1], experts.num_experts, experts.intermediate
@@ -684,6 +738,8 @@ def routed_experts_int4(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.T
         V.check_shape("out", out, (N, H), "[N, H]")
     if global_experts is not None:
         global_experts = V.check_int("global_experts", global_experts, E)
+    if experts.layout == "mma":
+        return _routed_experts_mma(x, topk_idx, topk_w, experts, out, plan, global_experts)
     if plan is None:  # a pure function of ints: traced through uncached under torch.compile
         planner = plan_int4_moe.__wrapped__ if torch.compiler.is_compiling() else plan_int4_moe
         plan = planner(N, k, E, H, I, arch_of(x.device), num_sms(x.device), None, global_experts)
@@ -699,6 +755,47 @@ def routed_experts_int4(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.T
     _routed_experts_int4_op(x, topk_idx, topk_w, experts.w13_packed, experts.w13_scale, experts.w2_packed,
                             experts.w2_scale, out, plan.as_ints())
     return out
+
+
+def _routed_experts_mma(x, topk_idx, topk_w, experts: Int4Experts, out, plan, global_experts):
+    from . import _moe_int4_mma as M
+
+    N, H = x.shape
+    k, E, I = topk_idx.shape[1], experts.num_experts, experts.intermediate
+    if not M.shape_ok(H, I):
+        raise ValueError(f"experts: the mma layout needs hidden and intermediate sizes that are multiples of 256, got "
+                         f"H={H}, I={I}")
+    if plan is None:
+        planner = M.plan_int4_mma.__wrapped__ if torch.compiler.is_compiling() else M.plan_int4_mma
+        plan = planner(N, k, E, H, I, num_sms(x.device), global_experts)
+    elif not isinstance(plan, M.Int4MmaPlan):
+        raise TypeError(f"plan must be an Int4MmaPlan for mma-layout experts, got {type(plan).__name__}")
+    elif plan.num_blocks < min_blocks(N * k, E, plan.block_m):
+        raise ValueError(f"plan.num_blocks = {plan.num_blocks} is below the bound "
+                         f"{min_blocks(N * k, E, plan.block_m)} of {N * k} assignments in blocks of {plan.block_m}")
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or topk_w.requires_grad)
+    if needs_grad or x.device.type != "cuda":  # Gluon has no interpreter; the kernels have no backward
+        res = moe_int4_reference(x, topk_idx, topk_w, experts, dtype=torch.float32).to(x.dtype)
+        return res if out is None else out.copy_(res)
+    if out is None:
+        out = torch.empty_like(x)
+    _routed_experts_int4_mma_op(x, topk_idx, topk_w, experts.w13_packed, experts.w13_scale, experts.w2_packed,
+                                experts.w2_scale, out, plan.as_ints())
+    return out
+
+
+@torch.library.custom_op("tritree::routed_experts_int4_mma", mutates_args=("out",))
+def _routed_experts_int4_mma_op(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
+                                w13_packed: torch.Tensor, w13_scale: torch.Tensor, w2_packed: torch.Tensor,
+                                w2_scale: torch.Tensor, out: torch.Tensor, plan: list[int]) -> None:
+    from . import _moe_int4_mma as M
+
+    M.launch(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale, out, M.Int4MmaPlan.from_ints(plan))
+
+
+@_routed_experts_int4_mma_op.register_fake
+def _(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale, out, plan):
+    return None
 
 
 @torch.library.custom_op("tritree::routed_experts_int4", mutates_args=("out",))

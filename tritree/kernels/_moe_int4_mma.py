@@ -1,0 +1,500 @@
+"""Gluon ``mma.sync`` W4A16 grouped-expert kernels: weights straight from memory into registers.
+
+The Triton kernels of :mod:`tritree.kernels.moe_int4` stage every weight tile through shared memory and feed
+Hopper's ``wgmma`` from registers: per 64 weights a thread issues about 230 instructions (copies, shared-memory
+loads, the dequantisation, descriptor and warpgroup bookkeeping for eight ``wgmma`` of 16 columns each), so the
+layer is bound by instruction issue and latency at about half the copy bandwidth (bench/RESULTS.md, INT4
+sections). Here:
+
+- the weights are repacked once at load (:func:`repack_mma`) so that the 16 x 16 A fragment of ``mma.sync``
+  m16n8k16 that lane ``4 g + q`` holds, for each 16-column slice, is one 32-bit word of eight nibbles; a lane's
+  eight words of a 128-column tile are 32 contiguous bytes and a warp's 1 KB, read with two 16-byte loads a lane
+  straight into registers (no shared memory, no barrier);
+- a nibble pair becomes a bf16 pair by one mask and one packed FMA (``moe_int4._magic_pairs``), in the register
+  the MMA reads;
+- the activations are stored in a column order (:func:`mma_order`) in which a lane's B fragments of a 128-column
+  tile are 64 contiguous bytes, also loaded straight into registers;
+- the next tile's loads are issued before the current tile's arithmetic (one tile in flight a warp);
+- a block is 8 or 16 rows (``mma.sync``'s N of 8): at decode an expert has one or two rows.
+
+Each warp owns 16 output rows (gate_up: 16 gate rows and the same 16 up rows, so SiLU-and-mul is local to
+the thread), a CTA ``WARPS`` such warps. The same instructions run on sm_90 and sm_120 (the RTX PRO 6000 has
+no ``wgmma``); no shared memory is used.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+GROUP = 32  # input columns per scale (as moe_int4.GROUP)
+
+KT = 128  # columns of a K tile: four 32-column scale groups, eight 16-column MMA slices
+
+
+# --------------------------------------------------------------------------------------------------
+# Layouts (host)
+# --------------------------------------------------------------------------------------------------
+
+def _unpack(packed: torch.Tensor) -> torch.Tensor:
+    """``[..., K/8]`` int32 words -> ``[..., K]`` nibbles ``u`` in ``[0, 16)`` (int32)."""
+    shifts = 4 * torch.arange(8, device=packed.device, dtype=torch.int32)
+    return ((packed[..., None] >> shifts) & 0xF).reshape(*packed.shape[:-1], packed.shape[-1] * 8)
+
+
+def repack_mma(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint-layout INT4 ``packed [E, R, K/8]`` int32 and ``scale [E, R, K/32]`` bf16 -> the kernels'
+    ``(words [E, R/16, K/128, 32, 8] int32, scales [E, R/16, K/128, 8, 2, 4] bf16)``.
+
+    Word ``s`` of lane ``4 g + q`` in tile ``(m, t)`` holds, at nibble ``j + 4 h`` (``j = 2 j1 + j0``), the
+    weight of row ``16 m + 8 j0 + g`` and column ``128 t + 16 s + 8 j1 + 2 q + h`` (stored as ``q + 8``): the
+    ``mma.sync`` A fragment of slice ``s``. Scales ``[m, t, g, j0, c]``: row ``16 m + 8 j0 + g``, group ``4 t + c``.
+    ``R`` must be a multiple of 16 and ``K`` of 128. Returned with the checkpoint tensors' shapes ``[E, R, K/8]`` and
+    ``[E, R, K/32]`` (the same bytes, another order): a layer holds one layout or the other, never both."""
+    E, R, Kw = packed.shape
+    K = Kw * 8
+    if R % 16 or K % KT:
+        raise ValueError(f"repack_mma needs rows % 16 == 0 and columns % {KT} == 0, got R={R}, K={K}")
+    words = torch.empty(E, R // 16, K // KT, 32, 8, dtype=torch.int32, device=packed.device)
+    shifts = 4 * torch.arange(8, device=packed.device, dtype=torch.int32)
+    for e in range(E):  # one expert at a time: the unpacked nibbles are 32x the packed bytes
+        u = _unpack(packed[e])  # [R, K] in [0, 16)
+        u = u.view(R // 16, 2, 8, K // KT, 8, 2, 4, 2)  # m, j0, g, t, s, j1, q, h
+        u = u.permute(0, 3, 2, 6, 4, 7, 5, 1)  # m, t, g, q, s, h, j1, j0: nibble position 4 h + 2 j1 + j0
+        words[e] = (u.reshape(R // 16, K // KT, 32, 8, 8) << shifts).sum(-1, dtype=torch.int32)
+    s = scale.view(E, R // 16, 2, 8, K // KT, KT // GROUP)  # e, m, j0, g, t, c
+    scales = s.permute(0, 1, 4, 3, 2, 5).contiguous()  # e, m, t, g, j0, c
+    return words.view(E, R, Kw), scales.view(E, R, K // GROUP)
+
+
+def unrepack_mma(words: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`repack_mma`: the checkpoint layout ``(packed [E, R, K/8], scale [E, R, K/32])``."""
+    E, R, Kw = words.shape
+    K = Kw * 8
+    packed = torch.empty_like(words)
+    shifts = 4 * torch.arange(8, device=words.device, dtype=torch.int32)
+    w = words.view(E, R // 16, K // KT, 32, 8)
+    for e in range(E):
+        u = _unpack(w[e]).view(R // 16, K // KT, 8, 4, 8, 2, 2, 2)  # m, t, g, q, s, h, j1, j0
+        u = u.permute(0, 7, 2, 1, 4, 6, 3, 5).reshape(R, K // 8, 8)  # m, j0, g, t, s, j1, q, h
+        packed[e] = (u << shifts).sum(-1, dtype=torch.int32)
+    s = scales.view(E, R // 16, K // KT, 8, 2, KT // GROUP)  # e, m, t, g, j0, c
+    return packed, s.permute(0, 1, 4, 3, 2, 5).reshape(E, R, K // GROUP).contiguous()
+
+
+def mma_order(x: torch.Tensor) -> torch.Tensor:
+    """``x [N, K]`` (K a multiple of 128) in the column order the kernels read activations: in each 128-column
+    tile, position ``32 q + 4 s + 2 j1 + h`` holds column ``16 s + 8 j1 + 2 q + h`` (a lane's B fragments of the
+    tile, contiguous). A copy."""
+    N, K = x.shape
+    return x.reshape(N, K // KT, 8, 2, 4, 2).permute(0, 1, 4, 2, 3, 5).reshape(N, K)
+
+
+# --------------------------------------------------------------------------------------------------
+# Dequantisation: a nibble pair of a word -> a bf16 / fp16 pair, one mask and one packed FMA
+# --------------------------------------------------------------------------------------------------
+
+def _asm_bf16(mask: str, up: str) -> str:
+    """bf16: the pair's nibbles masked in place into the low bits of each half, ``v 2^-133`` with ``v = u`` (mask
+    ``0x000F000F``) or ``v = 16 u`` (``0x00F000F0``: bits 4-7; the value stays linear in ``v`` below 256), then
+    ``v 2^-133 * (s 2^E) - s 2^-30`` with ``2^E`` = ``up`` (2^100, or 2^96 for ``16 u``): ``(u - 8) s 2^-33``
+    rounded once (``OUT_SCALE`` = 2^33 restores it)."""
+    return f"""{{
+    .reg .b32 t, s2, sp, b, up, dn, nz;
+    mov.b32 up, {up};
+    mov.b32 dn, 0xB080B080;
+    mov.b32 nz, 0x80008000;
+    mov.b32 s2, {{$3, $3}};
+    fma.rn.bf16x2 sp, s2, up, nz;
+    fma.rn.bf16x2 b, s2, dn, nz;
+    and.b32 t, $2, {mask};
+    fma.rn.bf16x2 t, t, sp, b;
+    mov.b32 {{$0, $1}}, t;
+    }}"""
+
+
+def _asm_fp16(mask: str, one: str, bias: str) -> str:
+    """fp16: ``1024 + v`` by one ``lop3`` (the nibbles into the mantissas of the magic 1024), ``(1024 + v) one + bias``
+    = ``u - 8`` (exact: ``one`` 1 or 1/16, ``bias`` -1032 or -72), then times ``s``."""
+    return f"""{{
+    .reg .b32 t, one, bias, s2, nz;
+    mov.b32 one, {one};
+    mov.b32 bias, {bias};
+    mov.b32 nz, 0x80008000;
+    lop3.b32 t, $2, {mask}, 0x64006400, 0xEA;
+    fma.rn.f16x2 t, t, one, bias;
+    mov.b32 s2, {{$3, $3}};
+    fma.rn.f16x2 t, t, s2, nz;
+    mov.b32 {{$0, $1}}, t;
+    }}"""
+
+
+_LO_BF16 = gl.constexpr(_asm_bf16("0x000F000F", "0x71807180"))
+_HI_BF16 = gl.constexpr(_asm_bf16("0x00F000F0", "0x6F806F80"))
+_LO_FP16 = gl.constexpr(_asm_fp16("0x000F000F", "0x3C003C00", "0xE408E408"))
+_HI_FP16 = gl.constexpr(_asm_fp16("0x00F000F0", "0x2C002C00", "0xD480D480"))
+BF16_OUT_SCALE = 2.0 ** 33
+
+
+@gluon.jit
+def _pairs(w, s, HIGH: gl.constexpr, DTYPE: gl.constexpr):
+    """Nibbles ``j, j + 4`` of ``w`` (``HIGH``: the word's bits 4-7 / 20-23, else 0-3 / 16-19) as a pair."""
+    if DTYPE == gl.bfloat16:
+        if HIGH:
+            asm: gl.constexpr = _HI_BF16
+        else:
+            asm: gl.constexpr = _LO_BF16
+        return gl.inline_asm_elementwise(asm, "=h,=h,r,h", [w, s], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True,
+                                         pack=1)
+    else:
+        if HIGH:
+            asm: gl.constexpr = _HI_FP16
+        else:
+            asm: gl.constexpr = _LO_FP16
+        return gl.inline_asm_elementwise(asm, "=h,=h,r,h", [w, s.to(gl.float16)], dtype=(gl.float16, gl.float16),
+                                         is_pure=True, pack=1)
+
+
+@gluon.jit
+def _a_operand(words, s_row0, s_row8, a_op: gl.constexpr, DTYPE: gl.constexpr, WARPS: gl.constexpr):
+    """A warp-row tile's words ``[WARPS, 8 g, 4 q, 4 c, 2 s0]`` and its rows' scales (``s_row0``: rows ``g``,
+    ``s_row8``: rows ``g + 8``, ``[WARPS, 8, 4, 4, 1]``) -> the A operand ``[16 WARPS, 128]`` in ``a_op``. Nibble
+    ``j = 2 j1 + j0``: ``j0`` picks the row (bits 0-3 or 4-7 of each half), ``j1`` the word shifted by 8."""
+    w8 = words >> 8
+    lo00, hi00 = _pairs(words, s_row0, False, DTYPE)  # j = 0
+    lo01, hi01 = _pairs(words, s_row8, True, DTYPE)   # j = 1
+    lo10, hi10 = _pairs(w8, s_row0, False, DTYPE)     # j = 2
+    lo11, hi11 = _pairs(w8, s_row8, True, DTYPE)      # j = 3
+    # A join adds the fastest register dim: j1 first, then j0, then h (the fragment's order h, j0, j1).
+    a = gl.join(gl.join(gl.join(lo00, lo10), gl.join(lo01, lo11)),
+                gl.join(gl.join(hi00, hi10), gl.join(hi01, hi11)))  # [W, g, q, c, s0, j1, j0, h]
+    a = gl.permute(a, (0, 6, 1, 3, 4, 5, 2, 7))  # [W, j0, g, c, s0, j1, q, h]
+    return gl.convert_layout(gl.reshape(a, [16 * WARPS, 128]), a_op)
+
+
+@gluon.jit
+def _b_operand(xt, b_op: gl.constexpr, BM: gl.constexpr):
+    """Activations ``[BM, 4 q, 32]`` (:func:`mma_order`) -> the B operand ``[128, BM]`` in ``b_op``."""
+    x = gl.reshape(xt, [BM, 4, 8, 2, 2])  # n, q, s, j1, h
+    x = gl.permute(x, (2, 3, 1, 4, 0))  # s, j1, q, h, n
+    return gl.convert_layout(gl.reshape(x, [128, BM]), b_op)
+
+
+@gluon.jit
+def _w_tile(pw, ps, t, ok, w_l5: gl.constexpr, WARPS: gl.constexpr):
+    """K tile ``t`` of a warp-row tile: words ``[W, 8, 4, 4, 2]`` and the two rows' scales ``[W, 8, 4, 4, 1]``
+    (zeros where ``ok`` is false)."""
+    w = gl.load(pw + t * 256, mask=ok)
+    w = gl.convert_layout(gl.reshape(w, [WARPS, 8, 4, 4, 2]), w_l5)
+    sc = gl.load(ps + t * 64, mask=ok)  # [W, 8, 4 q, 2 j0, 4 c], the same for every q
+    s0, s8 = gl.split(gl.permute(sc, (0, 1, 2, 4, 3)))
+    s0 = gl.expand_dims(gl.convert_layout(s0, gl.SliceLayout(4, w_l5)), 4)
+    s8 = gl.expand_dims(gl.convert_layout(s8, gl.SliceLayout(4, w_l5)), 4)
+    return w, s0, s8
+
+
+@gluon.jit
+def _w_pointers(Wp, Ws, e64, m0, stride_we, stride_wm, stride_se, stride_sm, w_l4: gl.constexpr,
+                s_l5: gl.constexpr, WARPS: gl.constexpr):
+    """Word pointers ``[W, 8 g, 4 q, 8 s]`` and scale pointers ``[W, 8 g, 4 q, 2 j0, 4 c]`` of K tile 0 of
+    m-tiles ``m0 + w``."""
+    w1 = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_l4))))
+    g1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, w_l4))))
+    q1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, w_l4))))
+    s1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, w_l4))))
+    w4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(w1, 1), 2), 3)
+    g4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(g1, 0), 2), 3)
+    q4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(q1, 0), 1), 3)
+    s4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(s1, 0), 1), 2)
+    pw = Wp + e64 * stride_we + (m0 + w4).to(gl.int64) * stride_wm + (g4 * 4 + q4) * 8 + s4
+    ws1 = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, s_l5)))))
+    gs1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, s_l5)))))
+    qs1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, s_l5)))))
+    js1 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, s_l5)))))
+    cs1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, s_l5)))))
+    ws5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(ws1, 1), 2), 3), 4)
+    gs5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(gs1, 0), 2), 3), 4)
+    qs5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(qs1, 0), 1), 3), 4)
+    js5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(js1, 0), 1), 2), 4)
+    cs5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(cs1, 0), 1), 2), 3)
+    ps = Ws + e64 * stride_se + (m0 + ws5).to(gl.int64) * stride_sm + gs5 * 8 + js5 * 4 + cs5 + qs5 * 0
+    return pw, ps
+
+
+@gluon.jit
+def _x_pointers(X, rows, stride_x, x_l3: gl.constexpr):
+    """Activation pointers ``[BM, 4 q, 32]`` of K tile 0 of rows ``rows`` (``[BM]``)."""
+    q1 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_l3)))
+    v1 = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l3)))
+    r3 = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * stride_x, 1), 2)
+    return X + r3 + gl.expand_dims(gl.expand_dims(q1 * 32, 0), 2) + gl.expand_dims(gl.expand_dims(v1, 0), 1)
+
+
+@gluon.jit
+def _block(BlockStart, BlockEnd, SortedIdx, b, row_l: gl.constexpr, BM: gl.constexpr):
+    """Block ``b``'s sorted rows ``r``, the last real one, the rows clamped to it and their assignments."""
+    start = gl.load(BlockStart + b)
+    end = gl.load(BlockEnd + b)
+    r = start + gl.arange(0, BM, layout=row_l)
+    rc = gl.minimum(r, end - 1)
+    return start, end, rc, gl.load(SortedIdx + rc)
+
+
+@gluon.jit
+def _slot(n, KT: gl.constexpr):
+    """Where column ``n`` of an activation row goes in :func:`mma_order`."""
+    r = n % KT
+    return n - r + 32 * ((r // 2) % 4) + 4 * (r // 16) + 2 * ((r // 8) % 2) + r % 2
+
+
+# Layouts, a function of (WARPS, BM) only: words [W, 8 g, 4 q, 8 s] (32 contiguous bytes a lane), the same split
+# [.., 4 c, 2 s0], scales [W, 8 g, 4 q, 2 j0, 4 c] (16 contiguous bytes), activations [BM, 4 q, 32] (64 bytes), and
+# the mma.sync m16n8 layout with a warp a 16-row slice.
+@gluon.jit
+def _gate_up_mma_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I,
+                        stride_x, stride_we, stride_wm, stride_se, stride_sm, stride_h,
+                        TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
+                        DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
+    """Grid ``(blocks, I / (16 WARPS), SPLIT)``: h columns ``16 WARPS c .. + 16 WARPS`` of block ``b``'s rows.
+    ``SPLIT == 1``: ``silu(x Wg^T) * (x Wu^T)`` stored at the block's sorted rows of ``Hbuf [N k, I]`` (x's dtype)
+    in :func:`mma_order`; else split ``z`` of the K tiles adds its ``x Wg^T | x Wu^T`` partials to ``Hbuf
+    [N k, 2 I]`` (fp32, zeroed; natural order) by atomics. ``X [N, H]``: the activations in :func:`mma_order`;
+    ``Wp``/``Ws``: :func:`repack_mma` of ``w13`` (gate m-tiles ``0 .. I/16``, up m-tiles ``I/16 .. I/8``). Each
+    split's K tiles must be even in number (two tiles an iteration)."""
+    w_l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 8, 4, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+    w_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 2], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    s_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    b = gl.program_id(0)
+    e = gl.load(BlockExpert + b)
+    if e < E:
+        start, end, rc, a = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)), BM)
+        e64 = e.to(gl.int64)
+        m0 = gl.program_id(1) * WARPS
+        pg, psg = _w_pointers(Wp, Ws, e64, m0, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
+        pu, psu = _w_pointers(Wp, Ws, e64, m0 + I // 16, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5,
+                              WARPS)
+        px = _x_pointers(X, a // TOPK, stride_x, x_l3)
+        acc_g = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+        acc_u = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+        per = Hd // 128 // SPLIT
+        lo = gl.program_id(2) * per
+        hi = lo + per
+        # Two tiles an iteration in two register sets: tile t + 1's loads are in flight while tile t computes.
+        wg_a, sg0_a, sg8_a = _w_tile(pg, psg, lo, True, w_l5, WARPS)
+        wu_a, su0_a, su8_a = _w_tile(pu, psu, lo, True, w_l5, WARPS)
+        x_a = gl.load(px + lo * 128)
+        for t in range(lo, hi, 2):
+            wg_b, sg0_b, sg8_b = _w_tile(pg, psg, t + 1, True, w_l5, WARPS)
+            wu_b, su0_b, su8_b = _w_tile(pu, psu, t + 1, True, w_l5, WARPS)
+            x_b = gl.load(px + (t + 1) * 128)
+            xb = _b_operand(x_a, b_op, BM)
+            acc_g = mma_v2(_a_operand(wg_a, sg0_a, sg8_a, a_op, DTYPE, WARPS), xb, acc_g)
+            acc_u = mma_v2(_a_operand(wu_a, su0_a, su8_a, a_op, DTYPE, WARPS), xb, acc_u)
+            more = t + 2 < hi
+            wg_a, sg0_a, sg8_a = _w_tile(pg, psg, t + 2, more, w_l5, WARPS)
+            wu_a, su0_a, su8_a = _w_tile(pu, psu, t + 2, more, w_l5, WARPS)
+            x_a = gl.load(px + (t + 2) * 128, mask=more)
+            xb = _b_operand(x_b, b_op, BM)
+            acc_g = mma_v2(_a_operand(wg_b, sg0_b, sg8_b, a_op, DTYPE, WARPS), xb, acc_g)
+            acc_u = mma_v2(_a_operand(wu_b, su0_b, su8_b, a_op, DTYPE, WARPS), xb, acc_u)
+        g = acc_g * OUT_SCALE
+        u = acc_u * OUT_SCALE
+        rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        cols = gl.program_id(1) * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
+        mask = gl.expand_dims(rows < end, 0) & gl.expand_dims(cols < I, 1)
+        if SPLIT == 1:
+            h = g / (1.0 + gl.exp(-g)) * u
+            dst = Hbuf + gl.expand_dims(rows.to(gl.int64) * stride_h, 0) + gl.expand_dims(_slot(cols, 128), 1)
+            gl.store(dst, h.to(Hbuf.dtype.element_ty), mask=mask)
+        else:
+            dst = Hbuf + gl.expand_dims(rows.to(gl.int64) * stride_h, 0) + gl.expand_dims(cols, 1)
+            gl.atomic_add(dst, g, mask=mask, sem="relaxed")
+            gl.atomic_add(dst + I, u, mask=mask, sem="relaxed")
+
+
+@gluon.jit
+def _down_mma_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I,
+                     stride_h, stride_we, stride_wm, stride_se, stride_sm, stride_o,
+                     TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
+                     DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
+    """Grid ``(blocks, H / (16 WARPS), SPLIT)``: ``Out [N, H]`` fp32 ``+= topk_w h Wd^T`` by atomics (split ``z``
+    of the K tiles adds its part), output columns ``16 WARPS c .. + 16 WARPS``; ``Hbuf [N k, I]``: h in
+    :func:`mma_order`; ``Wp``/``Ws``: :func:`repack_mma` of ``w2``. Each split's K tiles must be even in number."""
+    w_l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 8, 4, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+    w_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 2], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    s_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    b = gl.program_id(0)
+    e = gl.load(BlockExpert + b)
+    if e < E:
+        start, end, rc, _ = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)), BM)
+        e64 = e.to(gl.int64)
+        m0 = gl.program_id(1) * WARPS
+        pw, ps = _w_pointers(Wp, Ws, e64, m0, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
+        ph = _x_pointers(Hbuf, rc, stride_h, x_l3)
+        acc = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+        per = I // 128 // SPLIT
+        lo = gl.program_id(2) * per
+        hi = lo + per
+        w_a, s0_a, s8_a = _w_tile(pw, ps, lo, True, w_l5, WARPS)
+        h_a = gl.load(ph + lo * 128)
+        for t in range(lo, hi, 2):
+            w_b, s0_b, s8_b = _w_tile(pw, ps, t + 1, True, w_l5, WARPS)
+            h_b = gl.load(ph + (t + 1) * 128)
+            acc = mma_v2(_a_operand(w_a, s0_a, s8_a, a_op, DTYPE, WARPS), _b_operand(h_a, b_op, BM), acc)
+            more = t + 2 < hi
+            w_a, s0_a, s8_a = _w_tile(pw, ps, t + 2, more, w_l5, WARPS)
+            h_a = gl.load(ph + (t + 2) * 128, mask=more)
+            acc = mma_v2(_a_operand(w_b, s0_b, s8_b, a_op, DTYPE, WARPS), _b_operand(h_b, b_op, BM), acc)
+        rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        ok = rows < end
+        a = gl.load(SortedIdx + gl.minimum(rows, end - 1))
+        wt = gl.load(TopkW + a, mask=ok, other=0.0).to(gl.float32) * OUT_SCALE
+        cols = gl.program_id(1) * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
+        dst = Out + gl.expand_dims((a // TOPK).to(gl.int64) * stride_o, 0) + gl.expand_dims(cols, 1)
+        gl.atomic_add(dst, acc * gl.expand_dims(wt, 0), mask=gl.expand_dims(ok, 0) & gl.expand_dims(cols < Hd, 1),
+                      sem="relaxed")
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan and launch
+# --------------------------------------------------------------------------------------------------
+
+WARPS = 4
+# Warps an SM the plan aims for (K splits raise the count when few blocks own rows): each warp keeps one
+# K tile of loads in flight, and the bytes in flight set the bandwidth a latency-bound stream reaches.
+WARPS_PER_SM = 8
+MAX_SPLIT = 8
+
+
+def launch_options(block_m: int, dtype: torch.dtype) -> dict:
+    """Launch options of both kernels. fp16 builds get a register cap (``maxnreg``): without one ptxas built the
+    fp16 BM8 gate_up for sm_120 with 96 registers and an 8-byte stack (triton 3.6). bf16 builds get none (a cap
+    makes ptxas take more registers, and fewer CTAs fit an SM)."""
+    opts = {"num_warps": WARPS}
+    if dtype == torch.float16:
+        opts["maxnreg"] = 128 if block_m == 8 else 168
+    return opts
+
+
+def shape_ok(H: int, I: int) -> bool:
+    """Whether the kernels serve hidden size ``H`` and intermediate ``I``: both multiples of 256 (K tiles of
+    128, two an iteration; CTAs of ``16 WARPS`` rows)."""
+    return H % 256 == 0 and I % 256 == 0
+
+
+@dataclass(frozen=True)
+class Int4MmaPlan:
+    """One shape's launch, from static shapes only.
+
+    block_m: sorted rows a block (8 or 16: one or two ``mma.sync`` N tiles).
+    num_blocks: the align's block bound (``moe_int4.min_blocks``).
+    gate_up_split / down_split: K splits (each an even number of 128-column tiles).
+    """
+
+    block_m: int
+    num_blocks: int
+    gate_up_split: int
+    down_split: int
+
+    def as_ints(self) -> list[int]:
+        return [self.block_m, self.num_blocks, self.gate_up_split, self.down_split]
+
+    @classmethod
+    def from_ints(cls, v) -> "Int4MmaPlan":
+        return cls(*(int(a) for a in v))
+
+
+def _split(warps: int, tiles: int, target: int) -> int:
+    """The smallest K split (dividing ``tiles`` into even parts, at most ``MAX_SPLIT``) that brings ``warps`` to
+    ``target``."""
+    best = 1
+    for s in range(1, MAX_SPLIT + 1):
+        if tiles % s or (tiles // s) % 2:
+            continue
+        best = s
+        if warps * s >= target:
+            break
+    return best
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_int4_mma(N: int, topk: int, E: int, H: int, I: int, sms: int, global_experts: int | None = None,
+                  block_m: int | None = None) -> Int4MmaPlan:
+    """Block size by the expected rows an expert under uniform routing (8 up to 8 rows, else 16), K splits by
+    the warps the expected blocks give (``WARPS_PER_SM`` a SM). ``block_m`` replaces the rule (benchmarks)."""
+    from .moe_int4 import min_blocks
+
+    A = N * topk
+    G = max(E, global_experts or E)
+    used = max(1, min(E, A, math.ceil(E * (1 - (1 - min(1.0, topk / G)) ** N) - 1e-9)))
+    rows = max(1, -(-(A * E // G) // used) if G > E else -(-A // used))
+    bm = block_m or (8 if rows <= 8 else 16)
+    blocks = used * -(-rows // bm)
+    target = WARPS_PER_SM * sms
+    return Int4MmaPlan(bm, min_blocks(A, E, bm), _split(blocks * I // 16, H // KT, target),
+                       _split(blocks * H // 16, I // KT, target))
+
+
+@triton.jit
+def _silu_mul_kernel(G, Hbuf, I, stride_g, stride_h, BLOCK: tl.constexpr):
+    """``Hbuf[r, slot(c)] = silu(G[r, c]) * G[r, I + c]``: the split gate_up's fp32 sums to h (x's dtype,
+    :func:`mma_order`)."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < I
+    g = tl.load(G + r * stride_g + c, mask=ok, other=0.0)
+    u = tl.load(G + r * stride_g + I + c, mask=ok, other=0.0)
+    t = c % 128
+    slot = c - t + 32 * ((t // 2) % 4) + 4 * (t // 16) + 2 * ((t // 8) % 2) + t % 2
+    tl.store(Hbuf + r * stride_h + slot, (g * tl.sigmoid(g) * u).to(Hbuf.dtype.element_ty), mask=ok)
+
+
+def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> None:
+    """The routed layer on mma-layout experts (``moe_int4.Int4Experts`` with ``layout="mma"``): align, the
+    activations in :func:`mma_order`, gate_up (and the SiLU-and-mul pass when split), down, the cast into
+    ``out``. No host sync."""
+    from .moe_int4 import align_routing
+
+    N, H = x.shape
+    E, I2, _ = w13.shape
+    I, k = I2 // 2, topk_idx.shape[1]
+    bm = plan.block_m
+    sorted_idx, block_expert, block_start, block_end = align_routing(topk_idx, E, bm, plan.num_blocks)
+    xm = mma_order(x)
+    hbuf = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
+    gsplit, dsplit = plan.gate_up_split, plan.down_split
+    gacc = torch.zeros(N * k, 2 * I, dtype=torch.float32, device=x.device) if gsplit > 1 else hbuf
+    acc = torch.zeros(N, H, dtype=torch.float32, device=x.device)
+    dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    scale = BF16_OUT_SCALE if x.dtype == torch.bfloat16 else 1.0
+    _gate_up_mma_kernel[(plan.num_blocks, I // (16 * WARPS), gsplit)](
+        xm, w13, s13, gacc, block_expert, block_start, block_end, sorted_idx, E, H, I,
+        xm.stride(0), w13.stride(0), 16 * w13.stride(1), s13.stride(0), 16 * s13.stride(1), gacc.stride(0),
+        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=gsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, x.dtype))
+    if gsplit > 1:
+        _silu_mul_kernel[(N * k, triton.cdiv(I, 512))](gacc, hbuf, I, gacc.stride(0), hbuf.stride(0), BLOCK=512,
+                                                        num_warps=4)
+    tw = topk_w.reshape(-1)
+    if tw.dtype != torch.float32 or not tw.is_contiguous():
+        tw = tw.float().contiguous()
+    _down_mma_kernel[(plan.num_blocks, H // (16 * WARPS), dsplit)](
+        hbuf, w2, s2, acc, tw, block_expert, block_start, block_end, sorted_idx, E, H, I,
+        hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1), acc.stride(0),
+        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, x.dtype))
+    out.copy_(acc)
