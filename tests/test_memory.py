@@ -35,8 +35,8 @@ def _nbytes(params: dict) -> int:
 
 
 def _shape_bytes(shapes: dict) -> int:
-    """bf16 everywhere but the router, which the loader keeps in float32."""
-    return sum(math.prod(s) * (4 if ".mlp.gate." in n else 2) for n, s in shapes.items())
+    """bf16 everywhere but the router's bias, which the loader keeps in float32."""
+    return sum(math.prod(s) * (4 if n.endswith("e_score_correction_bias") else 2) for n, s in shapes.items())
 
 
 def test_tiny_components_by_hand():
@@ -50,7 +50,7 @@ def test_tiny_components_by_hand():
     assert got["norms"] == ((2 * 48 + 24 + 32) * 3 + 48) * 2
     assert got["dense MLP"] == 3 * 96 * 48 * 2
     assert got["shared experts"] == 3 * 32 * 48 * 2 * 2
-    assert got["router, float32"] == (8 * 48 + 8) * 4 * 2
+    assert got["router"] == (8 * 48 * 2 + 8 * 4) * 2
     assert got["routed experts, bf16"] == 8 * 3 * 32 * 48 * 2 * 2
     draft_layer = 2 * 48 + 2 * 16 + 64 * 48 + 2 * 32 * 48 + 48 * 64 + 3 * 64 * 48
     assert got["DFlash draft"] == (48 * 96 + 2 * 48 + 2 * draft_layer) * 2
@@ -63,7 +63,7 @@ def test_tiny_components_by_hand():
     assert got2["embed_tokens"].per_rank == 49 * 48 * 2 and got2["embed_tokens"].total == 97 * 48 * 2
     assert got2["attention q_b, kv_b, o"].per_rank * 2 == got["attention q_b, kv_b, o"]
     assert got2["routed experts, bf16"].per_rank * 2 == got["routed experts, bf16"]
-    for same in ("attention q_a, kv_a_with_mqa", "norms", "router, float32", "DFlash draft", "KV cache, draft K+V"):
+    for same in ("attention q_a, kv_a_with_mqa", "norms", "router", "DFlash draft", "KV cache, draft K+V"):
         assert got2[same].per_rank == got[same]
 
 
@@ -90,7 +90,7 @@ def test_tiny_model_parameters_equal_the_report():
     """The report's weights are the bytes of the model's own parameters (tp=1) and of every rank's shard
     (parallel.py's shapes), so the formulas cannot drift from the model."""
     cfg, dcfg = kimi_tiny(), dflash_tiny()
-    target = _nbytes(init_params(cfg, dtype=torch.bfloat16))  # the router float32, as loaded
+    target = _nbytes(init_params(cfg, dtype=torch.bfloat16))  # the router's bias float32, as loaded
     draft = _nbytes(dflash.init_params(dcfg, dtype=torch.bfloat16))
     rep = memory_report(cfg, dcfg, tp=1, ctx=10, experts="bf16")
     assert rep.row("DFlash draft").per_rank == draft

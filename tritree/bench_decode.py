@@ -38,7 +38,7 @@ from .engine import (
 )
 from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
-from .model.kimi_k2 import param_shapes
+from .model.kimi_k2 import param_shapes, to_kernel_layout_
 from .roofline import append_jsonl, profile_text
 
 # Spread of a uniform random nibble minus 8 (q in [-8, 7]): sqrt((16^2 - 1) / 12).
@@ -46,9 +46,9 @@ _Q_STD = (255 / 12) ** 0.5
 
 
 def _random_params(shapes: dict, device, dtype):
-    """Random weights of ``shapes``: matrices ``N(0, 1 / fan_in)``, norms 1, the router float32; INT4 experts
-    (``*_packed`` / ``*_scale``, :func:`tritree.model.kimi_k2.param_shapes`) as random words and scales of
-    the same spread, drawn directly (quantising real-shape float weights would cost far more)."""
+    """Random weights of ``shapes``: matrices ``N(0, 1 / fan_in)`` in ``dtype`` (the router's too, as loaded), norms
+    1, the router's bias float32 zeros; INT4 experts (``*_packed`` / ``*_scale``,
+    :func:`tritree.model.kimi_k2.param_shapes`) as random words and scales of the same spread, drawn directly (quantising real-shape float weights would cost far more)."""
     out = {}
     for k, shape in shapes.items():
         if k.endswith("_packed"):  # int32 words of 8 uniform nibbles
@@ -60,7 +60,7 @@ def _random_params(shapes: dict, device, dtype):
         elif k.endswith("e_score_correction_bias"):
             out[k] = torch.zeros(shape, device=device, dtype=torch.float32)
         else:
-            t = torch.randn(shape, device=device, dtype=torch.float32 if "mlp.gate." in k else dtype)
+            t = torch.randn(shape, device=device, dtype=dtype)
             out[k] = t.mul_(shape[-1] ** -0.5)
     return out
 
@@ -83,7 +83,7 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     # The slice has only the first layers; the draft taps them instead of layers 1, 12, ..., 58 (same
     # shapes and cost, other values).
     dcfg = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
-    tparams = _random_params(shapes, device, dtype)
+    tparams = to_kernel_layout_(_random_params(shapes, device, dtype), device)  # as the Engine holds them
     dparams = _random_params(dflash.param_shapes(dcfg), device, dtype)
     T = budget + 1
     cap = ctx + 4 * T + 64

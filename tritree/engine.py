@@ -49,7 +49,7 @@ from . import dist
 from .budget import AnalyticCost, CostTable, StepCost, auto_tree_lens, tabulate
 from .kernels import PagePool, PoolExhausted, build_tree, kv_commit_, tree_mask_from_parents
 from .model import dflash
-from .model.kimi_k2 import prefill, verify
+from .model.kimi_k2 import prefill, to_kernel_layout_, verify
 
 
 @dataclass(frozen=True)
@@ -265,9 +265,11 @@ class Engine:
     def __init__(self, tparams, tcfg, dparams, dcfg, *, page_size: int = 16, num_pages: int = 4096,
                  device=None, dtype=None, graphs: bool | None = None, compile: bool = False, profile_every: int = 20,
                  tp=None, cost_model=None):
-        self.tparams, self.tcfg, self.dparams, self.dcfg = tparams, tcfg, dparams, dcfg
         self.tp = tp
         self.device = torch.device(device or tparams["lm_head.weight"].device)
+        # INT4 experts in the layout this GPU's kernels stream, converted in place (no second copy).
+        to_kernel_layout_(tparams, self.device)
+        self.tparams, self.tcfg, self.dparams, self.dcfg = tparams, tcfg, dparams, dcfg
         self.dtype = dtype or tparams["lm_head.weight"].dtype
         self.page_size, self.num_pages = page_size, num_pages
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs

@@ -8,7 +8,8 @@ Every count is bytes on one rank of a tensor-parallel group of ``tp`` GPUs, laid
 - attention: ``q_b_proj``, ``kv_b_proj`` rows and ``o_proj`` columns of the rank's ``H / tp`` heads;
   ``q_a_proj``, ``kv_a_proj_with_mqa`` and every norm replicated;
 - dense-layer MLP and shared experts: split along the intermediate dimension;
-- router (``gate.weight`` + ``e_score_correction_bias``): replicated, float32 (tritree keeps it so);
+- router (``gate.weight`` in ``weight_dtype``, as the checkpoint holds it, + ``e_score_correction_bias`` in
+  float32, as tritree keeps it): replicated;
 - routed experts: expert-parallel by default (``E / tp`` whole experts per rank, what parallel.py does) or,
   with ``expert_parallel=False``, tensor-parallel inside every expert (``I / tp`` of each expert's
   intermediate dimension; the split falls on whole quantisation groups: 32 columns for INT4, 128 for FP8);
@@ -41,7 +42,7 @@ GB = 10**9
 GiB = 2**30
 EXPERT_FORMATS = ("int4", "bf16", "fp8")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
-ROUTER_BYTES = 4  # load_params and init_params keep the router (weight and bias) in float32
+ROUTER_BIAS_BYTES = 4  # load_params and init_params keep e_score_correction_bias in float32 (the weight: wb)
 # Columns of an expert's intermediate dimension that an expert-TP split must keep together: a quantisation
 # group's scale cannot be shared by two ranks.
 SPLIT_GRANULE = {"int4": 32, "fp8": 128, "bf16": 1}
@@ -247,8 +248,8 @@ def memory_report(cfg: KimiK2Config, draft: DFlashConfig | None = None, *, tp: i
         E = cfg.n_routed_experts
         shared = 3 * cfg.moe_intermediate_size * cfg.n_shared_experts * h * wb * n_moe
         add(f"shared experts (x{n_moe})", shared // tp, shared, "intermediate-parallel")
-        router = (E * h + E) * ROUTER_BYTES * n_moe
-        add(f"router, float32 (x{n_moe})", router, router, "replicated")
+        router = (E * h * wb + E * ROUTER_BIAS_BYTES) * n_moe
+        add(f"router (x{n_moe})", router, router, "replicated")
         whole = expert_bytes(cfg, experts) * E * n_moe
         if expert_parallel:
             per, layout = expert_bytes(cfg, experts) * (E // tp) * n_moe, f"expert-parallel ({E // tp} experts)"

@@ -176,3 +176,29 @@ def test_bench_decode_random_int4_experts_have_the_dense_spread():
     wg, _, wd = ex.dequantize()
     for w, fan_in in ((wg, cfg.hidden_size), (wd, cfg.moe_intermediate_size)):
         assert abs(float(w.std()) * fan_in**0.5 - 1) < 0.05
+
+
+def test_to_kernel_layout_converts_in_place_under_its_own_keys():
+    """The "mma" layout filed under ``w13_mma`` ...: the same tensors (converted in place), the same MoE output (to
+    bf16 rounding), idempotent, and back to the checkpoint layout bit for bit; on the CPU the kernels' layout is the checkpoint's."""
+    from tritree.model.kimi_k2 import INT4_MMA_KEYS, to_kernel_layout_
+
+    cfg = kimi_tiny(hidden_size=256, moe_intermediate_size=256)
+    params = init_params(cfg, seed=5, experts="int4")
+    i = next(j for j in range(cfg.num_hidden_layers) if cfg.is_moe(j))
+    p = f"model.layers.{i}.mlp.experts."
+    before = {k: params[p + k].clone() for k in INT4_EXPERT_KEYS}
+    ptr = params[p + "w13_packed"].data_ptr()
+    h = torch.randn(1, 3, cfg.hidden_size)
+    ref = moe(params, cfg, i, h)
+    assert to_kernel_layout_(params, "cpu") is params and int4_experts(params, i).layout == "checkpoint"
+    to_kernel_layout_(params, layout="mma")
+    assert p + "w13_packed" not in params and params[p + "w13_mma"].data_ptr() == ptr
+    assert int4_experts(params, i).layout == "mma"
+    got = moe(params, cfg, i, h)  # the reference on the CPU (the checkpoint layout ran the interpreted kernels)
+    assert ((got - ref).norm() / ref.norm()).item() < 2e-2
+    to_kernel_layout_(params, layout="mma")  # idempotent
+    to_kernel_layout_(params, layout="checkpoint")
+    assert all(p + k not in params for k in INT4_MMA_KEYS)
+    for k in INT4_EXPERT_KEYS:
+        assert torch.equal(params[p + k], before[k])

@@ -35,9 +35,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-GROUP = 32  # input columns per scale (as moe_int4.GROUP)
+from ._moe_align import align_routing, min_blocks
 
-KT = 128  # columns of a K tile: four 32-column scale groups, eight 16-column MMA slices
+KT = 128  # columns of a K tile: eight 16-column MMA slices
+GROUPS = 4  # 32-column scale groups a K tile
 
 
 # --------------------------------------------------------------------------------------------------
@@ -70,9 +71,9 @@ def repack_mma(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor,
         u = u.view(R // 16, 2, 8, K // KT, 8, 2, 4, 2)  # m, j0, g, t, s, j1, q, h
         u = u.permute(0, 3, 2, 6, 4, 7, 5, 1)  # m, t, g, q, s, h, j1, j0: nibble position 4 h + 2 j1 + j0
         words[e] = (u.reshape(R // 16, K // KT, 32, 8, 8) << shifts).sum(-1, dtype=torch.int32)
-    s = scale.view(E, R // 16, 2, 8, K // KT, KT // GROUP)  # e, m, j0, g, t, c
+    s = scale.view(E, R // 16, 2, 8, K // KT, GROUPS)  # e, m, j0, g, t, c
     scales = s.permute(0, 1, 4, 3, 2, 5).contiguous()  # e, m, t, g, j0, c
-    return words.view(E, R, Kw), scales.view(E, R, K // GROUP)
+    return words.view(E, R, Kw), scales.view(E, R, K // KT * GROUPS)
 
 
 def unrepack_mma(words: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,8 +87,8 @@ def unrepack_mma(words: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tenso
         u = _unpack(w[e]).view(R // 16, K // KT, 8, 4, 8, 2, 2, 2)  # m, t, g, q, s, h, j1, j0
         u = u.permute(0, 7, 2, 1, 4, 6, 3, 5).reshape(R, K // 8, 8)  # m, j0, g, t, s, j1, q, h
         packed[e] = (u << shifts).sum(-1, dtype=torch.int32)
-    s = scales.view(E, R // 16, K // KT, 8, 2, KT // GROUP)  # e, m, t, g, j0, c
-    return packed, s.permute(0, 1, 4, 3, 2, 5).reshape(E, R, K // GROUP).contiguous()
+    s = scales.view(E, R // 16, K // KT, 8, 2, GROUPS)  # e, m, t, g, j0, c
+    return packed, s.permute(0, 1, 4, 3, 2, 5).reshape(E, R, K // KT * GROUPS).contiguous()
 
 
 def mma_order(x: torch.Tensor) -> torch.Tensor:
@@ -438,8 +439,6 @@ def plan_int4_mma(N: int, topk: int, E: int, H: int, I: int, sms: int, global_ex
                   block_m: int | None = None) -> Int4MmaPlan:
     """Block size by the expected rows an expert under uniform routing (8 up to 8 rows, else 16), K splits by
     the warps the expected blocks give (``WARPS_PER_SM`` a SM). ``block_m`` replaces the rule (benchmarks)."""
-    from .moe_int4 import min_blocks
-
     A = N * topk
     G = max(E, global_experts or E)
     used = max(1, min(E, A, math.ceil(E * (1 - (1 - min(1.0, topk / G)) ** N) - 1e-9)))
@@ -469,8 +468,6 @@ def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> Non
     """The routed layer on mma-layout experts (``moe_int4.Int4Experts`` with ``layout="mma"``): align, the
     activations in :func:`mma_order`, gate_up (and the SiLU-and-mul pass when split), down, the cast into
     ``out``. No host sync."""
-    from .moe_int4 import align_routing
-
     N, H = x.shape
     E, I2, _ = w13.shape
     I, k = I2 // 2, topk_idx.shape[1]

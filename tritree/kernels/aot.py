@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -306,6 +307,88 @@ def moe_int4_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     return reports
 
 
+def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
+    """The Gluon ``mma.sync`` W4A16 kernels (``_moe_int4_mma``: weights straight into registers, no shared
+    memory) for sm_120 and sm_90: blocks of 8 and 16 rows, one K split and several, bf16 and fp16 activations."""
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        from . import _moe_int4_mma as M
+    except ImportError:  # a triton without Gluon
+        return []
+    idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedIdx": "*i32", "E": "i32",
+           "Hd": "i32", "I": "i32"}
+    w = {"stride_we": "i32", "stride_wm": "i32", "stride_se": "i32", "stride_sm": "i32"}
+    reports = []
+    for arch in (archs or ("sm_120", "sm_90")):
+        if arch not in ("sm_120", "sm_90"):
+            continue
+        for dtype, bm, split in itertools.product(("bf16", "fp16"), (8, 16), (1, 2)):
+            act = "*" + dtype
+            for fn, sig in (
+                (M._gate_up_mma_kernel, {"X": act, "Wp": "*i32", "Ws": "*bf16", "Hbuf": act if split == 1 else "*fp32",
+                                         **idx, "stride_x": "i32", **w, "stride_h": "i32"}),
+                (M._down_mma_kernel, {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Out": "*fp32", "TopkW": "*fp32",
+                                      **idx, "stride_h": "i32", **w, "stride_o": "i32"}),
+            ):
+                cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
+                          OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
+                divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
+                attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+                k = triton.compile(GluonASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in cx}},
+                                                  constexprs=cx, attrs=attrs),
+                                   target=GPUTarget("cuda", CAPABILITY[arch], 32),
+                                   options=M.launch_options(bm, torch.bfloat16 if dtype == "bf16" else torch.float16))
+                use = resource_usage(k.asm["cubin"])
+                reports.append(CompileReport(fn.__name__, arch, f"BM{bm} w{M.WARPS} split{split} {dtype}",
+                                             int(k.metadata.shared), use.get("REG", 0),
+                                             use.get("LOCAL", 0) + use.get("STACK", 0)))
+    return reports
+
+
+def router_reports(archs=None) -> list[CompileReport]:
+    """The one-launch MoE router (``router._route_kernel``) for every config of ``router.ROUTER_CONFIGS`` at
+    Kimi K2.6's shapes (H = 7168, top-8 of 384 experts; the K split of the config's largest row count up to
+    4096 on a GPU of the architecture's usual SM count), x and weight both bf16 and both fp32, with K2.6's
+    routing (one group) and DeepSeek-V3's group limit (8 groups, 4 kept)."""
+    import torch
+
+    from .router import ROUTER_CONFIGS, SUM_UNROLL, _route_kernel, plan_moe_route
+
+    sms = {"sm_90": 132, "sm_120": 188, "sm_80": 108}
+    H, E, top_k = 7168, 384, 8
+    ptrs = ("X", "W", "Bias", "TreeLens", "Part", "Logits", "Count", "Idx", "Wt")
+    ints = ("N", "H", "E", "stride_x", "stride_w", "stride_l", "k_split", "T", "expert_offset")
+    divisible = ("X", "W", "Bias", "Part", "Logits", "Idx", "Wt", "H", "E", "stride_x", "stride_w", "stride_l",
+                 "k_split")
+    reports = []
+    for arch, table in ROUTER_CONFIGS.items():
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for cfg, bound in {c: b for b, c in sorted(table.items())}.items():  # each config at its largest bucket
+            N = min(bound, 4096)
+            for dtype in ("bf16", "fp32"):
+                tdt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+                for n_group, topk_group in ((1, 1), (8, 4)):
+                    plan = plan_moe_route(N, H, E, tdt, tdt, top_k, n_group, topk_group, arch, sms[arch], cfg)
+                    sig = {"X": "*" + dtype, "W": "*" + dtype, "Bias": "*fp32", "TreeLens": "*i32", "Part": "*fp32",
+                           "Logits": "*fp32", "Count": "*i32", "Idx": "*i32", "Wt": "*fp32",
+                           **{n: "i32" for n in ints}, "scaling": "fp32"}
+                    assert tuple(sig)[:len(ptrs)] == ptrs
+                    consts = dict(BLOCK_T=cfg.block_t, BLOCK_E=cfg.block_e, BLOCK_K=cfg.block_k, SPLIT_K=plan.split_k,
+                                  ONE_TILE=plan.expert_tiles == 1, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+                                  N_GROUP=n_group, TOPK_GROUP=topk_group, G_PAD=triton.next_power_of_2(n_group),
+                                  GS_PAD=triton.next_power_of_2(E // n_group), SEL_ROWS=plan.sel_rows, HAS_BIAS=True,
+                                  HAS_LENS=True, NORM=True, DOT_F32=dtype == "fp32", EVEN_K=H % cfg.block_k == 0,
+                                  EVEN_E=E % cfg.block_e == 0, SUM_UNROLL=SUM_UNROLL)
+                    label = (f"BT{cfg.block_t} BE{cfg.block_e} BK{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} "
+                             f"{dtype} g{n_group}/{topk_group} split{plan.split_k} sel{plan.sel_rows}")
+                    reports.append(audit(_route_kernel, sig, consts, arch, cfg.num_warps, cfg.num_stages, divisible,
+                                         label))
+    return reports
+
+
 def kv_reports(archs=None) -> list[CompileReport]:
     """The KV commit kernel at its launch layouts (``kv_cache._commit_layout``): latent rows of 576 in
     bf16 (trees of 64 nodes in one chunk, of 128+ nodes in chunks of 128), fp32 and 1-byte rows; P 64 and 1."""
@@ -463,6 +546,7 @@ def main(argv=None) -> None:
     reports = (verify_mla_reports(archs=args.arch) + gluon_mma_reports(archs=args.arch)
                + draft_attention_reports(archs=args.arch)
                + moe_reports(archs=args.arch) + moe_int4_reports(archs=args.arch)
+               + moe_int4_mma_reports(archs=args.arch) + router_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
+from ._moe_align import align_routing, min_blocks
 from .configs import arch_of, num_sms
 
 GROUP = 32  # input columns per scale (compressed-tensors group size of the K2.x routed experts)
@@ -141,6 +142,21 @@ class Int4Experts:
             convert = M.unrepack_mma
         return Int4Experts(*convert(self.w13_packed, self.w13_scale), *convert(self.w2_packed, self.w2_scale),
                            layout=layout)
+
+    def to_layout_(self, layout: str) -> "Int4Experts":
+        """:meth:`to_layout` in place, one expert at a time (no second copy of the layer): these tensors then
+        hold ``layout`` and only the returned object describes them."""
+        if layout == self.layout:
+            return self
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        for e in range(self.num_experts):
+            one = Int4Experts(*(t[e:e + 1] for t in (self.w13_packed, self.w13_scale, self.w2_packed, self.w2_scale)),
+                              layout=self.layout).to_layout(layout)
+            for dst, src in zip((self.w13_packed, self.w13_scale, self.w2_packed, self.w2_scale),
+                                (one.w13_packed, one.w13_scale, one.w2_packed, one.w2_scale)):
+                dst[e:e + 1].copy_(src)
+        return Int4Experts(self.w13_packed, self.w13_scale, self.w2_packed, self.w2_scale, layout=layout)
 
     @property
     def num_experts(self) -> int:
@@ -564,11 +580,6 @@ class Int4MoePlan:
         return cls(Int4MoeConfig(v[0], tuple(v[1:5]), tuple(v[5:9]), bool(v[9])), v[10], v[11], v[12])
 
 
-def min_blocks(assignments: int, E: int, block_m: int) -> int:
-    """Blocks enough for any routing: every used expert adds at most one part-filled block."""
-    return -(-assignments // block_m) + max(1, min(E, assignments))
-
-
 def _split_for(programs: int, k_tiles: int, sms: int) -> int:
     """K splits that bring ``programs`` up to about the SM count, never more than the K tiles."""
     if programs >= sms:
@@ -603,73 +614,8 @@ def plan_int4_moe(N: int, topk: int, E: int, H: int, I: int, arch: str, sms: int
 
 
 # --------------------------------------------------------------------------------------------------
-# Routing align and launch
+# Launch
 # --------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Scratch, A, E, num_blocks,
-                  BLOCK_M: tl.constexpr, NB: tl.constexpr, CHUNK_A: tl.constexpr, CHUNK_B: tl.constexpr):
-    """One program (see :func:`align_routing`). ``Scratch [4 NB]`` int32: cursors, then the cumulative
-    blocks, first rows and ends of the experts. Buckets: ``[0, E)`` the local experts, ``E`` another rank's,
-    ``NB - 1`` (> E) the lanes past ``A``."""
-    bins = tl.arange(0, NB)
-    counts = tl.zeros([NB], dtype=tl.int32)
-    for a0 in range(0, A, CHUNK_A):
-        a = a0 + tl.arange(0, CHUNK_A)
-        raw = tl.load(Idx + a, mask=a < A, other=0)
-        key = tl.where(a < A, tl.where((raw >= 0) & (raw < E), raw, E), NB - 1).to(tl.int32)
-        counts += tl.histogram(key, NB)
-    ends = tl.cumsum(counts, 0)
-    tl.store(Scratch + bins, ends - counts)  # the cursor of every bucket at its first sorted row
-    local = tl.where(bins < E, counts, 0)
-    blocks = (local + BLOCK_M - 1) // BLOCK_M
-    cum_blocks = tl.cumsum(blocks, 0)
-    tl.store(Scratch + NB + bins, cum_blocks - blocks)
-    tl.store(Scratch + 2 * NB + bins, ends - counts)
-    tl.store(Scratch + 3 * NB + bins, ends)
-    tl.debug_barrier()
-    # Sorted by expert: each assignment takes the next row of its bucket (order within a bucket is free:
-    # every row's result is computed on its own).
-    for a0 in range(0, A, CHUNK_A):
-        a = a0 + tl.arange(0, CHUNK_A)
-        raw = tl.load(Idx + a, mask=a < A, other=0)
-        key = tl.where((raw >= 0) & (raw < E), raw, E).to(tl.int32)
-        pos = tl.atomic_add(Scratch + key, 1, mask=a < A, sem="relaxed")
-        tl.store(SortedIdx + pos, a, mask=a < A)
-    # Block -> expert: the number of local experts whose blocks all lie before it (E past the last).
-    for b0 in range(0, num_blocks, CHUNK_B):
-        b = b0 + tl.arange(0, CHUNK_B)
-        e = tl.sum(((cum_blocks[None, :] <= b[:, None]) & (bins < E)[None, :]).to(tl.int32), 1)
-        e_c = tl.minimum(e, E - 1)
-        first_block = tl.load(Scratch + NB + e_c)
-        start = tl.load(Scratch + 2 * NB + e_c) + (b - first_block) * BLOCK_M
-        tl.store(BlockExpert + b, e, mask=b < num_blocks)
-        tl.store(BlockStart + b, start, mask=b < num_blocks)
-        tl.store(BlockEnd + b, tl.load(Scratch + 3 * NB + e_c), mask=b < num_blocks)
-
-
-def align_routing(topk_idx: torch.Tensor, E: int, block_m: int, num_blocks: int):
-    """Token x expert assignments sorted by expert and cut into blocks, on the device in one launch (no host
-    sync).
-
-    ``topk_idx [N, k]`` int32/int64 -> ``(sorted_idx [N k] int32`` assignment ids ``t k + j`` grouped by
-    expert in expert order (ids outside ``[0, E)`` last, in no block; the order inside a group is not
-    specified), ``block_expert, block_start, block_end [num_blocks] int32)``: block ``b`` owns sorted rows
-    ``[block_start, min(block_start + block_m, block_end))`` of expert ``block_expert``; blocks past the
-    last used one have ``block_expert == E``. ``num_blocks`` must be at least :func:`min_blocks`."""
-    flat = topk_idx.reshape(-1)
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    A, dev = flat.numel(), flat.device
-    nb = triton.next_power_of_2(E + 2)
-    sorted_idx = torch.empty(A, dtype=torch.int32, device=dev)
-    meta = torch.empty(3, num_blocks, dtype=torch.int32, device=dev)
-    scratch = torch.empty(4 * nb, dtype=torch.int32, device=dev)
-    _align_kernel[(1,)](flat, sorted_idx, meta[0], meta[1], meta[2], scratch, A, E, num_blocks,
-                        BLOCK_M=block_m, NB=nb, CHUNK_A=1024 if not _interpreting() else 256,
-                        CHUNK_B=max(1, min(64, 16384 // nb)), num_warps=8 if not _interpreting() else 1)
-    return sorted_idx, meta[0], meta[1], meta[2]
-
 
 def _validate(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale) -> None:
     V.check_tensor("x", x, ndim=2, dtypes=ACT_DTYPES)

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from .. import dist
 from ..kernels import kv_write_, verify_mla
 from ..kernels.moe import routed_experts
-from ..kernels.moe_int4 import GROUP, Int4Experts, routed_experts_int4
+from ..kernels.moe_int4 import GROUP, Int4Experts, kernel_layout, routed_experts_int4
+from ..kernels.router import moe_route
 from .config import KimiK2Config
 from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm, swiglu
 
@@ -59,6 +60,9 @@ def layer_prefix(i: int) -> str:
 
 
 INT4_EXPERT_KEYS = ("w13_packed", "w13_scale", "w2_packed", "w2_scale")
+# The same tensors in the kernels' "mma" layout (:meth:`tritree.kernels.Int4Experts.to_layout`), after
+# :func:`to_kernel_layout_`: the key says which order the bytes are in.
+INT4_MMA_KEYS = ("w13_mma", "w13_mma_scale", "w2_mma", "w2_mma_scale")
 DENSE_EXPERT_KEYS = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
 EXPERT_LAYOUTS = ("dense", "int4")
 
@@ -119,9 +123,10 @@ def param_shapes(cfg: KimiK2Config, experts: str = "dense") -> dict[str, tuple]:
 
 
 def init_params(cfg: KimiK2Config, seed: int = 0, dtype=torch.float32, device="cpu", experts: str = "dense") -> dict:
-    """Random parameters (already in tritree's halves RoPE layout); the router's in float32. ``experts="int4"``:
+    """Random parameters (already in tritree's halves RoPE layout); the router's ``e_score_correction_bias`` in
+    float32 (its weight in ``dtype``, as loaded). ``experts="int4"``:
     the same random routed experts quantised (:func:`quantize_experts`)."""
-    params = random_params(param_shapes(cfg), seed, dtype, device, float32=("mlp.gate.",))
+    params = random_params(param_shapes(cfg), seed, dtype, device, float32=("e_score_correction_bias",))
     if experts not in EXPERT_LAYOUTS:
         raise ValueError(f"experts must be one of {EXPERT_LAYOUTS}, got {experts!r}")
     return quantize_experts(params) if experts == "int4" else params
@@ -143,11 +148,36 @@ def quantize_experts(params: dict) -> dict:
 
 
 def int4_experts(params, i: int) -> Int4Experts | None:
-    """Layer ``i``'s routed experts when they are held INT4, else None."""
+    """Layer ``i``'s routed experts when they are held INT4 (in the checkpoint layout, or the kernels' after
+    :func:`to_kernel_layout_`), else None."""
     p = layer_prefix(i) + "mlp.experts."
-    if p + "w13_packed" not in params:
-        return None
-    return Int4Experts(*(params[p + k] for k in INT4_EXPERT_KEYS))
+    if p + "w13_packed" in params:
+        return Int4Experts(*(params[p + k] for k in INT4_EXPERT_KEYS))
+    if p + "w13_mma" in params:
+        return Int4Experts(*(params[p + k] for k in INT4_MMA_KEYS), layout="mma")
+    return None
+
+
+def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> dict:
+    """Every layer's INT4 routed experts in the layout the kernels of ``device`` (default: the experts' own)
+    stream (:func:`tritree.kernels.moe_int4.kernel_layout`: the repacked ``"mma"`` layout on sm_90 and sm_120),
+    or in ``layout`` when given, converted in place one expert at a time (no second copy of the experts) and
+    filed under the layout's keys (``mlp.experts.w13_mma`` ... for ``"mma"``). ``params`` itself is updated and
+    returned; call it once after loading (and sharding), before the first forward. Idempotent."""
+    for k in [k for k in params if k.endswith(".mlp.experts.w13_packed") or k.endswith(".mlp.experts.w13_mma")]:
+        p = k[:k.rindex(".") + 1]
+        i = int(p.split(".")[2])
+        ex = int4_experts(params, i)
+        want = layout or kernel_layout(device if device is not None else ex.w13_packed.device, ex.hidden,
+                                       ex.intermediate)
+        if want == ex.layout:
+            continue
+        ex = ex.to_layout_(want)
+        old, new = (INT4_EXPERT_KEYS, INT4_MMA_KEYS) if want == "mma" else (INT4_MMA_KEYS, INT4_EXPERT_KEYS)
+        for a, b, t in zip(old, new, (ex.w13_packed, ex.w13_scale, ex.w2_packed, ex.w2_scale)):
+            del params[p + a]
+            params[p + b] = t
+    return params
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,8 +185,9 @@ def int4_experts(params, i: int) -> Int4Experts | None:
 # --------------------------------------------------------------------------------------------------
 
 def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None, tree_lens=None) -> torch.Tensor:
-    """Sigmoid-routed MoE with a shared expert; the routed experts run grouped by expert with no host
-    sync: INT4 experts (the layer's ``mlp.experts.w13_packed`` ...) through the fused W4A16 op
+    """Sigmoid-routed MoE with a shared expert. The router is one kernel launch (:func:`tritree.kernels.moe_route`,
+    its weight in the model's dtype, fp32 logits); the routed experts run grouped by expert with no host sync:
+    INT4 experts (the layer's ``mlp.experts.w13_packed`` ...) through the fused W4A16 op
     :func:`tritree.kernels.routed_experts_int4` (activations in bf16 there when the model runs in float32),
     dense ones through :func:`tritree.kernels.moe.routed_experts` (a per-expert loop on the CPU path).
 
@@ -169,28 +200,21 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None, tree_lens=N
     p = layer_prefix(i) + "mlp."
     shape = h.shape
     x = h.reshape(-1, shape[-1])
-    scores = torch.sigmoid(x.float() @ params[p + "gate.weight"].float().t())
-    choice = scores + params[p + "gate.e_score_correction_bias"].float()
-    if cfg.n_group > 1:
-        E = cfg.n_routed_experts
-        grp = choice.view(-1, cfg.n_group, E // cfg.n_group).topk(2, dim=-1).values.sum(-1)
-        keep = torch.zeros_like(grp).scatter_(1, grp.topk(cfg.topk_group, dim=-1).indices, 1.0)
-        choice = choice.masked_fill(keep.repeat_interleave(E // cfg.n_group, 1) == 0, float("-inf"))
-    idx = torch.topk(choice, cfg.num_experts_per_tok, dim=-1).indices
-    w = scores.gather(1, idx)
-    if cfg.norm_topk_prob:
-        w = w / (w.sum(-1, keepdim=True) + 1e-20)
-    w = w * cfg.routed_scaling_factor
     packed = int4_experts(params, i)
+    offset = 0
     if dist.active(tp):
         e_loc = packed.num_experts if packed is not None else params[p + "experts.gate_proj.weight"].shape[0]
         if e_loc * tp.world != cfg.n_routed_experts:
             raise ValueError(f"layer {i} holds {e_loc} routed experts; expert parallelism over {tp.world} ranks "
                              f"needs {cfg.n_routed_experts} / {tp.world}")
-        idx = idx - tp.rank * e_loc  # other ranks' experts fall outside [0, e_loc): skipped by routed_experts
-    if tree_lens is not None:
-        pad = torch.arange(shape[1], device=h.device)[None, :] >= tree_lens[:, None]
-        idx = torch.where(pad.reshape(-1, 1), -1, idx)
+        offset = tp.rank * e_loc  # other ranks' experts fall outside [0, e_loc): skipped by routed_experts
+    # Sigmoid scores, the bias for selection, the group limit, top-k, normalisation, scaling, the EP offset;
+    # padding rows route to id -1 with weight 0.
+    idx, w = moe_route(x, params[p + "gate.weight"], params[p + "gate.e_score_correction_bias"].float(),
+                       top_k=cfg.num_experts_per_tok, n_group=cfg.n_group, topk_group=cfg.topk_group,
+                       norm_topk_prob=bool(cfg.norm_topk_prob), scaling=cfg.routed_scaling_factor,
+                       expert_offset=offset, tree_lens=tree_lens,
+                       rows_per_request=None if tree_lens is None else shape[1])
     if packed is not None:  # W4A16: 16-bit activations
         xa = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
         out = routed_experts_int4(xa, idx, w, packed, global_experts=cfg.n_routed_experts).to(x.dtype)

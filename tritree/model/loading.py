@@ -130,7 +130,7 @@ def load_params(path: str, cfg: KimiK2Config | None = None, *, layers=None, devi
         sl = shard_slice(k, cfg, tp, shapes[k])
         t = _read_weight(tensor, wmap, pre + k, device, shapes[k], sl)
         t = _pad(_permute_rope(cfg, k, t), sl)
-        params[k] = t.to(device=device, dtype=torch.float32 if ".mlp.gate." in k else dtype)
+        params[k] = t.to(device=device, dtype=torch.float32 if k.endswith("e_score_correction_bias") else dtype)
         meter.sample()
     for i in sorted(layers):  # routed experts one layer at a time, each tensor written into its slot
         p = layer_prefix(i) + "mlp.experts."
