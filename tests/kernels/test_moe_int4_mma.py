@@ -159,3 +159,11 @@ def test_mma_skewed_rows_and_graph_replay():
     torch.cuda.synchronize()
     ref = moe_int4_reference(x, idx, w, ex)
     assert ((out.double() - ref).norm() / ref.norm()).item() < TOL[torch.bfloat16]
+
+
+@mma_gpu
+def test_mma_empty_batch():
+    ex = _experts(4, 256, 256, 4, "cuda").to_layout("mma")
+    out = routed_experts_int4(torch.zeros(0, 256, dtype=torch.bfloat16, device="cuda"),
+                              torch.zeros(0, 2, dtype=torch.int32, device="cuda"), torch.zeros(0, 2, device="cuda"), ex)
+    assert out.shape == (0, 256)

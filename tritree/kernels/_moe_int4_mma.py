@@ -379,6 +379,7 @@ def _down_mma_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEnd
 WARPS = 4
 # Warps an SM the plan aims for (K splits raise the count when few blocks own rows): each warp keeps one
 # K tile of loads in flight, and the bytes in flight set the bandwidth a latency-bound stream reaches.
+# Higher targets split more and were slower at N = 9-33 (bench/RESULTS.md, "INT4 routed experts").
 WARPS_PER_SM = 8
 MAX_SPLIT = 8
 
