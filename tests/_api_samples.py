@@ -593,10 +593,72 @@ def sample_routed_experts_int4(draw, device) -> Sample:
                   run, reference, check, written=("out",), contiguous=w, check_written=check)
 
 
+def sample_moe_route(draw, device) -> Sample:
+    E = draw(st.sampled_from([8, 16, 32]))
+    n_group = draw(st.sampled_from([g for g in (1, 2, 4) if E // g >= 2]))
+    topk_group = draw(st.integers(1, n_group))
+    top_k = draw(st.integers(1, min(4, topk_group * (E // n_group))))
+    H, B, T = draw(st.sampled_from([16, 48])), draw(st.integers(1, 3)), draw(st.integers(1, 5))
+    N = B * T
+    dtype = draw(st.sampled_from(FLOATS))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    with_lens = draw(st.booleans())
+    t = dict(x=torch.randn(N, H, generator=g).to(dtype), weight=(torch.randn(E, H, generator=g) * H**-0.5).to(dtype),
+             bias=torch.randn(E, generator=g) * 0.1 if draw(st.booleans()) else None,
+             tree_lens=torch.randint(0, T + 1, (B,), generator=g, dtype=torch.int32) if with_lens else None,
+             logits_out=torch.full((N, E), float("nan")) if draw(st.booleans()) else None)
+    t = {n: None if x is None else x.to(device) for n, x in t.items()}
+    opts = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, scaling=2.5, expert_offset=draw(st.integers(0, 3)))
+
+    def call(t, **over):
+        kw = {**opts, **over}
+        return tritree.moe_route(t["x"], t["weight"], t["bias"], tree_lens=t["tree_lens"],
+                                 rows_per_request=T if t["tree_lens"] is not None else None,
+                                 logits_out=t["logits_out"], **kw)
+
+    def reference(t):
+        c = {n: None if x is None else x.cpu() for n, x in t.items()}
+        lg = torch.empty(N, E, dtype=torch.float64)
+        idx, w = tritree.moe_route_reference(c["x"], c["weight"], c["bias"], tree_lens=c["tree_lens"],
+                                             rows_per_request=T if c["tree_lens"] is not None else None,
+                                             logits_out=lg, **opts)
+        if t["logits_out"] is not None:
+            t["logits_out"].copy_(lg)
+        return idx, w, lg
+
+    def check(got, want):
+        (idx, w), (ridx, rw, lg) = got, want
+        idx, w = idx.cpu(), w.cpu()
+        assert idx.shape == ridx.shape and w.shape == rw.shape, "shapes"
+        assert idx.dtype == torch.int32 and w.dtype == torch.float32, "dtypes"
+        pad = torch.zeros(N, dtype=torch.bool)
+        if t["tree_lens"] is not None:
+            pad = (torch.arange(N) % T) >= t["tree_lens"].cpu().long().repeat_interleave(T)
+        assert torch.equal(idx[pad], ridx[pad]) and torch.equal(w[pad], rw[pad]), "padding rows"
+        # Picks: the same choices as the reference's (a different id only at a tie within rounding).
+        choice = torch.sigmoid(lg) + (0 if t["bias"] is None else t["bias"].cpu().double())
+        got_c = choice.gather(1, (idx[~pad] + opts["expert_offset"]).long()) if (~pad).any() else None
+        if got_c is not None:
+            want_c = choice.gather(1, (ridx[~pad] + opts["expert_offset"]).long())
+            assert torch.allclose(got_c, want_c, atol=2e-2 if dtype != torch.float32 else 1e-5), "picks"
+            assert torch.allclose(w[~pad].double(), rw[~pad].double(), atol=3e-2, rtol=3e-2), "weights"
+
+    def check_logits(view, want):
+        close(view, want, torch.float32 if dtype == torch.float32 else torch.bfloat16, "logits_out")
+
+    return Sample("moe_route", t, dict(x=("N", "H"), weight=("E", "H"), bias=("E",), tree_lens=("B",),
+                                       logits_out=("N", "E")),
+                  call, reference, check, written=("logits_out",), check_written=check_logits,
+                  contiguous=("bias", "tree_lens"),
+                  scalars={"top_k": [0, E + 1, 2.0], "n_group": [0, 3 * E], "scaling": [float("nan"), "2"],
+                           "expert_offset": [1.5]},
+                  run_scalar=lambda t, k, v: call(t, **{k: v}))
+
+
 SAMPLES = {s.__name__.removeprefix("sample_"): s for s in (
     sample_verify_mla, sample_draft_attention, sample_kv_write_, sample_kv_commit_, sample_kv_gather,
     sample_tree_mask_from_parents, sample_build_tree, sample_accept_tree, sample_token_tables,
-    sample_page_table_from_token_table, sample_expected_accept, sample_routed_experts_int4)}
+    sample_page_table_from_token_table, sample_expected_accept, sample_routed_experts_int4, sample_moe_route)}
 
 
 # ------------------------------------------------------------------------------------------------

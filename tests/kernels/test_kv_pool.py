@@ -1,11 +1,12 @@
 """PagePool: random reserve / release sequences keep the pool consistent, a refused reservation changes
-nothing, and bad arguments are refused naming them."""
+nothing, and bad arguments are refused naming them (defrag_'s too)."""
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree import PagePool, PoolExhausted
+from tritree import PagePool, PoolExhausted, defrag_, kv_gather, kv_write_
 
 OPS = st.lists(st.tuples(st.sampled_from(["reserve", "release"]), st.integers(0, 5), st.integers(0, 70)),
                max_size=60)
@@ -66,3 +67,20 @@ def test_bad_reserve_and_table_arguments_are_refused():
         pool.page_table(["a"], max_pages=2.0)
     with pytest.raises(ValueError, match="max_pages"):
         pool.page_table(["a"], max_pages=1)
+
+
+def test_defrag_refuses_negative_kv_lens_as_the_other_kv_ops_do():
+    pool = PagePool(4, 2, pages={"a": [2, 3], "b": [0]})
+    kv = torch.arange(8.0).view(4, 2, 1)
+    table = pool.page_table(["a", "b"])
+    lens = torch.tensor([2, -1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_lens") as other:
+        kv_write_(kv.clone(), table, lens, torch.zeros(2, 1, 1))
+    with pytest.raises(ValueError, match="kv_lens") as got:
+        kv_gather(kv, table, lens)
+    assert str(got.value) == str(other.value)
+    before = ({r: list(p) for r, p in pool.pages.items()}, kv.clone())
+    with pytest.raises(ValueError, match="kv_lens") as got:
+        defrag_(kv, table, lens, pool, ["a", "b"])
+    assert str(got.value) == str(other.value) == "kv_lens must be >= 0, got [2, -1]"
+    assert pool.pages == before[0] and torch.equal(kv, before[1]), "a refused defrag_ changed the pool"

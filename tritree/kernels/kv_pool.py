@@ -200,6 +200,8 @@ def defrag_(kv, page_table, kv_lens, pool: PagePool, requests=None, *, stacked=F
                          f"got {requests}, the pool holds {list(pool.pages)}")
     _check_table(page_table, kv_lens, len(requests), page_table.device)
     lens = kv_lens.detach().cpu().tolist()
+    if any(n < 0 for n in lens):  # as every KV op: a negative length would pass the page count below
+        raise ValueError(f"kv_lens must be >= 0, got {lens}")
     table = page_table.detach().cpu()
     for b, r in enumerate(requests):
         owned = pool.pages.get(r, [])
