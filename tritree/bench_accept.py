@@ -2,7 +2,8 @@
 
 For the DFlash chain and DDTree budgets 8-128, greedy and temperature 1: mean acceptance length
 (tokens emitted per step, the bonus token included) over prompts cut from held-out standard-library
-files, the wall-clock time against plain decoding on the same machine, and a PNG plot.
+files, the wall-clock time against plain decoding on the same machine, and a PNG plot (``--plot``,
+default ``./tritree-bench/acceptance.png``; ``bench/results/acceptance.png`` is the committed one).
 """
 
 from __future__ import annotations

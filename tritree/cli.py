@@ -1,10 +1,12 @@
-"""Command line: ``python -m tritree [generate|demo] ...`` (also the ``tritree`` console script).
+"""Command line: ``python -m tritree [COMMAND] ...`` (also the ``tritree`` console script);
+``python -m tritree --help`` lists the commands, ``python -m tritree COMMAND --help`` their options.
 
-``generate`` (the default): speculative decoding (target + DFlash draft + DDTree) of a batch of
-prompts, printing the tokens, tokens per second, the mean acceptance length and the phase split;
-``--check`` also decodes without speculation and confirms the outputs match. Without ``--model`` /
-``--draft`` it uses a tiny random target/draft pair (random weights: acceptance lengths are not
-meaningful). Without a GPU every kernel runs in Triton's interpreter.
+``generate`` (the default: no command, or a first argument that is an option, means ``generate``):
+speculative decoding (target + DFlash draft + DDTree) of a batch of prompts, printing the tokens, tokens
+per second, the mean acceptance length and the phase split; ``--check`` also decodes without
+speculation and confirms the outputs match. Without ``--model`` / ``--draft`` it uses the shipped tiny
+pair (``--random``: a tiny random pair, whose acceptance lengths mean nothing). Without a GPU every
+kernel runs in Triton's interpreter (the command re-executes itself with ``TRITON_INTERPRET=1``).
 
 ``--budget auto`` (the default on a GPU): trees of ``--max-budget`` nodes, each step verifying the
 best-first prefix with the most expected tokens per unit of step time (:mod:`tritree.budget`), under
@@ -12,7 +14,12 @@ the step-cost table of this GPU from ``--cost-model`` (default ``~/.cache/tritre
 by ``bench calibrate``) or, without one, the analytic model.
 
 ``demo``: the verify-attention kernel on a random tree over a random paged latent cache, checked
-against the float64 reference and, on a GPU, timed against the hardware floor.
+against the float64 reference and, on a GPU, timed against the hardware floor. ``bench``: decode,
+calibrate (GPU) and accept benchmarks. ``train``: the tiny pair. ``memory``: per-GPU bytes from configs.
+
+A checkpoint directory (``generate`` and ``memory``: ``--model``, ``--draft``) that is missing, has no
+readable ``config.json``, a config the loaders refuse or (``generate``) no weights is refused with one
+line naming the flag, the directory and what is wrong, exit status 2.
 
 Tensor parallelism (``generate``, ``bench decode``): ``torchrun --nproc-per-node N -m tritree generate
 --tp N`` (NCCL on GPUs, gloo on the CPU); ``--tp N`` without torchrun relaunches the command under
@@ -22,6 +29,7 @@ Tensor parallelism (``generate``, ``bench decode``): ``torchrun --nproc-per-node
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -97,11 +105,11 @@ def _load_pair(args, device, dtype, tp=None):
     from .model.loading import load_dflash_params, load_params
     from .model.parallel import shard_params
 
-    if bool(args.model) != bool(args.draft):
-        _usage_error("generate", "--model and --draft go together")
-    if args.model:
-        tparams, tcfg = load_params(args.model, device=device, dtype=dtype, tp=tp)
-        dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype)
+    if args.model:  # the directories passed _check_generate; what the loaders find wrong inside is one line too
+        with _checkpoint_errors("generate", "--model", args.model):
+            tparams, tcfg = load_params(args.model, device=device, dtype=dtype, tp=tp)
+        with _checkpoint_errors("generate", "--draft", args.draft):
+            dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype)
         return tparams, tcfg, dparams, dcfg, f"target {args.model}, draft {args.draft}"
     from .train import ASSETS, shipped_pair
     if not args.random and (ASSETS / "target" / "model.safetensors").exists():
@@ -191,6 +199,9 @@ def generate(args, tp=None) -> int:
     say(f"tritree generate on {where}: {what}")
     g = torch.Generator().manual_seed(args.seed)
     text = tcfg.vocab_size == 257  # bytes as tokens (the shipped pair)
+    if args.prompt and not text:  # _check_generate catches it first, unless the shipped pair is missing
+        _usage_error("generate", f"--prompt needs a byte-level target (257 tokens, as the shipped pair); this one "
+                                 f"has {tcfg.vocab_size}: give --prompt-ids")
     if args.prompt_ids:
         prompts = args.prompt_ids
     elif text:
@@ -228,9 +239,17 @@ def generate(args, tp=None) -> int:
             say(f"[{i}] prompt {prompts[i]}\n    -> {r.tokens} ({r.finish})")
     steps = sum(r.steps for r in res if not r.error)
     gen_after_first = sum(max(0, len(r.tokens) - 1) for r in res if not r.error)
-    acc = gen_after_first / steps if steps else float("nan")
-    say(f"{n_tok} tokens in {dt:.2f} s ({n_tok / dt:.1f} tokens/s, prefill and graph capture included); "
-        f"mean acceptance length {acc:.2f} tokens per step (budget {args.budget})")
+    acc = f"{gen_after_first / steps:.2f} tokens per step" if steps else "n/a (no decode step ran)"
+    if args.chain:  # the chain's size is the draft's block, whatever --budget says
+        tree = f"the DFlash chain of {dcfg.block_size - 1} nodes"
+    elif args.budget == "auto":
+        tree = f"budget auto, at most {args.max_budget} nodes"
+    else:
+        tree = f"budget {args.budget}"
+    included = ("prefill and CUDA graph capture included" if engine.graphs else "prefill included" if gpu
+                else "prefill included, kernels in the Triton interpreter on the CPU")
+    rate = f"{n_tok / dt:.1f} tokens/s" if dt > 0 else "no time measured"
+    say(f"{n_tok} tokens in {dt:.2f} s ({rate}, {included}); mean acceptance length {acc} ({tree})")
     sizes = engine.tree_size_stats()
     if sizes["hist"]:
         say(f"tree nodes verified per request and step (root excluded): mean {sizes['mean']:.2f}; histogram "
@@ -238,7 +257,8 @@ def generate(args, tp=None) -> int:
     if engine.phase_stats:
         engine.report_phases()
     else:
-        say("phase split: set TRITREE_PROFILE=1 (TRITREE_PROFILE=eager for per-phase times under CUDA graphs)")
+        say("phase split: set TRITREE_PROFILE=1" + (" (TRITREE_PROFILE=eager for per-phase times under CUDA graphs)"
+                                                     if engine.graphs else ""))
     ok = True
     if args.check:
         plain = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -319,10 +339,100 @@ def _prompt_ids(text: str) -> list[list[int]]:
     return prompts
 
 
-def _directory(text: str) -> str:
-    if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"no such directory: {text!r}")
-    return text
+# ---- checkpoint directories: one line naming the flag, the directory and what is wrong -----------------
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def _one_line(e: BaseException) -> str:
+    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)  # a KeyError's str() adds quotes
+    return " ".join(str(text).split())
+
+
+def _checkpoint_config(cmd: str, flag: str, path: str, kind: str, weights: bool, warn: bool = True):
+    """The config of the checkpoint directory ``path`` (``kind`` "target": a :class:`KimiK2Config`,
+    "draft": a :class:`DFlashConfig`); otherwise a usage error naming ``flag``, the directory and what is
+    wrong: no such directory, no config.json, invalid JSON, a config the loaders refuse and (``weights``)
+    neither model.safetensors nor its index. The config's warnings (unknown keys) are shown only when it
+    is accepted, and only with ``warn``."""
+    import warnings
+
+    from .model.config import DFlashConfig, KimiK2Config
+
+    def bad(what):
+        _usage_error(cmd, f"{flag} {path}: {what}")
+
+    if not os.path.isdir(path):
+        bad("not a directory" if os.path.exists(path) else "no such directory")
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        bad("no config.json")
+    try:
+        with open(file, encoding="utf-8") as f:
+            raw = json.load(f)
+    except json.JSONDecodeError as e:
+        bad(f"config.json is not valid JSON ({e})")
+    except (OSError, UnicodeDecodeError) as e:
+        bad(f"cannot read config.json ({_one_line(e)})")
+    if not isinstance(raw, dict):
+        bad(f"config.json is not a JSON object (it holds a {type(raw).__name__})")
+    read = KimiK2Config.from_hf if kind == "target" else DFlashConfig.from_hf
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            cfg = read(raw)
+    except (ValueError, KeyError, TypeError) as e:  # what from_hf refuses, or a value of the wrong JSON type
+        bad(f"config.json is not a valid {kind} config ({type(e).__name__}: {_one_line(e)})")
+    if weights and not any(os.path.isfile(os.path.join(path, n)) for n in WEIGHT_FILES):
+        bad(f"no {' or '.join(WEIGHT_FILES)}")
+    for w in said if warn else ():
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return cfg
+
+
+class _checkpoint_errors:
+    """``with _checkpoint_errors(cmd, flag, path): load(path)``: what a loader raises about the files
+    (a missing tensor, a shape the config contradicts, an unreadable shard) as a usage error naming
+    the directory; anything else propagates."""
+
+    def __init__(self, cmd: str, flag: str, path: str):
+        self.cmd, self.flag, self.path = cmd, flag, path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        from safetensors import SafetensorError
+
+        if e is not None and isinstance(e, (OSError, KeyError, ValueError, SafetensorError)):
+            _usage_error(self.cmd, f"{self.flag} {self.path}: {_one_line(e)}")
+        return False
+
+
+def _check_generate(args) -> None:
+    """``generate``'s arguments that argparse cannot check alone, before any weight is read (and before
+    the interpreter re-exec, so a mistake costs no second start)."""
+    if bool(args.model) != bool(args.draft):
+        _usage_error("generate", "--model and --draft go together")
+    if args.prompt is not None and args.prompt_ids is not None:
+        _usage_error("generate", "--prompt and --prompt-ids exclude each other: give the prompts as text or as "
+                                 "token ids")
+    if args.prompt is not None and "" in args.prompt:
+        _usage_error("generate", "--prompt '': an empty prompt (decoding starts from at least one token)")
+    if args.chain and args.budget is not None:
+        _usage_error("generate", f"--budget {args.budget} and --chain exclude each other: the chain's size is the "
+                                 "draft's block size - 1")
+    vocab = None
+    if args.model:  # warn=False: the loaders read the configs again and warn then
+        vocab = _checkpoint_config("generate", "--model", args.model, "target", weights=True, warn=False).vocab_size
+        _checkpoint_config("generate", "--draft", args.draft, "draft", weights=True, warn=False)
+    elif args.random:
+        from .model.config import kimi_tiny
+
+        vocab = kimi_tiny().vocab_size
+    if args.prompt and vocab is not None and vocab != 257:  # text prompts are bytes: the shipped pair's tokens
+        _usage_error("generate", f"--prompt needs a byte-level target (257 tokens, as the shipped pair); this "
+                                 f"one has {vocab}: give --prompt-ids")
 
 
 def _tensor_parallel(args, argv):
@@ -356,10 +466,11 @@ def _gpu_mem(text: str) -> int:
 
 
 def _add_memory_parser(sub) -> None:
-    m = sub.add_parser("memory", help="per-GPU memory of a target + draft from their configs (no checkpoint, no GPU)")
-    m.add_argument("--model", type=_directory,
+    m = sub.add_parser("memory", help="per-GPU memory of a target + draft, from configs",
+                       description="Per-GPU memory of a target + draft from their configs (no checkpoint, no GPU).")
+    m.add_argument("--model",
                    help="target checkpoint directory (only its config.json is read); default: the Kimi K2.6 preset")
-    m.add_argument("--draft", type=_directory, help="DFlash draft directory (only its config.json is read); "
+    m.add_argument("--draft", help="DFlash draft directory (only its config.json is read); "
                    "default: the K2.6 DFlash preset with the preset target, no draft with --model")
     m.add_argument("--no-draft", action="store_true", help="the target alone")
     m.add_argument("--tp", type=_int_at_least(1), default=8, help="tensor-parallel GPUs")
@@ -379,16 +490,12 @@ def _add_memory_parser(sub) -> None:
 
 def memory(args) -> int:
     from .memory import format_report, memory_report
-    from .model.config import DFlashConfig, KimiK2Config, kimi_k26, kimi_k26_dflash
+    from .model.config import kimi_k26, kimi_k26_dflash
 
     if args.draft and args.no_draft:
         _usage_error("memory", "--draft and --no-draft exclude each other")
-    cfgs = {}
-    for flag, path, read in (("--model", args.model, KimiK2Config.from_hf), ("--draft", args.draft, DFlashConfig.from_hf)):
-        try:
-            cfgs[flag] = read(path) if path else None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            _usage_error("memory", f"{flag} {path}: cannot read its config.json ({type(e).__name__}: {e})")
+    cfgs = {flag: _checkpoint_config("memory", flag, path, kind, weights=False) if path else None
+            for flag, path, kind in (("--model", args.model, "target"), ("--draft", args.draft, "draft"))}
     cfg = cfgs["--model"] or kimi_k26()
     draft = cfgs["--draft"] or (None if args.no_draft or args.model else kimi_k26_dflash())
     title = f"{args.model or 'Kimi K2.6 (preset)'} + {args.draft or ('no draft' if draft is None else 'DFlash (preset)')}"
@@ -402,16 +509,29 @@ def memory(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tritree", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd")
-    gen = sub.add_parser("generate", help="speculative decoding of a batch of prompts (the default)")
-    gen.add_argument("--model", type=_directory, help="target checkpoint directory (HF layout)")
-    gen.add_argument("--draft", type=_directory, help="DFlash draft checkpoint directory (HF layout)")
-    gen.add_argument("--prompt", action="append", help="a text prompt (repeatable; the shipped byte-level pair)")
-    gen.add_argument("--prompt-ids", type=_prompt_ids, help="prompts as token ids: '1,2,3;4,5' (default: built-in prompts)")
+TRAIN_OUT = "tritree-train-out"  # defaults that write: a new folder of the current directory, no tracked file
+ACCEPT_PLOT = os.path.join("tritree-bench", "acceptance.png")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="tritree", description="tritree: tree speculative decoding (DFlash draft + DDTree) with Triton kernels.",
+        epilog="Without a command, or when the first argument is an option ('tritree --prompt x'), the command "
+               "is generate. 'tritree COMMAND --help' shows a command's options.")
+    # one short line per command: the listing must not wrap
+    sub = ap.add_subparsers(dest="cmd", title="commands", metavar="COMMAND")
+    gen = sub.add_parser("generate", help="speculative decoding of prompts (the default)",
+                         description="Speculative decoding of a batch of prompts: target + DFlash draft + DDTree.")
+    gen.add_argument("--model", help="target checkpoint directory (HF layout: config.json, model.safetensors or "
+                                     "its index)")
+    gen.add_argument("--draft", help="DFlash draft checkpoint directory (HF layout)")
+    gen.add_argument("--prompt", action="append", help="a text prompt (repeatable; the shipped byte-level pair; "
+                                                       "not with --prompt-ids)")
+    gen.add_argument("--prompt-ids", type=_prompt_ids, help="prompts as token ids: '1,2,3;4,5' (default: built-in "
+                                                            "prompts; not with --prompt)")
     gen.add_argument("--random", action="store_true", help="a tiny random pair instead of the shipped one")
-    gen.add_argument("--chain", action="store_true", help="the DFlash chain instead of a DDTree")
+    gen.add_argument("--chain", action="store_true", help="the DFlash chain (draft block size - 1 nodes) instead of "
+                                                          "a DDTree; not with --budget")
     gen.add_argument("--batch", type=_int_at_least(1), default=2, help="random prompts when --prompt-ids is not given")
     gen.add_argument("--max-new-tokens", "-n", type=_int_at_least(1), default=None,
                      help="default 16 on the CPU, 64 on a GPU")
@@ -436,15 +556,18 @@ def main(argv=None) -> int:
     gen.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--tp", type=_int_at_least(1), default=None, help=TP_HELP)
-    bench = sub.add_parser("bench", help="benchmarks on a GPU: 'decode' (the motivating scenario), 'accept', "
-                                         "'calibrate' (the step-cost table of --budget auto)")
+    bench = sub.add_parser("bench", help="benchmarks: decode and calibrate (GPU), accept",
+                           description="Benchmarks: 'decode' (the motivating scenario, GPU), 'calibrate' (the "
+                                       "step-cost table of --budget auto, GPU), 'accept' (acceptance lengths of the "
+                                       "shipped pair, CPU or GPU).")
     bench.add_argument("which", choices=["decode", "accept", "calibrate"])
     bench.add_argument("--prompts", type=_int_at_least(1), default=16, help="accept: held-out prompts")
     bench.add_argument("--prompt-len", type=_int_at_least(1), default=96, help="accept: prompt bytes")
     bench.add_argument("--fresh-prompts", action="store_true",
                        help="accept: cut prompts from this machine's held-out files instead of the shipped ones")
     bench.add_argument("--new", type=_int_at_least(1), default=48, help="accept: new tokens per prompt")
-    bench.add_argument("--plot", default="bench/results/acceptance.png", help="accept: PNG path")
+    bench.add_argument("--plot", default=ACCEPT_PLOT, help=f"accept: PNG path (default {ACCEPT_PLOT} under the "
+                                                           "current directory)")
     bench.add_argument("--ctx", type=_int_at_least(1), default=46_000, help="committed context tokens")
     bench.add_argument("--gen", type=_int_at_least(1), default=160, help="tokens' worth of steps to time (steps = gen / 8)")
     bench.add_argument("--budgets", type=_budget, nargs="+", default=None,
@@ -474,15 +597,20 @@ def main(argv=None) -> int:
                        help="decode: also print a cProfile of the eager steps (the first slice of each budget)")
     bench.add_argument("--experts", choices=["int4", "bf16"], default="int4",
                        help="decode: routed experts INT4 packed (the W4A16 op) or bf16 (the grouped bf16 path)")
-    tr = sub.add_parser("train", help="train the tiny target + DFlash draft on the stdlib's source")
-    tr.add_argument("--out", default="tritree/assets/tiny")
+    tr = sub.add_parser("train", help="train the tiny target + DFlash draft",
+                        description="Train the tiny target + DFlash draft on the Python standard library's source.")
+    tr.add_argument("--out", default=TRAIN_OUT,
+                    help=f"output directory: target/, draft/, TRAINING.md (default {TRAIN_OUT} under the current "
+                         "directory; the shipped pair is tritree/assets/tiny)")
     tr.add_argument("--target-steps", type=int, default=1500)
     tr.add_argument("--draft-steps", type=int, default=1500)
     tr.add_argument("--batch", type=int, default=16)
     tr.add_argument("--seq", type=int, default=128)
     tr.add_argument("--lr", type=float, default=3e-3)
     tr.add_argument("--device", default=None)
-    d = sub.add_parser("demo", help="verify-attention check against the reference (+ timing on a GPU)")
+    d = sub.add_parser("demo", help="verify-attention kernel check (+ timing on a GPU)",
+                       description="The verify-attention kernel checked against the float64 reference (+ timing "
+                                   "on a GPU).")
     for p in (d,):
         p.add_argument("--batch", "-B", type=int, default=1)
         p.add_argument("--tree", "-T", type=int, default=16, help="tree tokens per request, root included")
@@ -492,8 +620,14 @@ def main(argv=None) -> int:
         p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None)
         p.add_argument("--seed", type=int, default=0)
     _add_memory_parser(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-"):
+    # generate is the default command; -h / --help alone is the top-level help that lists the commands
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["generate", *argv]
     args = ap.parse_args(argv)
     if args.cmd == "memory":  # no kernel runs: before the interpreter re-exec
@@ -501,8 +635,10 @@ def main(argv=None) -> int:
     if args.cmd == "train":
         from .train import main as train_main
         return train_main(args)
-    if args.cmd == "bench" and args.which == "calibrate" and not torch_has_gpu():
-        _usage_error("bench calibrate", "needs a CUDA GPU (it times decode steps there); none is visible")
+    if args.cmd == "bench" and args.which in ("calibrate", "decode") and not torch_has_gpu():
+        _usage_error(f"bench {args.which}", "needs a CUDA GPU (it times decode steps there); none is visible")
+    if args.cmd == "generate":
+        _check_generate(args)
     _ensure_interpreter_without_gpu()
     if args.cmd == "demo":
         return demo(args)

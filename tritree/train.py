@@ -2,7 +2,8 @@
 MoE with a shared expert, layer 0 dense, bytes as tokens) on the Python standard library's own source,
 then a DFlash draft for it with the DFlash recipe (target frozen, random anchors, block
 ``[anchor, MASK...]``, per-position loss weights ``exp(-(k-1)/gamma)``), and saves both in the Hugging
-Face layout the loaders read. Files whose path hashes to 0 mod 20 are held out and never trained on.
+Face layout the loaders read, under ``--out`` (default ``./tritree-train-out``; the shipped pair was
+written with ``--out tritree/assets/tiny``). Files whose path hashes to 0 mod 20 are held out and never trained on.
 Reference PyTorch ops with autograd; runs on the CPU (minutes) or a GPU.
 """
 
@@ -227,7 +228,7 @@ def save_draft(params: dict, cfg: DFlashConfig, path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# The shipped pair (ASSETS: what ``main`` saves)
+# The shipped pair (ASSETS: what ``python -m tritree train --out tritree/assets/tiny`` saved)
 # --------------------------------------------------------------------------------------------------
 
 def shipped_pair(device, dtype, tp=None):
@@ -270,4 +271,6 @@ def main(args) -> int:
         "machine; files whose relative path has `crc32 % 20 == 0` are held out (never trained on).\n"
         f"{len(train)} training files, {len(held)} held-out files. Tokens are bytes (0-255); 256 is the mask.\n\n"
         "Log:\n\n```\n" + "\n".join(log_lines) + "\n```\n")
+    print(f"wrote {out / 'target'}, {out / 'draft'} and {out / 'TRAINING.md'}; run them with: python -m tritree "
+          f"generate --model {out / 'target'} --draft {out / 'draft'}")
     return 0
