@@ -246,7 +246,7 @@ def test_bad_inputs_name_the_argument():
         ((x, w, b.half()), ok, TypeError, "bias must have dtype"),
         ((x, w, b[:16]), ok, ValueError, "bias must have shape"),
         ((x, w), dict(top_k=0), ValueError, "top_k must be in"),
-        ((x, w), dict(top_k=33), ValueError, "top_k must be in"),
+        ((x, w), dict(top_k=33), ValueError, "top_k = 33 exceeds the E = 32 experts of weight"),
         ((x, w), dict(top_k=2.0), TypeError, "top_k must be an int"),
         ((x, w), dict(top_k=2, n_group=3), ValueError, "n_group = 3 must divide"),
         ((x, w), dict(top_k=2, n_group=32), ValueError, "at least 2 experts"),

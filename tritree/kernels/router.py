@@ -392,17 +392,20 @@ def _validate(x, weight, bias, top_k, n_group, topk_group, norm_topk_prob, scali
     if bias is not None:
         V.check_tensor("bias", bias, ndim=1, dtypes=(torch.float32,), device=dev)
         V.check_shape("bias", bias, (E,), "[E]")
-    top_k = V.check_int("top_k", top_k, 1, E)
-    n_group = V.check_int("n_group", n_group, 1, E)
+    # E is weight's row count: the messages that depend on it name weight too.
+    top_k = V.check_int("top_k", top_k, 1)
+    if top_k > E:
+        raise ValueError(f"top_k = {top_k} exceeds the E = {E} experts of weight {tuple(weight.shape)}")
+    n_group = V.check_int("n_group", n_group, 1)
     if E % n_group:
-        raise ValueError(f"n_group = {n_group} must divide the number of experts E = {E}")
+        raise ValueError(f"n_group = {n_group} must divide the number of experts E = {E} (weight's rows)")
     if n_group > 1 and E // n_group < 2:
-        raise ValueError(f"n_group = {n_group} leaves groups of {E // n_group} expert; a group scores its top 2, "
-                         f"so groups need at least 2 experts")
+        raise ValueError(f"n_group = {n_group} leaves groups of {E // n_group} expert of weight's E = {E}; a group "
+                         f"scores its top 2, so groups need at least 2 experts")
     topk_group = V.check_int("topk_group", topk_group, 1, n_group)
     if top_k > topk_group * (E // n_group):
         raise ValueError(f"top_k = {top_k} exceeds the {topk_group * (E // n_group)} experts of topk_group = "
-                         f"{topk_group} groups of {E // n_group}")
+                         f"{topk_group} groups of {E // n_group} (weight's E = {E})")
     if not isinstance(norm_topk_prob, bool):
         raise TypeError(f"norm_topk_prob must be a bool, got {type(norm_topk_prob).__name__}")
     V.check_float("scaling", scaling)
