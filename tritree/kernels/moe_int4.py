@@ -689,18 +689,30 @@ def routed_experts_int4(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.T
     if plan is None:  # a pure function of ints: traced through uncached under torch.compile
         planner = plan_int4_moe.__wrapped__ if torch.compiler.is_compiling() else plan_int4_moe
         plan = planner(N, k, E, H, I, arch_of(x.device), num_sms(x.device), None, global_experts)
-    elif plan.num_blocks < min_blocks(N * k, E, plan.block_m):
-        raise ValueError(f"plan.num_blocks = {plan.num_blocks} is below the bound "
-                         f"{min_blocks(N * k, E, plan.block_m)} of {N * k} assignments in blocks of {plan.block_m}")
+    else:
+        _check_block_bound(plan, N * k, E)
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or topk_w.requires_grad)
     if needs_grad or (x.device.type != "cuda" and not _interpreting()):  # the kernels have no backward
-        res = moe_int4_reference(x, topk_idx, topk_w, experts, dtype=torch.float32).to(x.dtype)
-        return res if out is None else out.copy_(res)
+        return _reference_into(x, topk_idx, topk_w, experts, out)
     if out is None:
         out = torch.empty_like(x)
     _routed_experts_int4_op(x, topk_idx, topk_w, experts.w13_packed, experts.w13_scale, experts.w2_packed,
                             experts.w2_scale, out, plan.as_ints())
     return out
+
+
+def _check_block_bound(plan, assignments: int, E: int) -> None:
+    """A given plan's block bound must hold for any routing of ``assignments`` over ``E`` experts."""
+    bound = min_blocks(assignments, E, plan.block_m)
+    if plan.num_blocks < bound:
+        raise ValueError(f"plan.num_blocks = {plan.num_blocks} is below the bound {bound} of {assignments} "
+                         f"assignments in blocks of {plan.block_m}")
+
+
+def _reference_into(x, topk_idx, topk_w, experts, out):
+    """The float32 reference in x's dtype, into ``out`` when given (the CPU path; calls that need gradients)."""
+    res = moe_int4_reference(x, topk_idx, topk_w, experts, dtype=torch.float32).to(x.dtype)
+    return res if out is None else out.copy_(res)
 
 
 def _routed_experts_mma(x, topk_idx, topk_w, experts: Int4Experts, out, plan, global_experts):
@@ -716,13 +728,11 @@ def _routed_experts_mma(x, topk_idx, topk_w, experts: Int4Experts, out, plan, gl
         plan = planner(N, k, E, H, I, num_sms(x.device), global_experts)
     elif not isinstance(plan, M.Int4MmaPlan):
         raise TypeError(f"plan must be an Int4MmaPlan for mma-layout experts, got {type(plan).__name__}")
-    elif plan.num_blocks < min_blocks(N * k, E, plan.block_m):
-        raise ValueError(f"plan.num_blocks = {plan.num_blocks} is below the bound "
-                         f"{min_blocks(N * k, E, plan.block_m)} of {N * k} assignments in blocks of {plan.block_m}")
+    else:
+        _check_block_bound(plan, N * k, E)
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or topk_w.requires_grad)
     if needs_grad or x.device.type != "cuda":  # Gluon has no interpreter; the kernels have no backward
-        res = moe_int4_reference(x, topk_idx, topk_w, experts, dtype=torch.float32).to(x.dtype)
-        return res if out is None else out.copy_(res)
+        return _reference_into(x, topk_idx, topk_w, experts, out)
     if out is None:
         out = torch.empty_like(x)
     _routed_experts_int4_mma_op(x, topk_idx, topk_w, experts.w13_packed, experts.w13_scale, experts.w2_packed,
