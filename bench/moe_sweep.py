@@ -24,6 +24,17 @@ the ``int4`` variant's kernels are ``mma.sync`` on every GPU.
 ``walk`` (``bench/int4_walk.py``) reads the same touched experts' weights with the int4 plan's tiles and does
 no arithmetic: the access pattern's own ceiling (not checked against the reference; it computes nothing).
 
+The whole MoE block (post-attention norm to residual; ``--variant block block-ops``): ``block`` is
+``tritree.moe_block`` (five launches on sm_90 / sm_120), ``block-ops`` the same semantics as the model composed
+it from ops before the block existed (``F.rms_norm``, ``moe_route``, ``routed_experts_int4``, the shared expert
+as two cuBLAS GEMMs with SiLU-and-mul between, the residual add). Here the router picks the experts: random
+router weights give near-uniform picks; ``skewed`` adds a bias of 1 to 8 local experts (another 8 per rotated
+set), so every token picks them. Floor bytes: the touched experts, the bf16 router weight (384 x 7168), the
+rank's bf16 shared expert (I = 2048 / 8: the shared expert is tensor-parallel in both shapes) and the residual
+read and written; K2.6's routing (one group, top-8, ``routed_scaling_factor`` 2.827). The error is against the
+float32 reference of the block (``moe_block_reference``); a row whose routing sits within rounding of a tie
+can pick differently and adds to it.
+
 ``--configs "BM,gBN,gBK,gW,gS,dBN,dBK,dW,dS,swap;..."`` times these ``Int4MoeConfig`` instead of the table's
 (for ``int4-triton`` and ``walk``).
 """
@@ -56,6 +67,9 @@ from tritree.roofline import L2_ROTATE_BYTES, cached_ceilings, graph_time_us, ve
 
 HIDDEN, TOPK, ALL_EXPERTS = 7168, 8, 384
 SHAPES = {"ep8": (48, 2048), "tp8": (384, 256)}  # local experts, intermediate per rank
+SHARED_I = 2048 // 8  # the shared expert's intermediate on one rank of eight
+SCALING, EPS = 2.827, 1e-5
+BLOCK_VARIANTS = ("block", "block-ops")
 
 
 def expert_bytes(H: int, I: int) -> int:
@@ -151,12 +165,101 @@ def check(fn, experts_f32, x, idx, w) -> float:
     return float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+def block_operands(device, seed: int = 2) -> dict:
+    """The block's dense operands at K2.6's shapes (bf16): norm weight, router weight, shared gate|up and down."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
+
+    return dict(norm_weight=rnd(HIDDEN, scale=0.1) + 1, router_weight=rnd(ALL_EXPERTS, HIDDEN, scale=HIDDEN**-0.5),
+                shared_gate_up=rnd(2 * SHARED_I, HIDDEN, scale=HIDDEN**-0.5),
+                shared_down=rnd(HIDDEN, SHARED_I, scale=SHARED_I**-0.5))
+
+
+def block_biases(E: int, routing: str, n_sets: int, device) -> list:
+    """Per rotated set the router's correction bias: zeros (``uniform``), or 1 on 8 local experts, another 8 per
+    set (``skewed``)."""
+    out = []
+    for s in range(n_sets):
+        b = torch.zeros(ALL_EXPERTS, device=device)
+        if routing == "skewed":
+            first = (s * TOPK) % max(TOPK, E - E % TOPK)
+            b[(first + torch.arange(TOPK, device=device)).remainder(E)] = 1.0
+        out.append(b)
+    return out
+
+
+def make_block_variant(variant: str, ops: dict, experts: Int4Experts):
+    from tritree.kernels import moe_block, moe_route
+
+    nw, rw, sgu, sd = ops["norm_weight"], ops["router_weight"], ops["shared_gate_up"], ops["shared_down"]
+    if variant == "block":
+        return lambda x, bias, out: moe_block(x, nw, rw, bias, experts, sgu, sd, eps=EPS, top_k=TOPK,
+                                              scaling=SCALING, out=out)
+
+    def composed(x, bias, out):  # the model's MoE layer before the block: ~15 launches
+        xn = torch.nn.functional.rms_norm(x, (HIDDEN,), nw, EPS)
+        idx, w = moe_route(xn, rw, bias, top_k=TOPK, scaling=SCALING)
+        y = routed_experts_int4(xn, idx, w, experts, global_experts=ALL_EXPERTS)
+        gu = torch.nn.functional.linear(xn, sgu)
+        y = y + torch.nn.functional.linear(torch.nn.functional.silu(gu[:, :SHARED_I]) * gu[:, SHARED_I:], sd)
+        torch.add(x, y, out=out)
+    return composed
+
+
+def block_rows(shape, routing, N, experts, kernel_experts, ops, per_expert, ceil, variants, dev):
+    """The block variants at one (shape, routing, N): rows of the sweep's table."""
+    from tritree.kernels import moe_block_reference, moe_route_reference
+
+    E = experts.num_experts
+    probe = [torch.randn(N, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    biases = block_biases(E, routing, 2, dev)
+
+    def picks(x, bias):
+        xn = torch.nn.functional.rms_norm(x, (HIDDEN,), ops["norm_weight"], EPS)
+        return moe_route_reference(xn, ops["router_weight"], bias, top_k=TOPK, dtype=torch.float32)[0]
+
+    per_set = sum(touched(picks(x, b), E) for x, b in zip(probe, biases)) / 2 * per_expert
+    n_sets = max(2, min(64, math.ceil(L2_ROTATE_BYTES / max(per_set, 1))))
+    xs = [torch.randn(N, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(n_sets)]
+    biases = block_biases(E, routing, n_sets, dev)
+    used = sum(touched(picks(x, b), E) for x, b in zip(xs, biases)) / n_sets
+    dense = ALL_EXPERTS * HIDDEN * 2 + 3 * SHARED_I * HIDDEN * 2
+    nbytes = used * per_expert + dense + 2 * N * HIDDEN * 2
+    floor_us = nbytes / (ceil.copy_gbps * 1e9) * 1e6
+    outs = [torch.empty_like(x) for x in xs]
+    rows = []
+    for variant in variants:
+        r = dict(shape=shape, E=E, I=experts.intermediate, routing=routing, N=N, used=used, variant=variant,
+                 plan="-", floor_us=floor_us, bytes=nbytes)
+        try:
+            fn = make_block_variant(variant, ops, kernel_experts)
+            out = torch.full_like(xs[0], float("nan"))
+            fn(xs[0], biases[0], out)
+            ref = moe_block_reference(xs[0], ops["norm_weight"], ops["router_weight"], biases[0], experts,
+                                      ops["shared_gate_up"], ops["shared_down"], eps=EPS, top_k=TOPK, scaling=SCALING,
+                                      dtype=torch.float32)
+            r["rel_err"] = float((out.float() - ref).norm() / ref.norm()) if torch.isfinite(out).all() else float("inf")
+            fns = [lambda x=x, b=b, o=o: fn(x, b, o) for x, b, o in zip(xs, biases, outs)]
+            us = graph_time_us(fns)
+            r.update(us=us, gbps=nbytes / (us * 1e-6) / 1e9, pct_copy=100 * nbytes / (us * 1e-6) / (ceil.copy_gbps * 1e9),
+                     x_floor=us / floor_us)
+            print(f"{shape:5} {routing:7} {N:4d} {used:5.1f} {variant:9} {'x floor ' + format(us / floor_us, '.2f'):25} "
+                  f"{r['rel_err']:8.1e} {us:8.1f} {floor_us:7.1f} {r['gbps']:6.0f} {r['pct_copy']:5.1f}%", flush=True)
+        except Exception as e:  # record and go on
+            r["skipped"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"{shape:5} {routing:7} {N:4d} {used:5.1f} {variant:9} skipped: {r['skipped']}", flush=True)
+        rows.append(r)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", nargs="+", default=["ep8", "tp8"], choices=sorted(SHAPES))
     ap.add_argument("--tokens", nargs="+", type=int, default=[1, 9, 17, 33, 65, 129])
     ap.add_argument("--routing", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed"])
-    ap.add_argument("--variant", nargs="+", default=["int4", "bf16"], choices=["int4", "int4-triton", "walk", "bf16", "sglang"])
+    ap.add_argument("--variant", nargs="+", default=["int4", "bf16"], choices=["int4", "int4-triton", "walk", "bf16", "sglang", *BLOCK_VARIANTS])
     ap.add_argument("--configs", default="", help="semicolon-separated Int4MoeConfig (see module) for int4-triton and walk")
     ap.add_argument("--out", default="moe_sweep.jsonl")
     ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
@@ -177,8 +280,17 @@ def main(argv=None):
             f32 = experts.dequantize(torch.float32)
             dense = tuple(t.to(torch.bfloat16) for t in f32) if "bf16" in args.variant else None
             per_expert = expert_bytes(HIDDEN, I)
+            block_variants = [v for v in args.variant if v in BLOCK_VARIANTS]
+            ops = block_operands(dev) if block_variants else None
             for routing in args.routing:
                 for N in args.tokens:
+                    for r in (block_rows(shape, routing, N, experts, kernel_experts, ops, per_expert, ceil,
+                                         block_variants, dev) if block_variants else []):
+                        r.update(arch=arch, ceilings=ceil.__dict__)
+                        f.write(json.dumps(r) + "\n")
+                        f.flush()
+                    if len(block_variants) == len(args.variant):
+                        continue
                     sets = rotated_sets(N, E, routing, per_expert, dev)
                     n_sets = len(sets)
                     used = sum(touched(i, E) for i, _ in sets) / n_sets
@@ -186,7 +298,7 @@ def main(argv=None):
                     floor_us = nbytes / (ceil.copy_gbps * 1e9) * 1e6
                     xs = [torch.randn(N, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in sets]
                     outs = [torch.empty_like(x) for x in xs]
-                    for variant in args.variant:
+                    for variant in [v for v in args.variant if v not in BLOCK_VARIANTS]:
                         tiled = variant in ("int4-triton", "walk")
                         for cfg in (configs if tiled else [None]):
                             plan = (plan_int4_moe(N, TOPK, E, HIDDEN, I, arch, num_sms(dev), cfg, ALL_EXPERTS)

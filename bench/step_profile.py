@@ -23,10 +23,11 @@ time. From the device events of every replay (kernels, memcpy, memset; one repla
 - one MoE layer: the ``layers + 1`` profile minus the ``layers`` profile, per family (replay means);
 - each family's bytes floor per layer, over the copy bandwidth of :func:`tritree.roofline.device_ceilings`
   (what ``bench decode`` uses: the recorded H200 ceilings, measured in this process on other GPUs):
-  routed experts, the unique local experts the added layer's tokens route to (counted in one eager step of
+  experts, the unique local experts the added layer's tokens route to (counted in one eager step of
   the same inputs, ids read from the router's output) times the bytes of one expert (INT4: 1.6875 I H,
-  ``bench.moe_sweep.expert_bytes``); router, the router weight and bias; projections, the attention
-  projections and the shared expert (the dense MLP in a dense layer); norms, the norm weights and their
+  ``bench.moe_sweep.expert_bytes``), plus the shared expert where the experts are INT4 (the MoE block's
+  expert kernels run it); router, the router weight and bias; projections, the attention projections (and
+  the shared expert of dense-expert layers, the dense MLP of a dense layer); norms, the norm weights and their
   rows read and written; verify attention, :func:`tritree.roofline.verify_mla_counts` (the KV once, q and
   the output; with its FLOP floor, the larger counts); KV writes, the tree's latents read and written.
   Other families have no floor;
@@ -76,12 +77,12 @@ FAMILIES: list[tuple[str, str]] = [
     ("verify attention", r"\b_verify_\w*kernel\b"),
     ("draft attention", r"\b_draft_attention\w*kernel\b"),
     (MERGE, r"\b_combine_kernel\b"),
-    ("routed experts", r"\b_(gate_up|down)(_int4|_mma)?_kernel\b|\b_(align|silu_mul)_kernel\b|fused_moe"),
+    ("experts (routed + shared)", r"\b_(gate_up|down)(_int4|_mma)?_kernel\b|\b_(align|silu_mul)_kernel\b|fused_moe"),
     # today torch: a float32 GEMM (cuBLAS sgemm / f32 kernels) then topk (and sort, for the bf16 path's
     # argsort/searchsorted); a Triton router kernel is named _route...
     ("router", r"\b_route\w*|gatherTopK|[Tt]op[Kk]|[Ss]ort|sgemm|gemm_f32f32|_f32f32_f32f32|nvjet_sss"
                r"|(gemm|gemv)\w*<(int, int, )?float\b|splitKreduce_kernel<\d+, \d+, int, float, float, float, float\b"),
-    ("norms", r"layer_?norm|LayerNorm|rms_?norm|RMSNorm|RowwiseMoments"),
+    ("norms", r"layer_?norm|LayerNorm|rms_?norm|RMSNorm|RowwiseMoments|\b_block_norm_kernel\b"),
     ("projections (dense GEMMs)", r"nvjet|gemm|gemv|cutlass|xmma|splitKreduce|cublas|\bdot_kernel"),
     ("elementwise", r"CatArray|\btriton_(poi|red|per)_"),  # Inductor's names may say "_to_copy"
     ("copies", r"(?i)memcpy|memset|copy"),
@@ -93,7 +94,7 @@ _COMPILED = [(f, re.compile(p)) for f, p in FAMILIES]
 
 
 # The table's order; a family added to FAMILIES and not here comes after these.
-TABLE_ORDER = ("routed experts", "router", "projections (dense GEMMs)", "norms", "verify attention", "draft attention",
+TABLE_ORDER = ("experts (routed + shared)", "router", "projections (dense GEMMs)", "norms", "verify attention", "draft attention",
                "tree/accept", "KV writes/commit", "elementwise", "copies")
 
 
@@ -228,9 +229,9 @@ def extrapolate(t_a: float, t_b: float, layers: int, total: int = TOTAL_LAYERS) 
 
 def param_nbytes(shapes: dict) -> dict:
     """Bytes of every parameter of ``shapes`` as :func:`tritree.bench_decode.build` holds them: INT4 words
-    int32, their scales bf16, the router (``mlp.gate.``) float32, the rest bf16."""
+    int32, their scales bf16, the router's correction bias float32, the rest (the router weight too) bf16."""
     def size(k):
-        if k.endswith("_packed") or "mlp.gate." in k:
+        if k.endswith("_packed") or k.endswith("e_score_correction_bias"):
             return 4
         return 2
     return {k: math.prod(s) * size(k) for k, s in shapes.items()}
@@ -247,7 +248,8 @@ def layer_bytes(nbytes: dict, layer: int, rows: int, unique_experts: float, n_ex
     its weight and bias; projections, the attention projections and the shared expert (or the dense MLP);
     norms, each norm weight and its ``rows`` rows read and written (bf16, the weight's width)."""
     p = f"model.layers.{layer}."
-    out = {"routed experts": 0.0, "router": 0.0, "projections (dense GEMMs)": 0.0, "norms": 0.0}
+    int4 = any(k.startswith(p + "mlp.experts.w13_") for k in nbytes)
+    out = {"experts (routed + shared)": 0.0, "router": 0.0, "projections (dense GEMMs)": 0.0, "norms": 0.0}
     experts = 0
     for k, v in nbytes.items():
         if not k.startswith(p):
@@ -259,10 +261,12 @@ def layer_bytes(nbytes: dict, layer: int, rows: int, unique_experts: float, n_ex
             out["router"] += v
         elif "layernorm" in k:
             out["norms"] += v * (1 + 2 * rows)
+        elif k.startswith("mlp.shared_experts.") and int4:  # run in the INT4 block's expert kernels
+            out["experts (routed + shared)"] += v
         else:
             out["projections (dense GEMMs)"] += v
     if experts:
-        out["routed experts"] = unique_experts * experts / n_experts
+        out["experts (routed + shared)"] += unique_experts * experts / n_experts
     return out
 
 

@@ -39,7 +39,7 @@ from tritree.roofline import Ceilings, verify_mla_counts
 ROOT = Path(__file__).resolve().parents[2]
 
 NAMES = {
-    "routed experts": ["_gate_up_int4_kernel", "_down_int4_kernel", "_align_kernel", "_gate_up_kernel", "_down_kernel"],
+    "experts (routed + shared)": ["_gate_up_int4_kernel", "_down_int4_kernel", "_align_kernel", "_gate_up_kernel", "_down_kernel"],
     "router": [
         "_route_kernel", "_route_topk_kernel",
         "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_tn_align1>(cutlass_80_simt_sgemm_128x64_8x5_tn_align1"
@@ -212,16 +212,17 @@ def test_layer_bytes_of_the_slice():
     nb = param_nbytes(param_shapes(cfg, "int4"))
     H, I, rows = 7168, 2048, 17
     moe = layer_bytes(nb, 2, rows, 14, 48)
-    assert moe["routed experts"] == pytest.approx(14 * 1.6875 * I * H)  # bench.moe_sweep.expert_bytes
-    assert moe["router"] == 48 * H * 4 + 48 * 4
+    # bench.moe_sweep.expert_bytes, and the shared expert (bf16) that the INT4 block's expert kernels run
+    assert moe["experts (routed + shared)"] == pytest.approx(14 * 1.6875 * I * H + 2 * 3 * I * H)
+    assert moe["router"] == 48 * H * 2 + 48 * 4
     attn = 1536 * H + 8 * 192 * 1536 + 576 * H + 8 * 256 * 512 + H * 8 * 128
-    assert moe["projections (dense GEMMs)"] == 2 * (attn + 3 * I * H)
+    assert moe["projections (dense GEMMs)"] == 2 * attn
     assert moe["norms"] == 2 * (2 * H + 1536 + 512) * (1 + 2 * rows)
     dense = layer_bytes(nb, 0, rows, 0, 48)
-    assert dense["routed experts"] == 0 and dense["router"] == 0
+    assert dense["experts (routed + shared)"] == 0 and dense["router"] == 0
     assert dense["projections (dense GEMMs)"] == 2 * (attn + 3 * 18432 * H)
     bf16 = layer_bytes(param_nbytes(param_shapes(cfg, "dense")), 1, rows, 10, 48)
-    assert bf16["routed experts"] == pytest.approx(10 * 3 * I * H * 2)
+    assert bf16["experts (routed + shared)"] == pytest.approx(10 * 3 * I * H * 2)
     assert expected_unique(48, 1, 17) == pytest.approx(48 * (1 - (47 / 48) ** 17))
     assert expected_unique(48, 1, 1) == pytest.approx(1.0)
 
@@ -329,7 +330,7 @@ def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
     assert r["T"] == 17 and r["layers"] == [2, 3] and set(r["profiles"]) == {"2", "3"}
     assert r["profiles"]["2"]["graph_ms"] == 4.0 and r["per_layer"]["families"]["norms"]["count"] == 1.0
     per_expert = 1.6875 * 2048 * 7168
-    assert r["costs"]["routed experts"] == pytest.approx(14 * per_expert)
+    assert r["costs"]["experts (routed + shared)"] == pytest.approx(14 * per_expert + 3 * 2048 * 7168 * 2)
     parts = r["step61"]["parts"]
     assert parts["lm_head"] == 2 * 163840 * 7168 * 2 and parts["draft_kv"] == 46000 * 4096 * 6
     assert parts["moe_layers"] > 60 * 14 * per_expert

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritree.kernels import router as R
+from tritree.kernels._launch import _OLD_COUNTERS, arrival_counters
 from tritree.kernels.router import (
     ROUTER_CONFIGS,
     RoutePlan,
@@ -59,7 +60,7 @@ def _run(x, w, bias, tree_lens=None, T=None, plan=None, **opts):
     if x.device.type == "cuda":
         torch.cuda.synchronize()
     if N and (x.device.type == "cuda" or R.interpreting()):
-        assert int(R._counters(x.device, 1).abs().sum()) == 0  # every launch leaves its counters at 0
+        assert int(arrival_counters(x.device, 1).abs().sum()) == 0  # every launch leaves its counters at 0
     return idx.cpu(), wt.cpu(), logits.cpu()
 
 
@@ -322,10 +323,10 @@ def test_config_tables(arch):
 
 def test_counters_are_shared_and_grown():
     dev = DEVICE
-    a = R._counters(dev, 10)
-    assert a.numel() >= 4096 and R._counters(dev, a.numel()) is a and int(a.abs().sum()) == 0
-    big = R._counters(dev, a.numel() + 1)  # grown to the next power of two; the old one kept (graphs may use it)
-    assert big.numel() == 2 * a.numel() and R._counters(dev, 10) is big and any(t is a for t in R._OLD_COUNTERS)
+    a = arrival_counters(dev, 10)
+    assert a.numel() >= 4096 and arrival_counters(dev, a.numel()) is a and int(a.abs().sum()) == 0
+    big = arrival_counters(dev, a.numel() + 1)  # grown to the next power of two; the old one kept (graphs may use it)
+    assert big.numel() == 2 * a.numel() and arrival_counters(dev, 10) is big and any(t is a for t in _OLD_COUNTERS)
     assert int(big.abs().sum()) == 0
 
 

@@ -293,3 +293,27 @@ def full_lengths(B: int, n: int, device: torch.device) -> torch.Tensor:
             return t
         _FULL_LENGTHS[key] = t  # never evicted: captured graphs may hold its address
     return t
+
+
+_COUNTERS: dict = {}
+_OLD_COUNTERS: list = []
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The device's arrival counters (int32, all 0 between launches: every kernel that uses them leaves them at 0;
+    kernels on one stream use them in turn), at least ``n``. Allocated zeroed outside
+    CUDA-graph capture and never freed (captured graphs hold the address). First needed, or needed larger,
+    inside a capture: a fresh zeroed buffer the graph re-zeroes at every replay (a memset node), not cached."""
+    key = device if device.type != "cuda" else torch.device("cuda", device.index if device.index is not None
+                                                            else torch.cuda.current_device())
+    buf = _COUNTERS.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    size = max(4096, 1 << max(0, n - 1).bit_length())
+    fresh = torch.zeros(size, dtype=torch.int32, device=device)
+    if capturing(device):
+        return fresh
+    if buf is not None:
+        _OLD_COUNTERS.append(buf)  # a captured graph may still use it
+    _COUNTERS[key] = fresh
+    return fresh

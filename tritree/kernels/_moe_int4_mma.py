@@ -29,16 +29,17 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from ._gluon_common import _cta_barrier
+from ._launch import arrival_counters
 from ._moe_align import align_routing, min_blocks
 
 KT = 128  # columns of a K tile: eight 16-column MMA slices
 GROUPS = 4  # 32-column scale groups a K tile
+CAST_ROWS = gl.constexpr(32)  # output rows a pass of the down kernel's final cast
 
 
 # --------------------------------------------------------------------------------------------------
@@ -257,119 +258,234 @@ def _slot(n, KT: gl.constexpr):
 
 
 # Layouts, a function of (WARPS, BM) only: words [W, 8 g, 4 q, 8 s] (32 contiguous bytes a lane), the same split
-# [.., 4 c, 2 s0], scales [W, 8 g, 4 q, 2 j0, 4 c] (16 contiguous bytes), activations [BM, 4 q, 32] (64 bytes), and
-# the mma.sync m16n8 layout with a warp a 16-row slice.
+# [.., 4 c, 2 s0], scales [W, 8 g, 4 q, 2 j0, 4 c] (16 contiguous bytes), activations [BM, 4 q, 32] (64 bytes),
+# 16-bit weights [16 W, 128] (16 contiguous bytes a lane), and the mma.sync m16n8 layout with a warp a 16-row slice.
 @gluon.jit
-def _gate_up_mma_kernel(X, Wp, Ws, Hbuf, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I,
-                        stride_x, stride_we, stride_wm, stride_se, stride_sm, stride_h,
+def _routed_gate_up(X, Wp, Ws, e64, m0, xrows, I, lo, hi, stride_x, stride_we, stride_wm, stride_se, stride_sm,
+                    BM: gl.constexpr, WARPS: gl.constexpr, DTYPE: gl.constexpr):
+    """``(x Wg^T, x Wu^T)`` of INT4 expert ``e64``'s gate m-tiles ``m0 .. m0 + WARPS`` (and the up m-tiles ``I/16``
+    further) over K tiles ``lo .. hi`` (an even count), activation rows ``xrows``; fp32 ``[16 WARPS, BM]``, times
+    the dequantisation's ``1 / OUT_SCALE``. Two tiles an iteration in two register sets: tile ``t + 1``'s loads
+    are in flight while tile ``t`` computes."""
+    w_l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 8, 4, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+    w_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 2], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    s_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    pg, psg = _w_pointers(Wp, Ws, e64, m0, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
+    pu, psu = _w_pointers(Wp, Ws, e64, m0 + I // 16, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
+    px = _x_pointers(X, xrows, stride_x, x_l3)
+    acc_g = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+    acc_u = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+    wg_a, sg0_a, sg8_a = _w_tile(pg, psg, lo, True, w_l5, WARPS)
+    wu_a, su0_a, su8_a = _w_tile(pu, psu, lo, True, w_l5, WARPS)
+    x_a = gl.load(px + lo * 128)
+    for t in range(lo, hi, 2):
+        wg_b, sg0_b, sg8_b = _w_tile(pg, psg, t + 1, True, w_l5, WARPS)
+        wu_b, su0_b, su8_b = _w_tile(pu, psu, t + 1, True, w_l5, WARPS)
+        x_b = gl.load(px + (t + 1) * 128)
+        xb = _b_operand(x_a, b_op, BM)
+        acc_g = mma_v2(_a_operand(wg_a, sg0_a, sg8_a, a_op, DTYPE, WARPS), xb, acc_g)
+        acc_u = mma_v2(_a_operand(wu_a, su0_a, su8_a, a_op, DTYPE, WARPS), xb, acc_u)
+        more = t + 2 < hi
+        wg_a, sg0_a, sg8_a = _w_tile(pg, psg, t + 2, more, w_l5, WARPS)
+        wu_a, su0_a, su8_a = _w_tile(pu, psu, t + 2, more, w_l5, WARPS)
+        x_a = gl.load(px + (t + 2) * 128, mask=more)
+        xb = _b_operand(x_b, b_op, BM)
+        acc_g = mma_v2(_a_operand(wg_b, sg0_b, sg8_b, a_op, DTYPE, WARPS), xb, acc_g)
+        acc_u = mma_v2(_a_operand(wu_b, su0_b, su8_b, a_op, DTYPE, WARPS), xb, acc_u)
+    return acc_g, acc_u
+
+
+@gluon.jit
+def _routed_down(Hbuf, Wp, Ws, e64, m0, hrows, lo, hi, stride_h, stride_we, stride_wm, stride_se, stride_sm,
+                 BM: gl.constexpr, WARPS: gl.constexpr, DTYPE: gl.constexpr):
+    """``h Wd^T`` of INT4 expert ``e64``'s m-tiles ``m0 .. m0 + WARPS`` over K tiles ``lo .. hi`` (an even count),
+    h rows ``hrows`` (:func:`mma_order`); fp32 ``[16 WARPS, BM]`` times ``1 / OUT_SCALE``."""
+    w_l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 8, 4, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+    w_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 2], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    s_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    pw, ps = _w_pointers(Wp, Ws, e64, m0, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
+    ph = _x_pointers(Hbuf, hrows, stride_h, x_l3)
+    acc = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+    w_a, s0_a, s8_a = _w_tile(pw, ps, lo, True, w_l5, WARPS)
+    h_a = gl.load(ph + lo * 128)
+    for t in range(lo, hi, 2):
+        w_b, s0_b, s8_b = _w_tile(pw, ps, t + 1, True, w_l5, WARPS)
+        h_b = gl.load(ph + (t + 1) * 128)
+        acc = mma_v2(_a_operand(w_a, s0_a, s8_a, a_op, DTYPE, WARPS), _b_operand(h_a, b_op, BM), acc)
+        more = t + 2 < hi
+        w_a, s0_a, s8_a = _w_tile(pw, ps, t + 2, more, w_l5, WARPS)
+        h_a = gl.load(ph + (t + 2) * 128, mask=more)
+        acc = mma_v2(_a_operand(w_b, s0_b, s8_b, a_op, DTYPE, WARPS), _b_operand(h_b, b_op, BM), acc)
+    return acc
+
+
+@gluon.jit
+def _dense_product(X, W, xrows, wrows, lo, hi, stride_x, stride_w, BM: gl.constexpr, WARPS: gl.constexpr):
+    """``x W^T`` of 16-bit weight rows ``wrows`` (``[16 WARPS]``, natural layout) over K tiles ``lo .. hi``,
+    activation rows ``xrows`` (:func:`mma_order`); fp32 ``[16 WARPS, BM]``. The shared expert: a few percent of
+    the block's bytes, so the weight tile goes to the MMA's layout through shared memory (the compiler's
+    conversion) instead of a repacked layout."""
+    w_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
+    x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    k1 = gl.arange(0, 128, layout=gl.SliceLayout(0, w_l))
+    pw = W + gl.expand_dims(wrows.to(gl.int64) * stride_w, 1) + gl.expand_dims(k1, 0)
+    px = _x_pointers(X, xrows, stride_x, x_l3)
+    acc = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+    for t in range(lo, hi):
+        w = gl.load(pw + t * 128)
+        acc = mma_v2(gl.convert_layout(w, a_op), _b_operand(gl.load(px + t * 128), b_op, BM), acc)
+    return acc
+
+
+@gluon.jit
+def _store_h(g, u, rows, cols, mask, Hbuf, stride_h):
+    """``silu(g) * u`` at rows ``rows`` of ``Hbuf`` (its dtype), columns ``cols`` in :func:`mma_order`."""
+    h = g / (1.0 + gl.exp(-g)) * u
+    dst = Hbuf + gl.expand_dims(rows.to(gl.int64) * stride_h, 0) + gl.expand_dims(_slot(cols, 128), 1)
+    gl.store(dst, h.to(Hbuf.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _gate_up_out(g, u, grows, hrows, ok_rows, cols, ncols, Hbuf, Gacc, Count, tile, up, stride_h, stride_g,
+                 SPLIT):
+    """A program's gate and up sums ``[16 WARPS, BM]`` (rows ``ok_rows``, columns ``cols < ncols``): with one split
+    h at rows ``hrows`` of ``Hbuf``; with ``SPLIT > 1`` added by atomics to rows ``grows`` of ``Gacc`` (gate, then
+    up ``up`` columns further), and the tile's last split to arrive (counter ``tile``) turns the sums into h and
+    resets the counter."""
+    mask = gl.expand_dims(ok_rows, 0) & gl.expand_dims(cols < ncols, 1)
+    if SPLIT == 1:
+        _store_h(g, u, hrows, cols, mask, Hbuf, stride_h)
+    else:
+        dst = Gacc + gl.expand_dims(grows.to(gl.int64) * stride_g, 0) + gl.expand_dims(cols, 1)
+        gl.atomic_add(dst, g, mask=mask, sem="relaxed")
+        gl.atomic_add(dst + up, u, mask=mask, sem="relaxed")
+        _cta_barrier()  # every thread's sums added before the arrival is released
+        if gl.atomic_add(Count + tile, 1, sem="acq_rel") == SPLIT - 1:
+            gs = gl.load(dst, mask=mask, other=0.0, cache_modifier=".cg")
+            us = gl.load(dst + up, mask=mask, other=0.0, cache_modifier=".cg")
+            _store_h(gs, us, hrows, cols, mask, Hbuf, stride_h)
+            gl.store(Count + tile, 0)  # for the next launch
+
+
+@gluon.jit
+def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, BlockExpert, BlockStart, BlockEnd, SortedIdx,
+                        N, E, Hd, I, Is, NB, SS,
+                        stride_x, stride_we, stride_wm, stride_se, stride_sm, stride_sw, stride_h, stride_g, stride_gs,
                         TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
                         DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
-    """Grid ``(blocks, I / (16 WARPS), SPLIT)``: h columns ``16 WARPS c .. + 16 WARPS`` of block ``b``'s rows.
-    ``SPLIT == 1``: ``silu(x Wg^T) * (x Wu^T)`` stored at the block's sorted rows of ``Hbuf [N k, I]`` (x's dtype)
-    in :func:`mma_order`; else split ``z`` of the K tiles adds its ``x Wg^T | x Wu^T`` partials to ``Hbuf
-    [N k, 2 I]`` (fp32, zeroed; natural order) by atomics. ``X [N, H]``: the activations in :func:`mma_order`;
-    ``Wp``/``Ws``: :func:`repack_mma` of ``w13`` (gate m-tiles ``0 .. I/16``, up m-tiles ``I/16 .. I/8``). Each
-    split's K tiles must be even in number (two tiles an iteration)."""
-    w_l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 8, 4, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
-    w_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 2], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-    s_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    """Grid ``(NB + SS shared blocks, max(I, Is) / (16 WARPS), SPLIT)``: h columns ``16 WARPS c .. + 16 WARPS``.
+
+    Program ``b < NB``: routed block ``b``'s sorted rows against INT4 expert ``BlockExpert[b]`` (``Wp``/``Ws``:
+    :func:`repack_mma` of ``w13``: gate m-tiles ``0 .. I/16``, up m-tiles ``I/16 .. I/8``), split ``z`` of the K
+    tiles, h at the block's sorted rows. ``SPLIT == 1``: ``silu(x Wg^T) * (x Wu^T)`` into ``Hbuf`` (x's dtype,
+    :func:`mma_order`); else the split adds to ``Gacc [N TOPK, 2 I]`` (fp32, zeroed) and the last split of each
+    (block, column tile) writes h. Program ``b >= NB`` (``z = 0`` only): tokens ``BM q`` .. of the shared expert
+    ``Sw [2 Is, Hd]`` (gate rows then up rows, x's dtype), ``q, s = divmod(b - NB, SS)``: split ``s`` of ``SS``
+    adds to ``Gs [N, 2 Is]`` (fp32, zeroed) and the last writes h at rows ``N TOPK + token`` of ``Hbuf``.
+    ``X [N, Hd]``: the activations in :func:`mma_order`. Arrival counters ``Count`` (left at 0). Each routed split's
+    K tiles must be even in number."""
     x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     b = gl.program_id(0)
-    e = gl.load(BlockExpert + b)
-    if e < E:
-        start, end, rc, a = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)), BM)
-        e64 = e.to(gl.int64)
-        m0 = gl.program_id(1) * WARPS
-        pg, psg = _w_pointers(Wp, Ws, e64, m0, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
-        pu, psu = _w_pointers(Wp, Ws, e64, m0 + I // 16, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5,
-                              WARPS)
-        px = _x_pointers(X, a // TOPK, stride_x, x_l3)
-        acc_g = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
-        acc_u = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
-        per = Hd // 128 // SPLIT
-        lo = gl.program_id(2) * per
-        hi = lo + per
-        # Two tiles an iteration in two register sets: tile t + 1's loads are in flight while tile t computes.
-        wg_a, sg0_a, sg8_a = _w_tile(pg, psg, lo, True, w_l5, WARPS)
-        wu_a, su0_a, su8_a = _w_tile(pu, psu, lo, True, w_l5, WARPS)
-        x_a = gl.load(px + lo * 128)
-        for t in range(lo, hi, 2):
-            wg_b, sg0_b, sg8_b = _w_tile(pg, psg, t + 1, True, w_l5, WARPS)
-            wu_b, su0_b, su8_b = _w_tile(pu, psu, t + 1, True, w_l5, WARPS)
-            x_b = gl.load(px + (t + 1) * 128)
-            xb = _b_operand(x_a, b_op, BM)
-            acc_g = mma_v2(_a_operand(wg_a, sg0_a, sg8_a, a_op, DTYPE, WARPS), xb, acc_g)
-            acc_u = mma_v2(_a_operand(wu_a, su0_a, su8_a, a_op, DTYPE, WARPS), xb, acc_u)
-            more = t + 2 < hi
-            wg_a, sg0_a, sg8_a = _w_tile(pg, psg, t + 2, more, w_l5, WARPS)
-            wu_a, su0_a, su8_a = _w_tile(pu, psu, t + 2, more, w_l5, WARPS)
-            x_a = gl.load(px + (t + 2) * 128, mask=more)
-            xb = _b_operand(x_b, b_op, BM)
-            acc_g = mma_v2(_a_operand(wg_b, sg0_b, sg8_b, a_op, DTYPE, WARPS), xb, acc_g)
-            acc_u = mma_v2(_a_operand(wu_b, su0_b, su8_b, a_op, DTYPE, WARPS), xb, acc_u)
-        g = acc_g * OUT_SCALE
-        u = acc_u * OUT_SCALE
-        rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-        cols = gl.program_id(1) * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
-        mask = gl.expand_dims(rows < end, 0) & gl.expand_dims(cols < I, 1)
-        if SPLIT == 1:
-            h = g / (1.0 + gl.exp(-g)) * u
-            dst = Hbuf + gl.expand_dims(rows.to(gl.int64) * stride_h, 0) + gl.expand_dims(_slot(cols, 128), 1)
-            gl.store(dst, h.to(Hbuf.dtype.element_ty), mask=mask)
-        else:
-            dst = Hbuf + gl.expand_dims(rows.to(gl.int64) * stride_h, 0) + gl.expand_dims(cols, 1)
-            gl.atomic_add(dst, g, mask=mask, sem="relaxed")
-            gl.atomic_add(dst + I, u, mask=mask, sem="relaxed")
+    c = gl.program_id(1)
+    z = gl.program_id(2)
+    n_c = gl.num_programs(1)
+    cols = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
+    if b < NB:
+        e = gl.load(BlockExpert + b)
+        if (e < E) & (c * (16 * WARPS) < I):
+            start, end, rc, a = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)),
+                                       BM)
+            per = Hd // 128 // SPLIT
+            acc_g, acc_u = _routed_gate_up(X, Wp, Ws, e.to(gl.int64), c * WARPS, a // TOPK, I, z * per, z * per + per,
+                                           stride_x, stride_we, stride_wm, stride_se, stride_sm, BM, WARPS, DTYPE)
+            rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+            _gate_up_out(acc_g * OUT_SCALE, acc_u * OUT_SCALE, rows, rows, rows < end, cols, I, Hbuf, Gacc, Count,
+                         b * n_c + c, I, stride_h, stride_g, SPLIT)
+    else:
+        q = (b - NB) // SS
+        if (z == 0) & (c * (16 * WARPS) < Is):
+            ks = (b - NB) % SS
+            n0 = q * BM
+            xr = gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))), N - 1)
+            wr = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, gl.BlockedLayout(
+                [1, 8], [2, 16], [WARPS, 1], [1, 0])))
+            per_s = Hd // 128 // SS
+            acc_g = _dense_product(X, Sw, xr, wr, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM, WARPS)
+            acc_u = _dense_product(X, Sw, xr, wr + Is, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM, WARPS)
+            n = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+            _gate_up_out(acc_g, acc_u, n, N * TOPK + n, n < N, cols, Is, Hbuf, Gs, Count, (NB + q) * n_c + c, Is,
+                         stride_h, stride_gs, SS)
 
 
 @gluon.jit
-def _down_mma_kernel(Hbuf, Wp, Ws, Out, TopkW, BlockExpert, BlockStart, BlockEnd, SortedIdx, E, Hd, I,
-                     stride_h, stride_we, stride_wm, stride_se, stride_sm, stride_o,
-                     TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
-                     DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
-    """Grid ``(blocks, H / (16 WARPS), SPLIT)``: ``Out [N, H]`` fp32 ``+= topk_w h Wd^T`` by atomics (split ``z``
-    of the K tiles adds its part), output columns ``16 WARPS c .. + 16 WARPS``; ``Hbuf [N k, I]``: h in
-    :func:`mma_order`; ``Wp``/``Ws``: :func:`repack_mma` of ``w2``. Each split's K tiles must be even in number."""
-    w_l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 8, 4, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
-    w_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 2], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-    s_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+def _down_mma_kernel(Hbuf, Wp, Ws, Sd, Acc, Out, TopkW, Count, BlockExpert, BlockStart, BlockEnd, SortedIdx,
+                     N, E, Hd, I, Is, NB, stride_h, stride_we, stride_wm, stride_se, stride_sm, stride_sd, stride_a,
+                     stride_o, TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
+                     SHARED_SPLIT: gl.constexpr, DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
+    """Grid ``(NB + shared blocks, Hd / (16 WARPS), SPLIT)``: ``Acc [N, Hd]`` fp32 (initialised by the caller)
+    ``+=`` output columns ``16 WARPS c .. + 16 WARPS`` by atomics, then the column tile's last program to arrive
+    (counter ``c``, left at 0) writes them to ``Out [N, Hd]`` in its dtype.
+
+    Program ``b < NB``: ``topk_w h Wd^T`` of routed block ``b`` (``Wp``/``Ws``: :func:`repack_mma` of ``w2``;
+    split ``z`` of its ``I / 128`` K tiles). Program ``b >= NB``: ``h Sd^T`` of tokens ``BM (b - NB) ..`` and the
+    shared expert ``Sd [Hd, Is]`` (h rows ``N TOPK + token``; ``SHARED_SPLIT`` splits of its K tiles, programs
+    ``z >= SHARED_SPLIT`` only arrive). ``Hbuf``: h in :func:`mma_order`. Each routed split's K tiles must be
+    even in number."""
     x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    cast_l: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])
     b = gl.program_id(0)
-    e = gl.load(BlockExpert + b)
-    if e < E:
-        start, end, rc, _ = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)), BM)
-        e64 = e.to(gl.int64)
-        m0 = gl.program_id(1) * WARPS
-        pw, ps = _w_pointers(Wp, Ws, e64, m0, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
-        ph = _x_pointers(Hbuf, rc, stride_h, x_l3)
-        acc = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
-        per = I // 128 // SPLIT
-        lo = gl.program_id(2) * per
-        hi = lo + per
-        w_a, s0_a, s8_a = _w_tile(pw, ps, lo, True, w_l5, WARPS)
-        h_a = gl.load(ph + lo * 128)
-        for t in range(lo, hi, 2):
-            w_b, s0_b, s8_b = _w_tile(pw, ps, t + 1, True, w_l5, WARPS)
-            h_b = gl.load(ph + (t + 1) * 128)
-            acc = mma_v2(_a_operand(w_a, s0_a, s8_a, a_op, DTYPE, WARPS), _b_operand(h_a, b_op, BM), acc)
-            more = t + 2 < hi
-            w_a, s0_a, s8_a = _w_tile(pw, ps, t + 2, more, w_l5, WARPS)
-            h_a = gl.load(ph + (t + 2) * 128, mask=more)
-            acc = mma_v2(_a_operand(w_b, s0_b, s8_b, a_op, DTYPE, WARPS), _b_operand(h_b, b_op, BM), acc)
-        rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-        ok = rows < end
-        a = gl.load(SortedIdx + gl.minimum(rows, end - 1))
-        wt = gl.load(TopkW + a, mask=ok, other=0.0).to(gl.float32) * OUT_SCALE
-        cols = gl.program_id(1) * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
-        dst = Out + gl.expand_dims((a // TOPK).to(gl.int64) * stride_o, 0) + gl.expand_dims(cols, 1)
-        gl.atomic_add(dst, acc * gl.expand_dims(wt, 0), mask=gl.expand_dims(ok, 0) & gl.expand_dims(cols < Hd, 1),
-                      sem="relaxed")
+    c = gl.program_id(1)
+    z = gl.program_id(2)
+    cols = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
+    col_ok = gl.expand_dims(cols < Hd, 1)
+    if b < NB:
+        e = gl.load(BlockExpert + b)
+        if e < E:
+            start, end, rc, _ = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)),
+                                       BM)
+            per = I // 128 // SPLIT
+            acc = _routed_down(Hbuf, Wp, Ws, e.to(gl.int64), c * WARPS, rc, z * per, z * per + per, stride_h,
+                               stride_we, stride_wm, stride_se, stride_sm, BM, WARPS, DTYPE)
+            rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+            ok = rows < end
+            a = gl.load(SortedIdx + gl.minimum(rows, end - 1))
+            wt = gl.load(TopkW + a, mask=ok, other=0.0).to(gl.float32) * OUT_SCALE
+            dst = Acc + gl.expand_dims((a // TOPK).to(gl.int64) * stride_a, 0) + gl.expand_dims(cols, 1)
+            gl.atomic_add(dst, acc * gl.expand_dims(wt, 0), mask=gl.expand_dims(ok, 0) & col_ok, sem="relaxed")
+    else:
+        if z < SHARED_SPLIT:
+            n0 = (b - NB) * BM
+            hr = N * TOPK + gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))), N - 1)
+            wr = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, gl.BlockedLayout(
+                [1, 8], [2, 16], [WARPS, 1], [1, 0])))
+            per_s = Is // 128 // SHARED_SPLIT
+            acc = _dense_product(Hbuf, Sd, hr, wr, z * per_s, z * per_s + per_s, stride_h, stride_sd, BM, WARPS)
+            rows = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+            dst = Acc + gl.expand_dims(rows.to(gl.int64) * stride_a, 0) + gl.expand_dims(cols, 1)
+            gl.atomic_add(dst, acc, mask=gl.expand_dims(rows < N, 0) & col_ok, sem="relaxed")
+    _cta_barrier()  # every thread's sums added before the arrival is released
+    if gl.atomic_add(Count + c, 1, sem="acq_rel") == gl.num_programs(0) * gl.num_programs(2) - 1:
+        oc = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(0, cast_l))
+        for r0 in range(0, N, CAST_ROWS):
+            orow = r0 + gl.arange(0, CAST_ROWS, layout=gl.SliceLayout(1, cast_l))
+            m = gl.expand_dims(orow < N, 1) & gl.expand_dims(oc < Hd, 0)
+            r64 = gl.expand_dims(orow.to(gl.int64), 1)
+            v = gl.load(Acc + r64 * stride_a + gl.expand_dims(oc, 0), mask=m, other=0.0, cache_modifier=".cg")
+            gl.store(Out + r64 * stride_o + gl.expand_dims(oc, 0), v.to(Out.dtype.element_ty), mask=m)
+        gl.store(Count + c, 0)  # for the next launch
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,13 +501,10 @@ MAX_SPLIT = 8
 
 
 def launch_options(block_m: int, dtype: torch.dtype) -> dict:
-    """Launch options of both kernels. fp16 builds get a register cap (``maxnreg``): without one ptxas built the
-    fp16 BM8 gate_up for sm_120 with 96 registers and an 8-byte stack (triton 3.6). bf16 builds get none (a cap
-    makes ptxas take more registers, and fewer CTAs fit an SM)."""
-    opts = {"num_warps": WARPS}
-    if dtype == torch.float16:
-        opts["maxnreg"] = 128 if block_m == 8 else 168
-    return opts
+    """Launch options of both kernels: a register cap (``maxnreg``) by block size. Without one ptxas built the
+    gate_up kernel for sm_120 with an 8-byte stack (bf16 blocks of 8 and 16 rows, fp16 blocks of 8; triton
+    3.6); with it none of the builds spills (``python -m tritree.kernels.aot``)."""
+    return {"num_warps": WARPS, "maxnreg": 128 if block_m == 8 else 168}
 
 
 def shape_ok(H: int, I: int) -> bool:
@@ -420,6 +533,22 @@ class Int4MmaPlan:
     @classmethod
     def from_ints(cls, v) -> "Int4MmaPlan":
         return cls(*(int(a) for a in v))
+
+
+def check_plan(plan: Int4MmaPlan, H: int, I: int, assignments: int, E: int) -> None:
+    """A given plan must hold for any routing: the block bound, and K splits of even numbers of 128-column
+    tiles."""
+    bound = min_blocks(assignments, E, plan.block_m)
+    if plan.block_m not in (8, 16):
+        raise ValueError(f"plan.block_m must be 8 or 16, got {plan.block_m}")
+    if plan.num_blocks < bound:
+        raise ValueError(f"plan.num_blocks = {plan.num_blocks} is below the bound {bound} of {assignments} "
+                         f"assignments in blocks of {plan.block_m}")
+    for name, split, K in (("gate_up_split", plan.gate_up_split, H), ("down_split", plan.down_split, I)):
+        tiles = K // KT
+        if split < 1 or tiles % split or (tiles // split) % 2:
+            raise ValueError(f"plan.{name} = {split} must divide the {tiles} K tiles of {KT} columns into parts of "
+                             f"an even number of tiles")
 
 
 def _split(warps: int, tiles: int, target: int) -> int:
@@ -451,48 +580,77 @@ def plan_int4_mma(N: int, topk: int, E: int, H: int, I: int, sms: int, global_ex
                        _split(blocks * H // 16, I // KT, target))
 
 
-@triton.jit
-def _silu_mul_kernel(G, Hbuf, I, stride_g, stride_h, BLOCK: tl.constexpr):
-    """``Hbuf[r, slot(c)] = silu(G[r, c]) * G[r, I + c]``: the split gate_up's fp32 sums to h (x's dtype,
-    :func:`mma_order`)."""
-    r = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = c < I
-    g = tl.load(G + r * stride_g + c, mask=ok, other=0.0)
-    u = tl.load(G + r * stride_g + I + c, mask=ok, other=0.0)
-    t = c % 128
-    slot = c - t + 32 * ((t // 2) % 4) + 4 * (t // 16) + 2 * ((t // 8) % 2) + t % 2
-    tl.store(Hbuf + r * stride_h + slot, (g * tl.sigmoid(g) * u).to(Hbuf.dtype.element_ty), mask=ok)
+def shared_split(I_shared: int, down_split: int) -> int:
+    """The down kernel's K split of the shared expert: the largest count up to the routed experts' that divides its
+    ``I_shared / 128`` K tiles."""
+    tiles = I_shared // KT
+    return max(s for s in range(1, down_split + 1) if tiles % s == 0)
 
 
-def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> None:
-    """The routed layer on mma-layout experts (``moe_int4.Int4Experts`` with ``layout="mma"``): align, the
-    activations in :func:`mma_order`, gate_up (and the SiLU-and-mul pass when split), down, the cast into
-    ``out``. No host sync."""
-    N, H = x.shape
+def plan_shared_gate_up_split(N: int, H: int, I_shared: int, block_m: int, sms: int) -> int:
+    """The gate_up kernel's K split of the shared expert: its ``ceil(N / block_m) x I_shared / 64`` tiles are few,
+    and each streams its weight rows over the whole hidden size, so the smallest split (dividing the ``H / 128`` K
+    tiles, at least two tiles a split) that gives an SM's worth of programs per SM."""
+    tiles = H // KT
+    programs = -(-N // block_m) * (I_shared // (16 * WARPS))
+    best = 1
+    for s in range(1, tiles // 2 + 1):
+        if tiles % s:
+            continue
+        best = s
+        if programs * s >= sms:
+            break
+    return best
+
+
+def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaPlan, gacc=None, shared=None) -> None:
+    """The routed experts (and the shared expert) into ``out``: align, gate_up, down (no host sync).
+
+    ``xm [N, H]``: the activations in :func:`mma_order` (bf16/fp16); ``acc [N, H]`` fp32, initialised (zeros, or
+    the residual): the down kernel adds into it and writes the sums to ``out [N, H]`` (its dtype); ``gacc``:
+    zeroed fp32 ``[N k, 2 I]`` when ``plan.gate_up_split > 1``; ``shared``: ``(gate_up [2 Is, H], down [H, Is],
+    split, gs)``: the shared expert in x's dtype (``Is`` a multiple of 128), run with every token at weight 1, its
+    gate_up K ``split`` (:func:`plan_shared_gate_up_split`) and, when that is above 1, ``gs``: zeroed fp32 ``[N,
+    2 Is]``."""
+    N, H = xm.shape
     E, I2, _ = w13.shape
     I, k = I2 // 2, topk_idx.shape[1]
+    if N == 0:
+        return
     bm = plan.block_m
     sorted_idx, block_expert, block_start, block_end = align_routing(topk_idx, E, bm, plan.num_blocks)
-    xm = mma_order(x)
-    hbuf = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
+    sw13, sd, ss, gs = shared if shared is not None else (xm, xm, 1, None)  # never read without shared programs
+    Is = sd.shape[1] if shared is not None else 0
+    sb = -(-N // bm) if shared is not None else 0
+    hbuf = torch.empty(N * k + (N if shared is not None else 0), max(I, Is), dtype=xm.dtype, device=xm.device)
     gsplit, dsplit = plan.gate_up_split, plan.down_split
-    gacc = torch.zeros(N * k, 2 * I, dtype=torch.float32, device=x.device) if gsplit > 1 else hbuf
-    acc = torch.zeros(N, H, dtype=torch.float32, device=x.device)
-    dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    scale = BF16_OUT_SCALE if x.dtype == torch.bfloat16 else 1.0
-    _gate_up_mma_kernel[(plan.num_blocks, I // (16 * WARPS), gsplit)](
-        xm, w13, s13, gacc, block_expert, block_start, block_end, sorted_idx, E, H, I,
-        xm.stride(0), w13.stride(0), 16 * w13.stride(1), s13.stride(0), 16 * s13.stride(1), gacc.stride(0),
-        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=gsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, x.dtype))
-    if gsplit > 1:
-        _silu_mul_kernel[(N * k, triton.cdiv(I, 512))](gacc, hbuf, I, gacc.stride(0), hbuf.stride(0), BLOCK=512,
-                                                        num_warps=4)
+    g = gacc if gsplit > 1 else hbuf
+    gs = gs if gs is not None else hbuf
+    grid_gu = (plan.num_blocks + sb * ss, max(I, Is) // (16 * WARPS), gsplit)
+    count = arrival_counters(xm.device, max((plan.num_blocks + sb) * grid_gu[1], H // (16 * WARPS)))
+    dt = gl.bfloat16 if xm.dtype == torch.bfloat16 else gl.float16
+    scale = BF16_OUT_SCALE if xm.dtype == torch.bfloat16 else 1.0
+    _gate_up_mma_kernel[grid_gu](
+        xm, w13, s13, sw13, hbuf, g, gs, count, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
+        plan.num_blocks, ss, xm.stride(0), w13.stride(0), 16 * w13.stride(1), s13.stride(0), 16 * s13.stride(1),
+        sw13.stride(0), hbuf.stride(0), g.stride(0), gs.stride(0),
+        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=gsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, xm.dtype))
     tw = topk_w.reshape(-1)
     if tw.dtype != torch.float32 or not tw.is_contiguous():
         tw = tw.float().contiguous()
-    _down_mma_kernel[(plan.num_blocks, H // (16 * WARPS), dsplit)](
-        hbuf, w2, s2, acc, tw, block_expert, block_start, block_end, sorted_idx, E, H, I,
-        hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1), acc.stride(0),
-        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, x.dtype))
-    out.copy_(acc)
+    _down_mma_kernel[(plan.num_blocks + sb, H // (16 * WARPS), dsplit)](
+        hbuf, w2, s2, sd, acc, out, tw, count, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
+        plan.num_blocks, hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1),
+        sd.stride(0), acc.stride(0), out.stride(0),
+        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, SHARED_SPLIT=shared_split(Is, dsplit) if Is else 1, DTYPE=dt,
+        OUT_SCALE=scale, **launch_options(bm, xm.dtype))
+
+
+def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> None:
+    """The routed layer on mma-layout experts (``moe_int4.Int4Experts`` with ``layout="mma"``): the activations in
+    :func:`mma_order`, then :func:`run_experts` (align, gate_up, down, which writes ``out``). No host sync."""
+    N, H = x.shape
+    I, k = w13.shape[1] // 2, topk_idx.shape[1]
+    acc = torch.zeros(N, H, dtype=torch.float32, device=x.device)
+    gacc = torch.zeros(N * k, 2 * I, dtype=torch.float32, device=x.device) if plan.gate_up_split > 1 else None
+    run_experts(mma_order(x), topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan, gacc)

@@ -318,8 +318,8 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
         from . import _moe_int4_mma as M
     except ImportError:  # a triton without Gluon
         return []
-    idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedIdx": "*i32", "E": "i32",
-           "Hd": "i32", "I": "i32"}
+    idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedIdx": "*i32", "N": "i32",
+           "E": "i32", "Hd": "i32", "I": "i32", "Is": "i32"}
     w = {"stride_we": "i32", "stride_wm": "i32", "stride_se": "i32", "stride_sm": "i32"}
     reports = []
     for arch in (archs or ("sm_120", "sm_90")):
@@ -328,13 +328,19 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
         for dtype, bm, split in itertools.product(("bf16", "fp16"), (8, 16), (1, 2)):
             act = "*" + dtype
             for fn, sig in (
-                (M._gate_up_mma_kernel, {"X": act, "Wp": "*i32", "Ws": "*bf16", "Hbuf": act if split == 1 else "*fp32",
-                                         **idx, "stride_x": "i32", **w, "stride_h": "i32"}),
-                (M._down_mma_kernel, {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Out": "*fp32", "TopkW": "*fp32",
-                                      **idx, "stride_h": "i32", **w, "stride_o": "i32"}),
+                (M._gate_up_mma_kernel, {"X": act, "Wp": "*i32", "Ws": "*bf16", "Sw": act, "Hbuf": act,
+                                         "Gacc": act if split == 1 else "*fp32", "Gs": "*fp32", "Count": "*i32", **idx,
+                                         "NB": "i32", "SS": "i32", "stride_x": "i32", **w, "stride_sw": "i32",
+                                         "stride_h": "i32", "stride_g": "i32", "stride_gs": "i32"}),
+                (M._down_mma_kernel, {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Sd": act, "Acc": "*fp32",
+                                      "Out": act, "TopkW": "*fp32", "Count": "*i32", **idx, "NB": "i32",
+                                      "stride_h": "i32", **w, "stride_sd": "i32", "stride_a": "i32",
+                                      "stride_o": "i32"}),
             ):
                 cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
                           OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
+                if fn is M._down_mma_kernel:
+                    cx["SHARED_SPLIT"] = split
                 divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
                 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
                 k = triton.compile(GluonASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in cx}},

@@ -729,7 +729,7 @@ def _routed_experts_mma(x, topk_idx, topk_w, experts: Int4Experts, out, plan, gl
     elif not isinstance(plan, M.Int4MmaPlan):
         raise TypeError(f"plan must be an Int4MmaPlan for mma-layout experts, got {type(plan).__name__}")
     else:
-        _check_block_bound(plan, N * k, E)
+        M.check_plan(plan, H, I, N * k, E)
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or topk_w.requires_grad)
     if needs_grad or x.device.type != "cuda":  # Gluon has no interpreter; the kernels have no backward
         return _reference_into(x, topk_idx, topk_w, experts, out)

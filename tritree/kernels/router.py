@@ -21,7 +21,7 @@ One launch (:func:`_route_kernel`), grid ``(row blocks, expert tiles, K splits)`
    int64 keys (one reduction a round gives the value and the lowest id among equals), the weights, the
    normalisation, scaling, offset and padding; then it resets its counters to 0 (so do the tile reducers).
 
-The arrival counters are one int32 buffer per device (:func:`_counters`), allocated zeroed outside any CUDA-graph
+The arrival counters are one int32 buffer per device (:func:`tritree.kernels._launch.arrival_counters`), allocated zeroed outside any CUDA-graph
 capture and never freed (captured graphs keep its address); every launch leaves the counters it used at 0.
 Launches on one stream are ordered, so eager calls and graph replays may interleave freely; **concurrent calls
 on different streams of one device are not supported** (they would share counters). The partials and logits
@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, StreamScratch, capturing, eager, interpreting, scalars, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, arrival_counters, eager, interpreting, scalars, signature
 from .configs import arch_of, num_sms
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -438,29 +438,6 @@ def _validate(x, weight, bias, top_k, n_group, topk_group, norm_topk_prob, scali
 # Launch
 # --------------------------------------------------------------------------------------------------
 
-_COUNTERS: dict = {}
-_OLD_COUNTERS: list = []
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """The device's arrival counters (int32, all 0 between launches), at least ``n``. Allocated zeroed outside
-    CUDA-graph capture and never freed (captured graphs hold the address). First needed, or needed larger,
-    inside a capture: a fresh zeroed buffer the graph re-zeroes at every replay (a memset node), not cached."""
-    key = device if device.type != "cuda" else torch.device("cuda", device.index if device.index is not None
-                                                            else torch.cuda.current_device())
-    buf = _COUNTERS.get(key)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    size = max(4096, triton.next_power_of_2(n))
-    fresh = torch.zeros(size, dtype=torch.int32, device=device)
-    if capturing(device):
-        return fresh
-    if buf is not None:
-        _OLD_COUNTERS.append(buf)  # a captured graph may still use it
-    _COUNTERS[key] = fresh
-    return fresh
-
-
 def _dot_f32(x_dtype, w_dtype) -> bool:
     return interpreting() or x_dtype != w_dtype or x_dtype == torch.float32
 
@@ -496,7 +473,7 @@ def _launch(x, weight, bias, tree_lens, logits_out, plan: RoutePlan, top_k, n_gr
         return idx, w
     part, lg = scratch if scratch is not None else _workspace(plan, N, E, dev, logits_out is None)
     logits = logits_out if logits_out is not None else lg
-    count = _counters(dev, plan.counters)
+    count = arrival_counters(dev, plan.counters)
     args = (x, weight, bias if bias is not None else logits, tree_lens if tree_lens is not None else count,
             part if part is not None else logits, logits, count, idx, w,
             N, H, E, x.stride(0), weight.stride(0), logits.stride(0), plan.k_split,

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from .. import dist
 from ..kernels import kv_write_, verify_mla
 from ..kernels.moe import routed_experts
+from ..kernels.moe_block import moe_block
 from ..kernels.moe_int4 import GROUP, Int4Experts, kernel_layout, routed_experts_int4
 from ..kernels.router import moe_route
 from .config import KimiK2Config
@@ -64,6 +65,9 @@ INT4_EXPERT_KEYS = ("w13_packed", "w13_scale", "w2_packed", "w2_scale")
 # :func:`to_kernel_layout_`: the key says which order the bytes are in.
 INT4_MMA_KEYS = ("w13_mma", "w13_mma_scale", "w2_mma", "w2_mma_scale")
 DENSE_EXPERT_KEYS = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+# The shared expert's gate and up rows in one tensor ``[2 Is, H]`` after :func:`to_kernel_layout_` (one pass of
+# the MoE block's gate_up reads both), replacing ``shared_experts.gate_proj.weight`` and ``up_proj.weight``.
+SHARED_GATE_UP_KEY = "shared_experts.gate_up_proj.weight"
 EXPERT_LAYOUTS = ("dense", "int4")
 
 
@@ -159,17 +163,27 @@ def int4_experts(params, i: int) -> Int4Experts | None:
 
 
 def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> dict:
-    """Every layer's INT4 routed experts in the layout the kernels of ``device`` (default: the experts' own)
-    stream (:func:`tritree.kernels.moe_int4.kernel_layout`: the repacked ``"mma"`` layout on sm_90 and sm_120),
-    or in ``layout`` when given, converted in place one expert at a time (no second copy of the experts) and
-    filed under the layout's keys (``mlp.experts.w13_mma`` ... for ``"mma"``). ``params`` itself is updated and
-    returned; call it once after loading (and sharding), before the first forward. Idempotent."""
+    """Every INT4 MoE layer's tensors in the layout the kernels of ``device`` read, in place (no second copy):
+
+    - the routed experts in the layout the kernels of ``device`` (default: the experts' own) stream
+      (:func:`tritree.kernels.moe_int4.kernel_layout`: the repacked ``"mma"`` layout on sm_90 and sm_120), or
+      in ``layout`` when given, converted one expert at a time and filed under the layout's keys
+      (``mlp.experts.w13_mma`` ... for ``"mma"``);
+    - the shared expert's gate and up rows concatenated into ``mlp.shared_experts.gate_up_proj.weight``
+      (``[2 Is, H]``: the MoE block's operand, :func:`tritree.kernels.moe_block`).
+
+    ``params`` itself is updated and returned; call it once after loading (and sharding), before the first
+    forward. Idempotent."""
     for k in [k for k in params if k.endswith(".mlp.experts.w13_packed") or k.endswith(".mlp.experts.w13_mma")]:
         p = k[:k.rindex(".") + 1]
         i = int(p.split(".")[2])
         ex = int4_experts(params, i)
         want = layout or kernel_layout(device if device is not None else ex.w13_packed.device, ex.hidden,
                                        ex.intermediate)
+        m = p[:-len("experts.")] + "shared_experts."
+        if m + "gate_proj.weight" in params:
+            params[m + "gate_up_proj.weight"] = torch.cat([params.pop(m + "gate_proj.weight"),
+                                                           params.pop(m + "up_proj.weight")])
         if want == ex.layout:
             continue
         ex = ex.to_layout_(want)
@@ -178,6 +192,15 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
             del params[p + a]
             params[p + b] = t
     return params
+
+
+def _shared_gate_up(params, p: str) -> torch.Tensor:
+    """The shared expert's ``[gate; up]`` rows of MLP prefix ``p`` (concatenated here when the params were not
+    passed through :func:`to_kernel_layout_`)."""
+    w = params.get(p + SHARED_GATE_UP_KEY)
+    if w is None:
+        w = torch.cat([params[p + "shared_experts.gate_proj.weight"], params[p + "shared_experts.up_proj.weight"]])
+    return w
 
 
 # --------------------------------------------------------------------------------------------------
@@ -201,13 +224,7 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None, tree_lens=N
     shape = h.shape
     x = h.reshape(-1, shape[-1])
     packed = int4_experts(params, i)
-    offset = 0
-    if dist.active(tp):
-        e_loc = packed.num_experts if packed is not None else params[p + "experts.gate_proj.weight"].shape[0]
-        if e_loc * tp.world != cfg.n_routed_experts:
-            raise ValueError(f"layer {i} holds {e_loc} routed experts; expert parallelism over {tp.world} ranks "
-                             f"needs {cfg.n_routed_experts} / {tp.world}")
-        offset = tp.rank * e_loc  # other ranks' experts fall outside [0, e_loc): skipped by routed_experts
+    offset = _expert_offset(params, cfg, i, packed, tp)
     # Sigmoid scores, the bias for selection, the group limit, top-k, normalisation, scaling, the EP offset;
     # padding rows route to id -1 with weight 0.
     idx, w = moe_route(x, params[p + "gate.weight"], params[p + "gate.e_score_correction_bias"].float(),
@@ -220,8 +237,44 @@ def moe(params, cfg: KimiK2Config, i: int, h: torch.Tensor, tp=None, tree_lens=N
         out = routed_experts_int4(xa, idx, w, packed, global_experts=cfg.n_routed_experts).to(x.dtype)
     else:
         out = routed_experts(x, idx, w, *(params[p + "experts." + k] for k in DENSE_EXPERT_KEYS))
-    out = out + swiglu(x, params[p + "shared_experts.gate_proj.weight"], params[p + "shared_experts.up_proj.weight"],
-                       params[p + "shared_experts.down_proj.weight"])
+    Is = params[p + "shared_experts.down_proj.weight"].shape[1]
+    gu = linear(x, _shared_gate_up(params, p))
+    out = out + linear(F.silu(gu[:, :Is]) * gu[:, Is:], params[p + "shared_experts.down_proj.weight"])
+    return dist.all_reduce_(tp, out).view(shape)
+
+
+def _expert_offset(params, cfg: KimiK2Config, i: int, packed: Int4Experts | None, tp) -> int:
+    """The first routed expert this rank holds (expert parallelism; 0 without ``tp``)."""
+    if not dist.active(tp):
+        return 0
+    p = layer_prefix(i) + "mlp."
+    e_loc = packed.num_experts if packed is not None else params[p + "experts.gate_proj.weight"].shape[0]
+    if e_loc * tp.world != cfg.n_routed_experts:
+        raise ValueError(f"layer {i} holds {e_loc} routed experts; expert parallelism over {tp.world} ranks "
+                         f"needs {cfg.n_routed_experts} / {tp.world}")
+    return tp.rank * e_loc  # other ranks' experts fall outside [0, e_loc): skipped by the expert kernels
+
+
+def ffn(params, cfg: KimiK2Config, i: int, x: torch.Tensor, tp=None, tree_lens=None) -> torch.Tensor:
+    """Layer ``i``'s feed-forward half on the residual stream ``x [B, S, hidden]``: ``x + mlp(rms_norm(x))``.
+
+    INT4 MoE layers run :func:`tritree.kernels.moe_block` (post-attention norm, router, routed and shared experts
+    and the residual add: five launches on sm_90 / sm_120 at decode row counts); under ``tp`` rank 0 adds the
+    residual and the all-reduce follows. Other layers: the norm, :func:`mlp` and the add."""
+    p = layer_prefix(i)
+    packed = int4_experts(params, i) if cfg.is_moe(i) else None
+    if packed is None:
+        return x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps),
+                       tp, tree_lens)
+    m = p + "mlp."
+    shape = x.shape
+    out = moe_block(x.reshape(-1, shape[-1]), params[p + "post_attention_layernorm.weight"], params[m + "gate.weight"],
+                    params[m + "gate.e_score_correction_bias"].float(), packed, _shared_gate_up(params, m),
+                    params[m + "shared_experts.down_proj.weight"], eps=cfg.rms_norm_eps, top_k=cfg.num_experts_per_tok,
+                    n_group=cfg.n_group, topk_group=cfg.topk_group, norm_topk_prob=bool(cfg.norm_topk_prob),
+                    scaling=cfg.routed_scaling_factor, expert_offset=_expert_offset(params, cfg, i, packed, tp),
+                    tree_lens=tree_lens, rows_per_request=None if tree_lens is None else shape[1],
+                    add_residual=not dist.active(tp) or tp.rank == 0)
     return dist.all_reduce_(tp, out).view(shape)
 
 
@@ -347,7 +400,7 @@ def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None 
         if cache is not None:
             kv_write_(cache["kv"][n], cache["page_table"], cache["kv_lens"], latent.to(cache["kv"].dtype).contiguous())
         x = x + a
-        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps), tp)
+        x = ffn(params, cfg, i, x, tp)
         if i in taps:
             tapped[i] = x
     logits = _logits(params, cfg, x[:, -1:] if last_only else x, tp)
@@ -374,8 +427,7 @@ def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor,
         p = layer_prefix(i)
         h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
         x = x + attention_verify(params, cfg, i, h, rope, cache, tree_mask, tree_lens, cache["kv"][n], tp)
-        x = x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps), tp,
-                    tree_lens)
+        x = ffn(params, cfg, i, x, tp, tree_lens)
         if i in taps:
             tapped[i] = x
     logits = _logits(params, cfg, x, tp)
