@@ -454,25 +454,24 @@ def _profiled_replays(g, n: int) -> tuple[list[list], int]:
 
 
 def _unique_experts(step, n_local: int) -> list[int]:
-    """Distinct local experts each MoE layer's tokens route to in one eager ``step`` (the ids the router
-    passes to the routed-expert op; padding rows' -1 left out)."""
+    """Distinct local experts each MoE layer's tokens route to in one eager ``step`` (the ids the router's
+    launches return, in the MoE block or before the routed-expert op; padding rows' -1 left out)."""
     from unittest import mock
 
     import torch
 
-    import tritree.model.kimi_k2 as K
+    import tritree.kernels.router as R
 
     counts = []
+    launch = R._launch
 
-    def counting(fn):
-        def wrapped(x, idx, *args, **kw):
-            ids = idx[(idx >= 0) & (idx < n_local)]
-            counts.append(int(torch.unique(ids).numel()))
-            return fn(x, idx, *args, **kw)
-        return wrapped
+    def counting(*args, **kw):
+        idx, w = launch(*args, **kw)
+        ids = idx[(idx >= 0) & (idx < n_local)]
+        counts.append(int(torch.unique(ids).numel()))
+        return idx, w
 
-    with mock.patch.object(K, "routed_experts_int4", counting(K.routed_experts_int4)), \
-            mock.patch.object(K, "routed_experts", counting(K.routed_experts)):
+    with mock.patch.object(R, "_launch", counting):
         step()
     torch.cuda.synchronize()
     return counts

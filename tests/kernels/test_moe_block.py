@@ -185,7 +185,8 @@ def test_fused_matches_reference(dtype, N, top_k, E_all, world, H, I, Is, groups
 
 
 @mma_gpu
-@pytest.mark.parametrize("bm,gsplit,dsplit,sshared", [(8, 2, 1, 1), (16, 4, 2, 8), (8, 8, 4, 16), (16, 1, 1, 2)])
+@pytest.mark.parametrize("bm,gsplit,dsplit,sshared", [(8, 2, 1, (1, 1)), (16, 4, 2, (8, 2)), (8, 8, 4, (16, 1)),
+                                                      (16, 1, 1, (2, 2)), (8, 2, 2, (0, 0))])
 def test_fused_forced_splits_and_padding(bm, gsplit, dsplit, sshared):
     from tritree.kernels import _moe_int4_mma as M
     from tritree.kernels.moe_block import MoeBlockPlan, plan_moe_block

@@ -384,15 +384,16 @@ def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, BlockExpert, Block
                         stride_x, stride_we, stride_wm, stride_se, stride_sm, stride_sw, stride_h, stride_g, stride_gs,
                         TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
                         DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
-    """Grid ``(NB + SS shared blocks, max(I, Is) / (16 WARPS), SPLIT)``: h columns ``16 WARPS c .. + 16 WARPS``.
+    """Grid ``(NB + SS, max(I, Is) / (16 WARPS), SPLIT)``: h columns ``16 WARPS c .. + 16 WARPS``.
 
     Program ``b < NB``: routed block ``b``'s sorted rows against INT4 expert ``BlockExpert[b]`` (``Wp``/``Ws``:
     :func:`repack_mma` of ``w13``: gate m-tiles ``0 .. I/16``, up m-tiles ``I/16 .. I/8``), split ``z`` of the K
     tiles, h at the block's sorted rows. ``SPLIT == 1``: ``silu(x Wg^T) * (x Wu^T)`` into ``Hbuf`` (x's dtype,
     :func:`mma_order`); else the split adds to ``Gacc [N TOPK, 2 I]`` (fp32, zeroed) and the last split of each
-    (block, column tile) writes h. Program ``b >= NB`` (``z = 0`` only): tokens ``BM q`` .. of the shared expert
-    ``Sw [2 Is, Hd]`` (gate rows then up rows, x's dtype), ``q, s = divmod(b - NB, SS)``: split ``s`` of ``SS``
-    adds to ``Gs [N, 2 Is]`` (fp32, zeroed) and the last writes h at rows ``N TOPK + token`` of ``Hbuf``.
+    (block, column tile) writes h. Program ``b >= NB`` (``z = 0`` only): split ``b - NB`` of ``SS`` of the shared
+    expert ``Sw [2 Is, Hd]`` (gate rows then up rows, x's dtype) for every token, in blocks of ``BM``: added to
+    ``Gs [N, 2 Is]`` (fp32, zeroed; h directly when ``SS`` is 1) and the last split of each (row block, column
+    tile) writes h at rows ``N TOPK + token`` of ``Hbuf``.
     ``X [N, Hd]``: the activations in :func:`mma_order`. Arrival counters ``Count`` (left at 0). Each routed split's
     K tiles must be even in number."""
     x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
@@ -414,35 +415,34 @@ def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, BlockExpert, Block
             _gate_up_out(acc_g * OUT_SCALE, acc_u * OUT_SCALE, rows, rows, rows < end, cols, I, Hbuf, Gacc, Count,
                          b * n_c + c, I, stride_h, stride_g, SPLIT)
     else:
-        q = (b - NB) // SS
         if (z == 0) & (c * (16 * WARPS) < Is):
-            ks = (b - NB) % SS
-            n0 = q * BM
-            xr = gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))), N - 1)
+            ks = b - NB
             wr = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, gl.BlockedLayout(
                 [1, 8], [2, 16], [WARPS, 1], [1, 0])))
             per_s = Hd // 128 // SS
-            acc_g = _dense_product(X, Sw, xr, wr, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM, WARPS)
-            acc_u = _dense_product(X, Sw, xr, wr + Is, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM, WARPS)
-            n = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-            _gate_up_out(acc_g, acc_u, n, N * TOPK + n, n < N, cols, Is, Hbuf, Gs, Count, (NB + q) * n_c + c, Is,
-                         stride_h, stride_gs, SS)
+            for n0 in range(0, N, BM):  # every row block against the same weight rows: re-read from L1 / L2
+                xr = gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))), N - 1)
+                acc_g = _dense_product(X, Sw, xr, wr, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM, WARPS)
+                acc_u = _dense_product(X, Sw, xr, wr + Is, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM,
+                                       WARPS)
+                n = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+                _gate_up_out(acc_g, acc_u, n, N * TOPK + n, n < N, cols, Is, Hbuf, Gs, Count,
+                             (NB + n0 // BM) * n_c + c, Is, stride_h, stride_gs, SS)
 
 
 @gluon.jit
 def _down_mma_kernel(Hbuf, Wp, Ws, Sd, Acc, Out, TopkW, Count, BlockExpert, BlockStart, BlockEnd, SortedIdx,
-                     N, E, Hd, I, Is, NB, stride_h, stride_we, stride_wm, stride_se, stride_sm, stride_sd, stride_a,
+                     N, E, Hd, I, Is, NB, SDS, stride_h, stride_we, stride_wm, stride_se, stride_sm, stride_sd, stride_a,
                      stride_o, TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
-                     SHARED_SPLIT: gl.constexpr, DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
-    """Grid ``(NB + shared blocks, Hd / (16 WARPS), SPLIT)``: ``Acc [N, Hd]`` fp32 (initialised by the caller)
-    ``+=`` output columns ``16 WARPS c .. + 16 WARPS`` by atomics, then the column tile's last program to arrive
-    (counter ``c``, left at 0) writes them to ``Out [N, Hd]`` in its dtype.
+                     DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
+    """Grid ``(NB + SDS, Hd / (16 WARPS), SPLIT)``: ``Acc [N, Hd]`` fp32 (initialised by the caller) ``+=`` output
+    columns ``16 WARPS c .. + 16 WARPS`` by atomics, then the column tile's last program to arrive (counter ``c``,
+    left at 0) writes them to ``Out [N, Hd]`` in its dtype.
 
     Program ``b < NB``: ``topk_w h Wd^T`` of routed block ``b`` (``Wp``/``Ws``: :func:`repack_mma` of ``w2``;
-    split ``z`` of its ``I / 128`` K tiles). Program ``b >= NB``: ``h Sd^T`` of tokens ``BM (b - NB) ..`` and the
-    shared expert ``Sd [Hd, Is]`` (h rows ``N TOPK + token``; ``SHARED_SPLIT`` splits of its K tiles, programs
-    ``z >= SHARED_SPLIT`` only arrive). ``Hbuf``: h in :func:`mma_order`. Each routed split's K tiles must be
-    even in number."""
+    split ``z`` of its ``I / 128`` K tiles). Program ``b >= NB`` (``z = 0`` only): split ``b - NB`` of ``SDS`` of
+    ``h Sd^T``, the shared expert ``Sd [Hd, Is]`` (h rows ``N TOPK + token``), every token in blocks of ``BM``.
+    ``Hbuf``: h in :func:`mma_order`. Each routed split's K tiles must be even in number."""
     x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     cast_l: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])
@@ -466,16 +466,18 @@ def _down_mma_kernel(Hbuf, Wp, Ws, Sd, Acc, Out, TopkW, Count, BlockExpert, Bloc
             dst = Acc + gl.expand_dims((a // TOPK).to(gl.int64) * stride_a, 0) + gl.expand_dims(cols, 1)
             gl.atomic_add(dst, acc * gl.expand_dims(wt, 0), mask=gl.expand_dims(ok, 0) & col_ok, sem="relaxed")
     else:
-        if z < SHARED_SPLIT:
-            n0 = (b - NB) * BM
-            hr = N * TOPK + gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))), N - 1)
+        if z == 0:
+            ks = b - NB
             wr = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, gl.BlockedLayout(
                 [1, 8], [2, 16], [WARPS, 1], [1, 0])))
-            per_s = Is // 128 // SHARED_SPLIT
-            acc = _dense_product(Hbuf, Sd, hr, wr, z * per_s, z * per_s + per_s, stride_h, stride_sd, BM, WARPS)
-            rows = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-            dst = Acc + gl.expand_dims(rows.to(gl.int64) * stride_a, 0) + gl.expand_dims(cols, 1)
-            gl.atomic_add(dst, acc, mask=gl.expand_dims(rows < N, 0) & col_ok, sem="relaxed")
+            per_s = Is // 128 // SDS
+            for n0 in range(0, N, BM):  # every row block against the same weight rows: re-read from L1 / L2
+                hr = N * TOPK + gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))),
+                                           N - 1)
+                acc = _dense_product(Hbuf, Sd, hr, wr, ks * per_s, ks * per_s + per_s, stride_h, stride_sd, BM, WARPS)
+                rows = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+                dst = Acc + gl.expand_dims(rows.to(gl.int64) * stride_a, 0) + gl.expand_dims(cols, 1)
+                gl.atomic_add(dst, acc, mask=gl.expand_dims(rows < N, 0) & col_ok, sem="relaxed")
     _cta_barrier()  # every thread's sums added before the arrival is released
     if gl.atomic_add(Count + c, 1, sem="acq_rel") == gl.num_programs(0) * gl.num_programs(2) - 1:
         oc = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(0, cast_l))
@@ -580,27 +582,21 @@ def plan_int4_mma(N: int, topk: int, E: int, H: int, I: int, sms: int, global_ex
                        _split(blocks * H // 16, I // KT, target))
 
 
-def shared_split(I_shared: int, down_split: int) -> int:
-    """The down kernel's K split of the shared expert: the largest count up to the routed experts' that divides its
-    ``I_shared / 128`` K tiles."""
-    tiles = I_shared // KT
-    return max(s for s in range(1, down_split + 1) if tiles % s == 0)
+def _least_split(tiles: int, programs: int, target: int) -> int:
+    """The smallest split of ``tiles`` K tiles (dividing them) that brings ``programs`` to ``target``."""
+    for s in range(1, tiles + 1):
+        if tiles % s == 0 and programs * s >= target:
+            return s
+    return tiles
 
 
-def plan_shared_gate_up_split(N: int, H: int, I_shared: int, block_m: int, sms: int) -> int:
-    """The gate_up kernel's K split of the shared expert: its ``ceil(N / block_m) x I_shared / 64`` tiles are few,
-    and each streams its weight rows over the whole hidden size, so the smallest split (dividing the ``H / 128`` K
-    tiles, at least two tiles a split) that gives an SM's worth of programs per SM."""
-    tiles = H // KT
-    programs = -(-N // block_m) * (I_shared // (16 * WARPS))
-    best = 1
-    for s in range(1, tiles // 2 + 1):
-        if tiles % s:
-            continue
-        best = s
-        if programs * s >= sms:
-            break
-    return best
+def plan_shared_splits(H: int, I_shared: int, sms: int) -> tuple[int, int]:
+    """K splits of the shared expert's gate_up (over the ``H / 128`` tiles) and down (over ``I_shared / 128``).
+    Each shared program owns 16 ``WARPS`` weight rows and one split and runs every token's row block against them
+    (the weights read from memory once, again from L1 / L2), one tile in flight: splits bring the programs to two
+    an SM, and more would add fp32 atomics (``N x 2 I_shared`` a gate_up split)."""
+    return (_least_split(H // KT, I_shared // (16 * WARPS), 2 * sms),
+            _least_split(I_shared // KT, H // (16 * WARPS), 2 * sms))
 
 
 def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaPlan, gacc=None, shared=None) -> None:
@@ -609,9 +605,9 @@ def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaP
     ``xm [N, H]``: the activations in :func:`mma_order` (bf16/fp16); ``acc [N, H]`` fp32, initialised (zeros, or
     the residual): the down kernel adds into it and writes the sums to ``out [N, H]`` (its dtype); ``gacc``:
     zeroed fp32 ``[N k, 2 I]`` when ``plan.gate_up_split > 1``; ``shared``: ``(gate_up [2 Is, H], down [H, Is],
-    split, gs)``: the shared expert in x's dtype (``Is`` a multiple of 128), run with every token at weight 1, its
-    gate_up K ``split`` (:func:`plan_shared_gate_up_split`) and, when that is above 1, ``gs``: zeroed fp32 ``[N,
-    2 Is]``."""
+    (gate_up split, down split), gs)``: the shared expert in x's dtype (``Is`` a multiple of 128), run with every
+    token at weight 1, its K splits (:func:`plan_shared_splits`) and, when the gate_up split is above 1, ``gs``:
+    zeroed fp32 ``[N, 2 Is]``."""
     N, H = xm.shape
     E, I2, _ = w13.shape
     I, k = I2 // 2, topk_idx.shape[1]
@@ -619,31 +615,30 @@ def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaP
         return
     bm = plan.block_m
     sorted_idx, block_expert, block_start, block_end = align_routing(topk_idx, E, bm, plan.num_blocks)
-    sw13, sd, ss, gs = shared if shared is not None else (xm, xm, 1, None)  # never read without shared programs
+    sw13, sd, (ss, sds), gs = shared if shared is not None else (xm, xm, (0, 0), None)  # none without shared
     Is = sd.shape[1] if shared is not None else 0
     sb = -(-N // bm) if shared is not None else 0
     hbuf = torch.empty(N * k + (N if shared is not None else 0), max(I, Is), dtype=xm.dtype, device=xm.device)
     gsplit, dsplit = plan.gate_up_split, plan.down_split
     g = gacc if gsplit > 1 else hbuf
     gs = gs if gs is not None else hbuf
-    grid_gu = (plan.num_blocks + sb * ss, max(I, Is) // (16 * WARPS), gsplit)
+    grid_gu = (plan.num_blocks + ss, max(I, Is) // (16 * WARPS), gsplit)
     count = arrival_counters(xm.device, max((plan.num_blocks + sb) * grid_gu[1], H // (16 * WARPS)))
     dt = gl.bfloat16 if xm.dtype == torch.bfloat16 else gl.float16
     scale = BF16_OUT_SCALE if xm.dtype == torch.bfloat16 else 1.0
     _gate_up_mma_kernel[grid_gu](
         xm, w13, s13, sw13, hbuf, g, gs, count, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
-        plan.num_blocks, ss, xm.stride(0), w13.stride(0), 16 * w13.stride(1), s13.stride(0), 16 * s13.stride(1),
+        plan.num_blocks, max(ss, 1), xm.stride(0), w13.stride(0), 16 * w13.stride(1), s13.stride(0), 16 * s13.stride(1),
         sw13.stride(0), hbuf.stride(0), g.stride(0), gs.stride(0),
         TOPK=k, BM=bm, WARPS=WARPS, SPLIT=gsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, xm.dtype))
     tw = topk_w.reshape(-1)
     if tw.dtype != torch.float32 or not tw.is_contiguous():
         tw = tw.float().contiguous()
-    _down_mma_kernel[(plan.num_blocks + sb, H // (16 * WARPS), dsplit)](
+    _down_mma_kernel[(plan.num_blocks + sds, H // (16 * WARPS), dsplit)](
         hbuf, w2, s2, sd, acc, out, tw, count, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
-        plan.num_blocks, hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1),
+        plan.num_blocks, max(sds, 1), hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1),
         sd.stride(0), acc.stride(0), out.stride(0),
-        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, SHARED_SPLIT=shared_split(Is, dsplit) if Is else 1, DTYPE=dt,
-        OUT_SCALE=scale, **launch_options(bm, xm.dtype))
+        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, xm.dtype))
 
 
 def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> None:

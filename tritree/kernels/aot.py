@@ -333,14 +333,12 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
                                          "NB": "i32", "SS": "i32", "stride_x": "i32", **w, "stride_sw": "i32",
                                          "stride_h": "i32", "stride_g": "i32", "stride_gs": "i32"}),
                 (M._down_mma_kernel, {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Sd": act, "Acc": "*fp32",
-                                      "Out": act, "TopkW": "*fp32", "Count": "*i32", **idx, "NB": "i32",
+                                      "Out": act, "TopkW": "*fp32", "Count": "*i32", **idx, "NB": "i32", "SDS": "i32",
                                       "stride_h": "i32", **w, "stride_sd": "i32", "stride_a": "i32",
                                       "stride_o": "i32"}),
             ):
                 cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
                           OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
-                if fn is M._down_mma_kernel:
-                    cx["SHARED_SPLIT"] = split
                 divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
                 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
                 k = triton.compile(GluonASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in cx}},

@@ -13,6 +13,10 @@ sm_120 GPU with experts in the ``"mma"`` layout (:func:`tritree.kernels.kernel_l
 5. down: both classes again, summed by atomics into the accumulator; the last program of each column tile
    writes the new hidden state in the residual's dtype.
 
+A shared expert too large for its programs' row-block re-reads (:data:`SHARED_REREAD_BYTES`: a whole K2.6 shared
+expert on one GPU; the tensor-parallel slice of a rank stays in the grids) runs instead as two cuBLAS GEMMs with
+SiLU-and-mul between, added to the accumulator before step 3.
+
 Elsewhere (the CPU, experts in the checkpoint layout, float32 activations, prefill row counts, shared sizes
 that are not multiples of 128) the same semantics run as the composition of the ops (norm, :func:`moe_route`,
 :func:`routed_experts_int4`, two ``F.linear``). The arrival counters are
@@ -115,6 +119,10 @@ def _block_norm_kernel(Res, NormW, Xn, Xm, Acc, Gacc, H, g_numel, g_span, eps, s
 # --------------------------------------------------------------------------------------------------
 
 ZERO_BYTES_PER_PROGRAM = 64 * 1024  # the split gate_up's workspace zeroed by the norm kernel's extra programs
+# The shared expert's programs run each block of rows against their weight rows, re-read from L2 after the first
+# block: up to this many bytes of re-reads (the shared weights times the row blocks) it runs in the expert
+# kernels' grids; above (a whole shared expert on one GPU, many rows) as cuBLAS GEMMs added to the accumulator.
+SHARED_REREAD_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -122,22 +130,22 @@ class MoeBlockPlan:
     """One shape's fused launches, from static shapes only.
 
     route: the router's :class:`tritree.kernels.RoutePlan`; experts: the ``Int4MmaPlan`` of the routed experts
-    (``_moe_int4_mma.plan_int4_mma``), whose block size the shared expert's programs share; shared_split: the
-    shared expert's gate_up K split (``_moe_int4_mma.plan_shared_gate_up_split``)."""
+    (``_moe_int4_mma.plan_int4_mma``), whose block size the shared expert's programs share; shared_splits: the
+    shared expert's gate_up and down K splits (``_moe_int4_mma.plan_shared_splits``)."""
 
     route: RoutePlan
     experts: object
-    shared_split: int
+    shared_splits: tuple[int, int]
 
     def as_ints(self) -> list[int]:
-        return self.route.as_ints() + self.experts.as_ints() + [self.shared_split]
+        return self.route.as_ints() + self.experts.as_ints() + list(self.shared_splits)
 
     @classmethod
     def from_ints(cls, v) -> "MoeBlockPlan":
         from ._moe_int4_mma import Int4MmaPlan
 
         v = [int(a) for a in v]
-        return cls(RoutePlan.from_ints(v[:12]), Int4MmaPlan.from_ints(v[12:16]), v[16])
+        return cls(RoutePlan.from_ints(v[:12]), Int4MmaPlan.from_ints(v[12:16]), (v[16], v[17]))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -147,12 +155,13 @@ def plan_moe_block(N: int, H: int, router_experts: int, E: int, I: int, I_shared
     """The router's plan (:func:`plan_moe_route` over all ``router_experts``), the experts' (``plan_int4_mma``:
     ``E`` local experts of intermediate size ``I``) and the shared expert's split (intermediate ``I_shared``)
     for ``N`` rows."""
-    from ._moe_int4_mma import plan_int4_mma, plan_shared_gate_up_split
+    from ._moe_int4_mma import plan_int4_mma, plan_shared_splits
 
     experts = plan_int4_mma(N, top_k, E, H, I, sms, router_experts)
+    in_grid = -(-N // experts.block_m) * 3 * I_shared * H * 2 <= SHARED_REREAD_BYTES
     return MoeBlockPlan(plan_moe_route(N, H, router_experts, dtype, router_dtype, top_k, n_group, topk_group, arch,
                                        sms),
-                        experts, plan_shared_gate_up_split(N, H, I_shared, experts.block_m, sms))
+                        experts, plan_shared_splits(H, I_shared, sms) if in_grid else (0, 0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -255,9 +264,11 @@ def moe_block(residual: torch.Tensor, norm_weight: torch.Tensor, router_weight: 
         from . import _moe_int4_mma as M
 
         M.check_plan(plan.experts, H, experts.intermediate, N * top_k, experts.num_experts)
-        if (H // M.KT) % plan.shared_split:
-            raise ValueError(f"plan.shared_split = {plan.shared_split} must divide the {H // M.KT} K tiles of the "
-                             f"hidden size")
+        for split, K in zip(plan.shared_splits, (H, shared_down.shape[1])) if plan.shared_splits != (0, 0) else ():
+            if split < 1 or (K // M.KT) % split:
+                raise ValueError(f"plan.shared_splits = {plan.shared_splits}: each must divide the K tiles of "
+                                 f"{M.KT} columns of the shared expert's gate_up ({H // M.KT}) and down "
+                                 f"({shared_down.shape[1] // M.KT})")
     if out is None:
         out = torch.empty_like(residual)
     if N:
@@ -316,8 +327,7 @@ def _launch(residual, norm_weight, router_weight, router_bias, tree_lens, w13, s
     xm = torch.empty_like(residual)
     acc = torch.empty(N, H, dtype=torch.float32, device=dev)
     # One zeroed fp32 workspace: the shared expert's split gate_up sums [N, 2 Is], then the routed ones [N k, 2 I].
-    ss = plan.shared_split
-    n_shared = N * 2 * Is if ss > 1 else 0
+    n_shared = N * 2 * Is if plan.shared_splits[0] > 1 else 0
     g_numel = n_shared + (N * top_k * 2 * I if plan.experts.gate_up_split > 1 else 0)
     work = torch.empty(g_numel, dtype=torch.float32, device=dev)
     zero_programs = triton.cdiv(g_numel * 4, N * ZERO_BYTES_PER_PROGRAM) if g_numel else 0
@@ -330,4 +340,9 @@ def _launch(residual, norm_weight, router_weight, router_bias, tree_lens, w13, s
                        scaling, expert_offset, rows_per_request)
     gs = work[:n_shared].view(N, 2 * Is) if n_shared else None
     gacc = work[n_shared:].view(N * top_k, 2 * I) if g_numel > n_shared else None
-    M.run_experts(xm, idx, w, w13, s13, w2, s2, acc, out, plan.experts, gacc, (shared_gate_up, shared_down, ss, gs))
+    shared = (shared_gate_up, shared_down, plan.shared_splits, gs)
+    if plan.shared_splits == (0, 0):
+        gu = F.linear(xn, shared_gate_up)
+        acc.add_(F.linear(F.silu(gu[:, :Is]) * gu[:, Is:], shared_down))
+        shared = None
+    M.run_experts(xm, idx, w, w13, s13, w2, s2, acc, out, plan.experts, gacc, shared)
