@@ -242,11 +242,14 @@ def expected_unique(E: int, k: int, N: int) -> float:
     return E * (1 - (1 - k / E) ** N)
 
 
-def layer_bytes(nbytes: dict, layer: int, rows: int, unique_experts: float, n_experts: int) -> dict:
+def layer_bytes(nbytes: dict, layer: int, rows: int, unique_experts: float, n_experts: int,
+                shared_with_experts: bool = True) -> dict:
     """Bytes by family of target layer ``layer`` (``nbytes``: :func:`param_nbytes` or the built tensors'
     bytes by name): routed experts, ``unique_experts`` of the layer's ``n_experts`` stacked ones; router,
     its weight and bias; projections, the attention projections and the shared expert (or the dense MLP);
-    norms, each norm weight and its ``rows`` rows read and written (bf16, the weight's width)."""
+    norms, each norm weight and its ``rows`` rows read and written (bf16, the weight's width). The shared expert of
+    an INT4 layer counts with the experts when ``shared_with_experts`` (the MoE block runs it in the expert
+    kernels' grids), else with the projections (cuBLAS: ``moe_block.MoeBlockPlan.shared_splits``)."""
     p = f"model.layers.{layer}."
     int4 = any(k.startswith(p + "mlp.experts.w13_") for k in nbytes)
     out = {"experts (routed + shared)": 0.0, "router": 0.0, "projections (dense GEMMs)": 0.0, "norms": 0.0}
@@ -261,7 +264,7 @@ def layer_bytes(nbytes: dict, layer: int, rows: int, unique_experts: float, n_ex
             out["router"] += v
         elif "layernorm" in k:
             out["norms"] += v * (1 + 2 * rows)
-        elif k.startswith("mlp.shared_experts.") and int4:  # run in the INT4 block's expert kernels
+        elif k.startswith("mlp.shared_experts.") and int4 and shared_with_experts:  # in the block's expert kernels
             out["experts (routed + shared)"] += v
         else:
             out["projections (dense GEMMs)"] += v
@@ -496,11 +499,26 @@ def profile_slice(layers: int, ctx: int, budget: int, batch: int, experts: str, 
                heads=tcfg.heads, hidden=tcfg.hidden_size, n_experts=tcfg.n_routed_experts,
                top_k=tcfg.num_experts_per_tok, block=dcfg.block_size,
                draft_kv_token=2 * dcfg.num_key_value_heads * dcfg.head_dim * state["dkv"].element_size(),
-               draft_layers=dcfg.num_hidden_layers)
+               draft_layers=dcfg.num_hidden_layers, shared_with_experts=lambda rows: _shared_with_experts(tcfg, rows))
     del g, tparams, dp, state, step
     gc.collect()
     torch.cuda.empty_cache()
     return out
+
+
+def _shared_with_experts(tcfg, rows: int) -> bool:
+    """Whether the MoE block's plan runs the shared expert in the expert kernels' grids at ``rows`` tokens."""
+    import torch
+
+    from tritree.kernels.configs import arch_of, num_sms
+    from tritree.kernels.moe_block import plan_moe_block
+
+    dev = torch.device("cuda")
+    I = tcfg.moe_intermediate_size
+    plan = plan_moe_block(rows, tcfg.hidden_size, tcfg.n_routed_experts, tcfg.n_routed_experts, I,
+                          I * tcfg.n_shared_experts, torch.bfloat16, torch.bfloat16, tcfg.num_experts_per_tok,
+                          tcfg.n_group, tcfg.topk_group, arch_of(dev), num_sms(dev))
+    return plan.shared_splits != (0, 0)
 
 
 def profile_budget(args, budget: int, ceil: Ceilings) -> dict:
@@ -511,7 +529,7 @@ def profile_budget(args, budget: int, ceil: Ceilings) -> dict:
     uniq = pb["unique_experts"][-1] if pb["unique_experts"] else 0
     rows = B * T
     attn = attention_bytes(B, T, pb["heads"], args.ctx)
-    moe = layer_bytes(pb["nbytes"], L, rows, uniq, pb["n_experts"])
+    moe = layer_bytes(pb["nbytes"], L, rows, uniq, pb["n_experts"], pb["shared_with_experts"](rows))
     dense = layer_bytes(pb["nbytes"], 0, rows, 0, pb["n_experts"])
     costs = {**moe, **attn}
     attn_bytes = {k: nb for k, (nb, _) in attn.items()}

@@ -218,6 +218,8 @@ def test_layer_bytes_of_the_slice():
     attn = 1536 * H + 8 * 192 * 1536 + 576 * H + 8 * 256 * 512 + H * 8 * 128
     assert moe["projections (dense GEMMs)"] == 2 * attn
     assert moe["norms"] == 2 * (2 * H + 1536 + 512) * (1 + 2 * rows)
+    cublas_shared = layer_bytes(nb, 2, rows, 14, 48, shared_with_experts=False)
+    assert cublas_shared["projections (dense GEMMs)"] == 2 * (attn + 3 * I * H)
     dense = layer_bytes(nb, 0, rows, 0, 48)
     assert dense["experts (routed + shared)"] == 0 and dense["router"] == 0
     assert dense["projections (dense GEMMs)"] == 2 * (attn + 3 * 18432 * H)
@@ -309,7 +311,8 @@ def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
                     events_outside_replays=0, unique_experts=[14] * (layers - 1),
                     nbytes=param_nbytes(param_shapes(cfg, experts)),
                     draft_nbytes=param_nbytes(dflash.param_shapes(kimi_k26_dflash())), heads=8, hidden=7168,
-                    n_experts=48, top_k=1, block=8, draft_kv_token=4096, draft_layers=6)
+                    n_experts=48, top_k=1, block=8, draft_kv_token=4096, draft_layers=6,
+                    shared_with_experts=lambda rows: True)
 
     monkeypatch.setattr(sp, "profile_slice", fake_slice)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

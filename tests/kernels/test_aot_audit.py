@@ -19,6 +19,11 @@ def test_kernel_configs_compile(arch):
 
     router = [r for r in reports if r.kernel == "_route_kernel"]
     assert len(router) == 4 * len(set(ROUTER_CONFIGS[arch].values())), [r.config for r in router]
+    # The MoE block's launches: its norm kernel everywhere, the Gluon expert kernels on sm_90 and sm_120.
+    names = {r.kernel for r in reports}
+    assert "_block_norm_kernel" in names
+    if arch != "sm_80":
+        assert {"_gate_up_mma_kernel", "_down_mma_kernel"} <= names
 
 
 def test_gluon_verify_kernels_compile_for_sm90():

@@ -394,6 +394,27 @@ def router_reports(archs=None) -> list[CompileReport]:
     return reports
 
 
+def moe_block_reports(archs=None) -> list[CompileReport]:
+    """The MoE block's norm kernel (``moe_block._block_norm_kernel``) at K2.6's hidden size (7168, one program a
+    row), bf16 and fp16 rows, with and without the residual (the block's other launches are the router's and the
+    Gluon expert kernels', audited with them)."""
+    from .moe_block import _block_norm_kernel
+
+    reports = []
+    for arch in (archs or ("sm_90", "sm_120")):
+        if arch not in CAPABILITY:
+            continue
+        for dtype, residual in (("bf16", True), ("bf16", False), ("fp16", True)):
+            sig = {"Res": "*" + dtype, "NormW": "*" + dtype, "Xn": "*" + dtype, "Xm": "*" + dtype, "Acc": "*fp32",
+                   "Gacc": "*fp32", "H": "i32", "g_numel": "i32", "g_span": "i32", "eps": "fp32", "stride_r": "i32",
+                   "stride_n": "i32", "stride_m": "i32", "stride_a": "i32"}
+            consts = {"RESIDUAL": residual, "BLOCK_H": 8192, "BLOCK_G": 2048}
+            reports.append(audit(_block_norm_kernel, sig, consts, arch, 8, 1,
+                                 ("Res", "NormW", "Xn", "Xm", "Acc", "Gacc", "stride_r", "stride_n", "stride_m",
+                                  "stride_a"), f"{dtype} H8192 w8{' residual' if residual else ''}"))
+    return reports
+
+
 def kv_reports(archs=None) -> list[CompileReport]:
     """The KV commit kernel at its launch layouts (``kv_cache._commit_layout``): latent rows of 576 in
     bf16 (trees of 64 nodes in one chunk, of 128+ nodes in chunks of 128), fp32 and 1-byte rows; P 64 and 1."""
@@ -555,6 +576,7 @@ def main(argv=None) -> None:
                + draft_attention_reports(archs=args.arch)
                + moe_reports(archs=args.arch) + moe_int4_reports(archs=args.arch)
                + moe_int4_mma_reports(archs=args.arch) + router_reports(archs=args.arch)
+               + moe_block_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
