@@ -14,7 +14,7 @@ from tritree.model import dflash
 from tritree.model.config import dflash_tiny, kimi_tiny
 from tritree.model.kimi_k2 import init_params, prefill, verify
 from tritree.model.loading import load_dflash_params, load_params
-from tritree.model.parallel import shard_params
+from tritree.model.parallel import shard_draft_params, shard_params
 from tritree.testing import paged_layout, random_trees
 from tritree.train import ASSETS
 
@@ -34,7 +34,7 @@ def run_cases(tp, device):
     V = tcfg.vocab_size
     tparams, lcfg = shard_params(init_params(tcfg, seed=0), tcfg, tp)
     tparams = {k: v.to(device) for k, v in tparams.items()}
-    dparams = dflash.init_params(dcfg, seed=1, device=device)
+    dparams, dlcfg = shard_draft_params(dflash.init_params(dcfg, seed=1, device=device), dcfg, tp)
     g = torch.Generator().manual_seed(7)
     B, S, T, P = 2, 9, 6, 4
     prompt = torch.randint(0, V, (B, S), generator=g)
@@ -52,14 +52,21 @@ def run_cases(tp, device):
         out["verify"] = gather_vocab(tp, logits, V).cpu()
         out["verify_picks"] = greedy_picks(tp, logits, V).cpu()
         out["latents"] = cache["kv"].cpu()
+        # the draft alone: its context from the prefill's taps, then one block's logits (all-gathered)
+        dcache = dflash.new_cache(dlcfg, num_pages, P, page_table.to(device),
+                                  torch.zeros(B, dtype=torch.int32, device=device))
+        pos = torch.arange(S, device=device).expand(B, S)
+        dcache = dflash.materialize_context_(dparams, dlcfg, taps, pos, dcache, tp=tp)
+        out["draft_logits"] = dflash.draft(dparams, dlcfg, tparams["model.embed_tokens.weight"], tparams["lm_head.weight"],
+                                           prompt[:, -1].to(device), dcache["kv_lens"], dcache, tp=tp).cpu()
     graphs = device != "cpu"
-    with Engine(tparams, lcfg, dparams, dcfg, page_size=8, num_pages=256, graphs=graphs, tp=tp) as eng:
+    with Engine(tparams, lcfg, dparams, dlcfg, page_size=8, num_pages=256, graphs=graphs, tp=tp) as eng:
         out["greedy"] = [r.tokens for r in eng.generate(PROMPTS, 12, budget=8)]
         out["plain"] = [r.tokens for r in eng.generate(PROMPTS, 12, speculative=False)]
         out["chain"] = [r.tokens for r in eng.generate(PROMPTS, 12, chain=True)]
         out["sampled"] = [r.tokens for r in eng.generate(PROMPTS, 8, budget=4, temperature=1.0, top_k=20, seed=5)]
     sp, scfg = load_params(str(ASSETS / "target"), device=device, tp=tp)
-    dp, dc = load_dflash_params(str(ASSETS / "draft"), device=device)
+    dp, dc = load_dflash_params(str(ASSETS / "draft"), device=device, tp=tp)
     with Engine(sp, scfg, dp, dc, page_size=16, num_pages=64, graphs=graphs, tp=tp) as eng:
         out["text"] = [r.tokens for r in eng.generate(TEXT_PROMPTS, 16, budget=8)]
     return out

@@ -63,8 +63,13 @@ def test_tiny_components_by_hand():
     assert got2["embed_tokens"].per_rank == 49 * 48 * 2 and got2["embed_tokens"].total == 97 * 48 * 2
     assert got2["attention q_b, kv_b, o"].per_rank * 2 == got["attention q_b, kv_b, o"]
     assert got2["routed experts, bf16"].per_rank * 2 == got["routed experts, bf16"]
-    for same in ("attention q_a, kv_a_with_mqa", "norms", "router", "DFlash draft", "KV cache, draft K+V"):
+    for same in ("attention q_a, kv_a_with_mqa", "norms", "router"):
         assert got2[same].per_rank == got[same]
+    # the draft: 2 of 4 query heads, 1 of 2 KV heads, 32 of 64 MLP rows, half of fc's input columns a rank
+    draft_layer2 = 2 * 48 + 2 * 16 + 32 * 48 + 2 * 16 * 48 + 48 * 32 + 3 * 32 * 48
+    assert got2["DFlash draft"].per_rank == (48 * 48 + 2 * 48 + 2 * draft_layer2) * 2
+    assert got2["DFlash draft"].total == got["DFlash draft"]
+    assert got2["KV cache, draft K+V"].per_rank * 2 == got["KV cache, draft K+V"]
 
 
 def test_expert_formats_by_hand():

@@ -2,7 +2,8 @@
 processes give the single-process logits (to fp32 rounding: all-reduce changes the summation order),
 picks, accepted tokens and generated text (exactly) of the tiny random pair and of the shipped pair;
 checkpoints load shard-aware (each rank reads only its slices); the pieces the collectives rely on
-(skipped experts, the walk from given picks) match their single-process versions."""
+(skipped experts, the walk from given picks) match their single-process versions. The DFlash draft is sharded
+the same way: its logits and the generations are checked in the gloo groups, its shards and bytes here."""
 
 import os
 
@@ -12,10 +13,21 @@ import torch
 from tritree import accept_tree
 from tritree.dist import TPGroup, accept_with_picks
 from tritree.kernels.moe import moe_reference, routed_experts
-from tritree.model.config import kimi_tiny
+from tritree.model import dflash
+from tritree.model.config import dflash_tiny, kimi_k26_dflash, kimi_tiny
 from tritree.model.kimi_k2 import init_params, prefill
-from tritree.model.loading import load_params
-from tritree.model.parallel import local_param_shapes, shard_config, shard_params, shard_slice, take_slice
+from tritree.model.loading import load_dflash_params, load_params
+from tritree.model.parallel import (
+    draft_shard_slice,
+    local_draft_shapes,
+    local_param_shapes,
+    shard_config,
+    shard_draft_config,
+    shard_draft_params,
+    shard_params,
+    shard_slice,
+    take_slice,
+)
 from tritree.testing import random_trees
 from tritree.train import ASSETS
 
@@ -42,7 +54,7 @@ def single_process():
 
 def check_against_single(results, ref):
     for r, res in enumerate(results):
-        for key in ("prefill", "verify", "taps", "latents"):  # all-reduce order: fp32 rounding only
+        for key in ("prefill", "verify", "taps", "latents", "draft_logits"):  # all-reduce order: fp32 rounding only
             torch.testing.assert_close(res[key], ref[key], rtol=1e-5, atol=1e-5, msg=lambda m: f"rank {r} {key}: {m}")
         assert res["greedy"] == res["plain"]  # lossless under TP too
         for key in ("verify_picks", "greedy", "plain", "chain", "sampled", "text"):
@@ -212,6 +224,73 @@ def test_bad_world_sizes_raise_value_errors():
     with pytest.raises(ValueError, match="shard_config"):  # the global config with a group
         prefill(params, cfg, torch.zeros(1, 3, dtype=torch.long), tp=TPGroup(2, 0))
     assert shard_config(cfg, TPGroup()) is cfg and shard_params(params, cfg, None)[0] == params
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("make", [kimi_k26_dflash, lambda: dflash_tiny(kimi_tiny(), num_attention_heads=8,
+                                                                       num_key_value_heads=2, intermediate_size=64)])
+def test_draft_shards_hold_one_world_th_of_the_weights(world, make):
+    """A rank's draft: its query heads, the KV heads they read (replicated when fewer than the ranks), 1 / world
+    of the MLP and of fc's input columns; every byte but the norms split (and the KV heads' replication)."""
+    cfg = make()
+    full = dflash.param_shapes(cfg)
+    whole = sum(torch.Size(s).numel() for s in full.values())
+    norms = sum(torch.Size(s).numel() for k, s in full.items() if k.endswith("norm.weight"))
+    kv = sum(torch.Size(s).numel() for k, s in full.items() if k.endswith(("k_proj.weight", "v_proj.weight")))
+    kv_local = kv * max(1, cfg.num_key_value_heads // world) // cfg.num_key_value_heads
+    for rank in range(world):
+        local = local_draft_shapes(cfg, TPGroup(world, rank))
+        n = sum(torch.Size(s).numel() for s in local.values())
+        assert n == (whole - norms - kv) // world + norms + kv_local
+        lcfg = shard_draft_config(cfg, TPGroup(world, rank))
+        assert lcfg.tp_world == world and lcfg.num_attention_heads == cfg.num_attention_heads // world
+        assert {k: tuple(s) for k, s in dflash.param_shapes(lcfg).items() if k != "fc.weight"} == \
+            {k: s for k, s in local.items() if k != "fc.weight"}
+    from tritree.memory import memory_report
+    from tritree.model.config import kimi_k26
+
+    if make is kimi_k26_dflash:
+        row = memory_report(kimi_k26(), cfg, tp=world).row("DFlash draft")
+        assert row.total / world <= row.per_rank < row.total / world * 1.001
+
+
+def test_draft_shards_concatenate_to_the_whole_draft():
+    """Every rank's slices of q/o/MLP/fc put back together give the whole draft; each rank's K/V rows are the KV
+    head of its query heads' group (here 8 query heads, 2 KV heads, 4 ranks)."""
+    cfg = dflash_tiny(kimi_tiny(), num_attention_heads=8, num_key_value_heads=2, intermediate_size=64)
+    params = dflash.init_params(cfg, seed=3)
+    shards = [shard_draft_params(params, cfg, TPGroup(4, r))[0] for r in range(4)]
+    D = cfg.head_dim
+    for k, t in params.items():
+        s = draft_shard_slice(k, cfg, TPGroup(4, 0), tuple(t.shape))
+        if s is None:
+            assert all(torch.equal(sh[k], t) for sh in shards), k
+        elif k.endswith(("k_proj.weight", "v_proj.weight")):
+            for r, sh in enumerate(shards):  # ranks 0, 1 read KV head 0; ranks 2, 3 KV head 1
+                assert torch.equal(sh[k], t[(r // 2) * D:(r // 2 + 1) * D]), (k, r)
+        else:
+            assert torch.equal(torch.cat([sh[k] for sh in shards], dim=s[0]), t), k
+    with pytest.raises(ValueError, match="num_key_value_heads = 3"):
+        shard_draft_config(cfg.with_(num_attention_heads=12, num_key_value_heads=3), TPGroup(4, 0))
+    with pytest.raises(ValueError, match="num_attention_heads = 8 is not divisible"):
+        shard_draft_config(cfg, TPGroup(3, 0))
+    lcfg = shard_draft_config(cfg, TPGroup(2, 1))
+    with pytest.raises(ValueError, match="shard of 2"):  # a shard without its group
+        dflash.context_features(shard_draft_params(params, cfg, TPGroup(2, 1))[0], lcfg,
+                                torch.zeros(1, 2, cfg.n_taps, cfg.hidden_size))
+    with pytest.raises(ValueError, match="global draft config"):
+        shard_draft_config(lcfg, TPGroup(2, 0))
+
+
+def test_draft_loads_shard_aware(monkeypatch):
+    """``load_dflash_params(tp=...)`` gives each rank the slices ``shard_draft_params`` cuts from the whole."""
+    whole, cfg = load_dflash_params(str(ASSETS / "draft"))
+    for world in (2, 4):
+        for rank in range(world):
+            got, lcfg = load_dflash_params(str(ASSETS / "draft"), tp=TPGroup(world, rank))
+            want, wcfg = shard_draft_params(whole, cfg, TPGroup(world, rank))
+            assert lcfg == wcfg and got.keys() == want.keys()
+            assert all(torch.equal(got[k], want[k]) for k in got)
 
 
 @pytest.mark.parametrize("path", ["reference", "kernel"])

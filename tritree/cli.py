@@ -103,13 +103,13 @@ def _load_pair(args, device, dtype, tp=None):
     from .model.config import dflash_tiny, kimi_tiny
     from .model.kimi_k2 import init_params
     from .model.loading import load_dflash_params, load_params
-    from .model.parallel import shard_params
+    from .model.parallel import shard_draft_params, shard_params
 
     if args.model:  # the directories passed _check_generate; what the loaders find wrong inside is one line too
         with _checkpoint_errors("generate", "--model", args.model):
             tparams, tcfg = load_params(args.model, device=device, dtype=dtype, tp=tp)
         with _checkpoint_errors("generate", "--draft", args.draft):
-            dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype)
+            dparams, dcfg = load_dflash_params(args.draft, device=device, dtype=dtype, tp=tp)
         return tparams, tcfg, dparams, dcfg, f"target {args.model}, draft {args.draft}"
     from .train import ASSETS, shipped_pair
     if not args.random and (ASSETS / "target" / "model.safetensors").exists():
@@ -117,7 +117,8 @@ def _load_pair(args, device, dtype, tp=None):
     tcfg = kimi_tiny()
     dcfg = dflash_tiny(tcfg)
     tparams, tcfg = shard_params(init_params(tcfg, seed=args.seed, device=device, dtype=dtype), tcfg, tp)
-    dparams = dflash.init_params(dcfg, seed=args.seed + 1, device=device, dtype=dtype)
+    dparams, dcfg = shard_draft_params(dflash.init_params(dcfg, seed=args.seed + 1, device=device, dtype=dtype), dcfg,
+                                       tp)
     del torch
     return tparams, tcfg, dparams, dcfg, ("tiny random target/draft pair (random weights: the acceptance length "
                                           "means nothing until trained models exist)")

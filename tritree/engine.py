@@ -121,7 +121,7 @@ def draft_phase_(tparams, dparams, dcfg, state: dict, tp=None) -> torch.Tensor:
     dev = state["anchor"].device
     dcache = {"kv": state["dkv"], "page_table": state["page_table"], "kv_lens": state["dlens"]}
     pos = state["dlens"][:, None].to(torch.long) + torch.arange(state["pending"].shape[1], device=dev)
-    dcache = dflash.materialize_context_(dparams, dcfg, state["pending"], pos, dcache, counts=state["pending_n"])
+    dcache = dflash.materialize_context_(dparams, dcfg, state["pending"], pos, dcache, counts=state["pending_n"], tp=tp)
     state["dlens"].copy_(dcache["kv_lens"])
     return dflash.draft(dparams, dcfg, tparams["model.embed_tokens.weight"], tparams["lm_head.weight"],
                         state["anchor"], state["dlens"], dcache, tp=tp)
@@ -532,7 +532,7 @@ class Engine:
         if budget > 0:
             dcache = {"kv": self._dkv, "page_table": state["page_table"][k:k + 1], "kv_lens": zero.clone()}
             pos = torch.arange(len(ids), device=dev)[None]
-            dflash.materialize_context_(self.dparams, self.dcfg, taps.to(self.dtype), pos, dcache)
+            dflash.materialize_context_(self.dparams, self.dcfg, taps.to(self.dtype), pos, dcache, tp=self.tp)
         state["kv_lens"][k] = len(ids)
         state["dlens"][k] = len(ids) if budget > 0 else 0
         state["pending_n"][k] = 0

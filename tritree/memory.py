@@ -13,7 +13,9 @@ Every count is bytes on one rank of a tensor-parallel group of ``tp`` GPUs, laid
 - routed experts: expert-parallel by default (``E / tp`` whole experts per rank, what parallel.py does) or,
   with ``expert_parallel=False``, tensor-parallel inside every expert (``I / tp`` of each expert's
   intermediate dimension; the split falls on whole quantisation groups: 32 columns for INT4, 128 for FP8);
-- the DFlash draft and both KV caches: replicated (every rank holds the full latent cache).
+- the DFlash draft: its attention heads, MLP and taps projection split like the target's
+  (:func:`tritree.model.parallel.shard_draft_config`; its norms replicated), its K/V cache the rank's KV heads;
+- the target's latent KV cache: replicated (every rank holds the full latent cache).
 
 Routed-expert formats, per ``Linear [out, in]``: ``int4`` as the compressed-tensors checkpoint packs it
 (``weight_packed`` int32 ``[out, in / 8]`` + bf16 ``weight_scale`` ``[out, in / 32]``: 0.5 B per weight +
@@ -70,11 +72,22 @@ def expert_bytes(cfg: KimiK2Config, fmt: str, split: int = 1) -> int:
 
 
 def draft_param_count(d: DFlashConfig) -> int:
-    """Parameters of a DFlash draft (``fc``, norms, its Qwen3 layers; it has no embedding or lm_head)."""
+    """Parameters of a DFlash draft (``fc``, norms, its Qwen3 layers; it has no embedding or lm_head); of one
+    rank's shard when ``d`` is one (``d.tp_world > 1``: ``fc`` holds its ``1 / tp_world`` of the input columns)."""
     h, dh = d.hidden_size, d.head_dim
     layer = (2 * h + 2 * dh + d.num_attention_heads * dh * h * 2 + d.num_key_value_heads * dh * h * 2
              + 3 * d.intermediate_size * h)
-    return d.n_taps * h * h + 2 * h + d.num_hidden_layers * layer
+    return d.n_taps * h * h // d.tp_world + 2 * h + d.num_hidden_layers * layer
+
+
+def _draft_on_rank(draft: DFlashConfig | None, tp: int) -> DFlashConfig | None:
+    """One rank's view of ``draft`` over ``tp`` ranks (:func:`tritree.model.parallel.shard_draft_config`)."""
+    if draft is None or tp == 1:
+        return draft
+    from .dist import TPGroup
+    from .model.parallel import shard_draft_config
+
+    return shard_draft_config(draft, TPGroup(tp, 0))
 
 
 def pages_per_request(ctx: int, page_size: int) -> int:
@@ -108,7 +121,7 @@ def prefill_activation_bytes(cfg: KimiK2Config, draft: DFlashConfig | None, tp: 
     stack = 2 * taps + vs * 4
     phases = [moe if cfg.n_routed_experts else 0, logits, stack]
     if draft is not None:
-        kv = draft.num_hidden_layers * s * 2 * draft.num_key_value_heads * draft.head_dim * act_bytes
+        kv = draft.num_hidden_layers * s * 2 * _draft_on_rank(draft, tp).num_key_value_heads * draft.head_dim * act_bytes
         phases.append(vs * 4 + taps + s * h * act_bytes + 3 * kv)
     return max(phases)
 
@@ -257,16 +270,20 @@ def memory_report(cfg: KimiK2Config, draft: DFlashConfig | None = None, *, tp: i
             i = cfg.moe_intermediate_size // tp
             per, layout = expert_bytes(cfg, experts, tp) * E * n_moe, f"expert-TP (I {i} of each)"
         add(f"routed experts, {experts} (x{n_moe})", per, whole, layout)
+    local_draft = _draft_on_rank(draft, tp)
     if draft is not None:
-        d = draft_param_count(draft) * wb
-        add(f"DFlash draft ({draft.num_hidden_layers} layers)", d, d, "replicated")
+        add(f"DFlash draft ({draft.num_hidden_layers} layers)", draft_param_count(local_draft) * wb,
+            draft_param_count(draft) * wb, "replicated" if tp == 1 else
+            f"head-parallel ({local_draft.num_attention_heads} heads)")
     pages = batch * pages_per_request(ctx, page_size) + 1  # + the engine's sink page (finished rows write there)
     tokens = pages * page_size
     kv = L * tokens * cfg.latent_dim * kvb
     add(f"KV cache, MLA latent {cfg.latent_dim} (x{L})", kv, kv, "replicated", "cache")
     if draft is not None:
-        dkv = draft.num_hidden_layers * tokens * 2 * draft.num_key_value_heads * draft.head_dim * kvb
-        add(f"KV cache, draft K+V (x{draft.num_hidden_layers})", dkv, dkv, "replicated", "cache")
+        dkv = draft.num_hidden_layers * tokens * 2 * local_draft.num_key_value_heads * draft.head_dim * kvb
+        whole = draft.num_hidden_layers * tokens * 2 * draft.num_key_value_heads * draft.head_dim * kvb
+        add(f"KV cache, draft K+V (x{draft.num_hidden_layers})", dkv, whole,
+            "replicated" if dkv == whole else f"head-parallel ({local_draft.num_key_value_heads} KV heads)", "cache")
     if activations:
         act = prefill_activation_bytes(cfg, draft, tp, ctx, wb, expert_parallel)
         add("activations, prefill (estimate)", act, act, f"per rank, one {ctx}-token prompt", "activations")

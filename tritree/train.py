@@ -233,10 +233,10 @@ def save_draft(params: dict, cfg: DFlashConfig, path: Path) -> None:
 
 def shipped_pair(device, dtype, tp=None):
     """The tiny target/draft pair trained by ``python -m tritree train`` and shipped in the package
-    (``tp``: this rank's shard of the target), with a line that says what it is: ``(tparams, tcfg,
+    (``tp``: this rank's shards of the target and the draft), with a line that says what it is: ``(tparams, tcfg,
     dparams, dcfg, what)``."""
     tparams, tcfg = load_params(str(ASSETS / "target"), device=device, dtype=dtype, tp=tp)
-    dparams, dcfg = load_dflash_params(str(ASSETS / "draft"), device=device, dtype=dtype)
+    dparams, dcfg = load_dflash_params(str(ASSETS / "draft"), device=device, dtype=dtype, tp=tp)
     return tparams, tcfg, dparams, dcfg, ("the shipped tiny pair (trained on the Python standard library's source, "
                                           "bytes as tokens; tritree/assets/tiny/TRAINING.md)")
 

@@ -438,8 +438,13 @@ class DFlashConfig:
     final_logit_softcapping: float | None = None
     attention_bias: bool = False
     max_position_embeddings: int = 262144
+    # A runtime setting, not a checkpoint key: the tensor-parallel world whose one rank this config's attention
+    # heads, MLP and taps projection are (:func:`tritree.model.parallel.shard_draft_config`); 1: the whole draft.
+    tp_world: int = 1
 
     def __post_init__(self):
+        if isinstance(self.tp_world, bool) or not isinstance(self.tp_world, int) or self.tp_world < 1:
+            raise ValueError(f"tp_world must be an int >= 1, got {self.tp_world!r}")
         if len(self.windows) != self.num_hidden_layers:
             raise ValueError(f"windows must give one entry per layer ({self.num_hidden_layers}), got {self.windows}")
         if self.num_attention_heads % self.num_key_value_heads:

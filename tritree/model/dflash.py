@@ -9,6 +9,11 @@ The draft cache holds every draft layer's context keys and values in one stacked
 :func:`~tritree.kv_write_` stores a token's K and V for every layer. Context K/V are computed once per
 committed token (:func:`materialize_context_`); the block's own K/V are recomputed every round and
 never cached.
+
+Tensor parallelism: with a rank's shard (:func:`tritree.model.parallel.shard_draft_params`; ``cfg.tp_world``
+ranks, the config's heads and MLP the rank's) the functions take the group ``tp`` and all-reduce after the taps
+projection, after ``o_proj`` and after the MLP; the cache then holds the rank's KV heads. A whole draft
+(``cfg.tp_world == 1``) runs replicated on every rank.
 """
 
 from __future__ import annotations
@@ -66,10 +71,35 @@ def _rope(cfg: DFlashConfig, positions, dtype):
     return cos_sin(inv, positions, dtype, cfg.rope_amplitude)
 
 
-def context_features(params, cfg: DFlashConfig, taps: torch.Tensor) -> torch.Tensor:
-    """``hidden_norm(fc(concat taps))``: ``taps [B, n, n_taps, hidden]`` -> ``[B, n, hidden]``."""
+def _sharded(cfg: DFlashConfig, tp) -> bool:
+    """Whether ``cfg`` is one rank's shard of group ``tp`` (partial sums to all-reduce), checked against it."""
+    if cfg.tp_world == 1:
+        return False
+    if not dist.active(tp) or tp.world != cfg.tp_world:
+        raise ValueError(f"the draft is one rank's shard of {cfg.tp_world} (cfg.tp_world) and needs that group "
+                         f"as tp, got {'no group' if not dist.active(tp) else f'a group of {tp.world}'}")
+    return True
+
+
+def _reduced_linear(x, w, b, cfg, tp):
+    """``x w^T + b`` where ``w`` holds this rank's input columns under tensor parallelism: the partial products
+    all-reduced, the (replicated) bias added once after."""
+    if not _sharded(cfg, tp):
+        return linear(x, w, b)
+    y = dist.all_reduce_(tp, linear(x, w))
+    return y if b is None else y + b.to(y.dtype)
+
+
+def context_features(params, cfg: DFlashConfig, taps: torch.Tensor, tp=None) -> torch.Tensor:
+    """``hidden_norm(fc(concat taps))``: ``taps [B, n, n_taps, hidden]`` -> ``[B, n, hidden]`` (a rank's shard of
+    ``fc`` reads its columns of the taps, one all-reduce)."""
     B, n = taps.shape[:2]
-    return rms_norm(linear(taps.reshape(B, n, -1), params["fc.weight"]), params["hidden_norm.weight"], cfg.rms_norm_eps)
+    x = taps.reshape(B, n, -1)
+    if _sharded(cfg, tp):
+        k = params["fc.weight"].shape[1]
+        x = x.narrow(-1, tp.rank * k, k)
+    return rms_norm(_reduced_linear(x, params["fc.weight"], None, cfg, tp), params["hidden_norm.weight"],
+                    cfg.rms_norm_eps)
 
 
 def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Tensor) -> list:
@@ -90,7 +120,7 @@ def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Te
 
 
 def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, positions: torch.Tensor, draft_cache: dict,
-                         counts: torch.Tensor | None = None) -> dict:
+                         counts: torch.Tensor | None = None, tp=None) -> dict:
     """Writes the context K/V of newly committed tokens into the draft cache, every layer at once.
 
     Args:
@@ -100,12 +130,13 @@ def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, position
             ``kv_lens[b] + i``, so ``positions[b, i] = kv_lens[b] + i`` for a position-indexed cache.
         draft_cache: ``{"kv", "page_table", "kv_lens"}`` (:func:`new_cache`); ``kv`` is updated in place.
         counts: ``[B]`` int32 new tokens per request (rows ``i >= counts[b]`` are ignored); default n.
+        tp: the group of a sharded draft (module docstring).
 
     Returns the cache with ``kv_lens + counts``.
     """
     B, n = taps.shape[:2]
     kv = draft_cache["kv"]
-    ctx = context_features(params, cfg, taps.to(kv.dtype))
+    ctx = context_features(params, cfg, taps.to(kv.dtype), tp)
     L, Hkv, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
     # one copy into [layers, B, n, 2, Hkv, D]: every layer's K and V stacked, then laid out as the pool's rows
     flat = torch.stack([t for kv_i in context_kv(params, cfg, ctx, positions) for t in kv_i], dim=0)
@@ -116,12 +147,12 @@ def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, position
 
 
 def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Tensor, draft_cache: dict | None,
-                 attend=None) -> torch.Tensor:
+                 attend=None, tp=None) -> torch.Tensor:
     """The draft's layers over block inputs ``x [B, S, hidden]`` at ``positions [B, S]`` attending to
     the cached context (``kv_lens`` tokens) and the whole block; returns ``norm(hidden) [B, S, hidden]``.
 
     ``attend(layer, q, k_blk, v_blk) -> [B, S, Hq, D]`` replaces the paged attention (training uses a
-    dense, differentiable one)."""
+    dense, differentiable one). ``tp``: the group of a sharded draft (its heads and MLP rows; module docstring)."""
     B, S, _ = x.shape
     Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     if attend is None:
@@ -144,10 +175,12 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
         v = linear(h, params[a + "v_proj.weight"], params.get(a + "v_proj.bias")).view(B, S, Hkv, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attend(i, q, k, v)
-        x = x + linear(o.reshape(B, S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))
+        x = x + _reduced_linear(o.reshape(B, S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"),
+                                cfg, tp)
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + swiglu(h, params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"],
-                       params[p + "mlp.down_proj.weight"])
+        mlp = swiglu(h, params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"],
+                     params[p + "mlp.down_proj.weight"])
+        x = x + (dist.all_reduce_(tp, mlp) if _sharded(cfg, tp) else mlp)
     return rms_norm(x, params["norm.weight"], cfg.rms_norm_eps)
 
 
@@ -160,8 +193,9 @@ def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor,
         anchor: ``[B]`` the last committed (bonus) token; start: ``[B]`` its position, which is the
             draft cache's ``kv_lens`` (every earlier token's context K/V is cached).
         draft_cache: as for :func:`materialize_context_` (read only).
-        tp: a :class:`tritree.dist.TPGroup` when ``embed`` and ``lm_head`` are the rank's vocabulary shards
-            (the draft itself is replicated): a vocabulary-parallel lookup, and the logits all-gathered.
+        tp: a :class:`tritree.dist.TPGroup` when ``embed`` and ``lm_head`` are the rank's vocabulary shards: a
+            vocabulary-parallel lookup, and the logits all-gathered; and the group of a sharded draft
+            (``cfg.tp_world > 1``: the module docstring).
 
     Returns ``draft_logits [B, S-1, V]`` float32 for depths 1..S-1 (the input of :func:`tritree.build_tree`),
     soft-capped to ``(-c, c)`` by ``c tanh(logits / c)`` when ``cfg.final_logit_softcapping = c``.
@@ -173,7 +207,7 @@ def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor,
     x = dist.embed(tp, embed, tokens, cfg.vocab_size) * cfg.input_embedding_scale
     x = x.to(draft_cache["kv"].dtype)
     positions = start.to(torch.long)[:, None] + torch.arange(S, device=anchor.device)
-    h = block_hidden(params, cfg, x, positions, draft_cache)
+    h = block_hidden(params, cfg, x, positions, draft_cache, tp=tp)
     logits = dist.lm_logits(tp, h[:, 1:], lm_head, cfg.vocab_size, cfg.output_multiplier)
     # every rank builds the same tree from the full draft distribution (B (S-1) V floats, small)
     logits = dist.gather_vocab(tp, logits, cfg.vocab_size)

@@ -255,11 +255,12 @@ def _host_rss() -> tuple[int, int]:
 
 
 def _rows_cols(shape, sl):
-    """The index of slice ``sl`` (dim, start, stop, padded) of a 2-D tensor, or of all of it."""
+    """The index of slice ``sl`` (dim, start, stop, padded) of a 2-D (or, along dim 0, 1-D) tensor, or of all
+    of it."""
     if sl is None:
         return tuple(slice(None) for _ in shape)
     dim, a, b, _ = sl
-    return (slice(a, b), slice(None)) if dim == 0 else (slice(None), slice(a, b))
+    return ((slice(a, b),) + (slice(None),) * (len(shape) - 1)) if dim == 0 else (slice(None), slice(a, b))
 
 
 def _sub(sl, block):
@@ -344,14 +345,17 @@ def _pad(t: torch.Tensor, sl) -> torch.Tensor:
     return out
 
 
-def load_dflash_params(path: str, cfg=None, *, device="cpu", dtype=torch.float32):
+def load_dflash_params(path: str, cfg=None, *, device="cpu", dtype=torch.float32, tp=None):
     """Parameters of a DFlash draft checkpoint directory (z-lab names: ``fc.weight``, ``layers.i...``),
     read shard by shard. Returns ``(params, cfg)``; ``KeyError`` names a missing tensor, ``ValueError``
-    a shape that contradicts the config."""
+    a shape that contradicts the config. Under ``tp`` each rank reads only its slices
+    (:func:`tritree.model.parallel.shard_draft_params`) and gets its config (``tp_world``, its heads)."""
     from .config import DFlashConfig
     from .dflash import param_shapes as dflash_shapes
+    from .parallel import draft_shard_slice, shard_draft_config
 
     cfg = cfg or DFlashConfig.from_hf(path)
+    local = shard_draft_config(cfg, tp)
     wmap = _weight_map(path)
     shapes = dflash_shapes(cfg)
     missing = [k for k in shapes if k not in wmap]
@@ -366,6 +370,7 @@ def load_dflash_params(path: str, cfg=None, *, device="cpu", dtype=torch.float32
         return handles[file].get_slice(name)
 
     for name in sorted(shapes, key=lambda n: wmap[n]):
-        t = _read_weight(tensor, wmap, name, device, shapes[name])
+        sl = draft_shard_slice(name, cfg, tp, shapes[name])
+        t = _read_weight(tensor, wmap, name, device, shapes[name], sl)
         params[name] = t.to(device=device, dtype=dtype)
-    return params, cfg
+    return params, local

@@ -15,7 +15,16 @@ Rank ``r`` of ``w`` holds:
 
 The config a rank uses is the global one with ``num_local_heads = H/w``, ``first_local_head = r H/w``
 (:func:`shard_config`); the local expert, intermediate and vocabulary sizes follow from the parameter
-shapes. The DFlash draft is replicated.
+shapes.
+
+The DFlash draft is sharded the same way (:func:`shard_draft_params`): rank ``r`` holds query heads
+``[r Hq/w, (r+1) Hq/w)`` (rows of ``q_proj``, input columns of ``o_proj``; an all-reduce after ``o_proj``, its
+bias added once after it), the KV heads those query heads read (``Hkv/w`` of them, or the one KV head of its
+query heads' group, replicated, when ``Hkv < w``; the draft's KV cache holds only those), the MLP's intermediate
+rows ``[r I/w, (r+1) I/w)`` (an all-reduce after ``down_proj``), and input columns ``[r K/w, (r+1) K/w)`` of the
+taps projection ``fc`` (``K = n_taps x hidden``; an all-reduce before ``hidden_norm``); the norms are
+replicated. Its config is the global one with the rank's head, KV-head and intermediate counts and
+``tp_world = w`` (:func:`shard_draft_config`).
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from __future__ import annotations
 import torch
 
 from ..dist import TPGroup, active, vocab_shard
-from .config import KimiK2Config
+from .config import DFlashConfig, KimiK2Config
+from .dflash import param_shapes as draft_param_shapes
 from .kimi_k2 import param_shapes
 
 
@@ -128,3 +138,72 @@ def shard_params(params: dict, cfg: KimiK2Config, tp: TPGroup | None) -> tuple[d
     if cfg.tie_word_embeddings and "model.embed_tokens.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out, local
+
+
+# --------------------------------------------------------------------------------------------------
+# The DFlash draft
+# --------------------------------------------------------------------------------------------------
+
+def shard_draft_config(cfg: DFlashConfig, tp: TPGroup | None) -> DFlashConfig:
+    """The rank's view of the global draft config ``cfg``: its query heads, KV heads and MLP rows and
+    ``tp_world``; ``cfg`` for one process. Raises ``ValueError`` when the world does not divide the query heads,
+    the MLP, the taps projection's input, or the KV heads (or, with fewer KV heads than ranks, is not a multiple
+    of them)."""
+    if not active(tp):
+        return cfg
+    if cfg.tp_world != 1:
+        raise ValueError(f"shard_draft_config takes the global draft config, got one of tp_world = {cfg.tp_world}")
+    w, Hq, Hkv = tp.world, cfg.num_attention_heads, cfg.num_key_value_heads
+    for what, n in (("the draft's num_attention_heads", Hq), ("the draft's intermediate_size", cfg.intermediate_size),
+                    ("the draft's taps width (n_taps x hidden_size)", cfg.n_taps * cfg.hidden_size)):
+        if n % w:
+            raise ValueError(f"{what} = {n} is not divisible by the tensor-parallel world size {w}")
+    if (Hkv % w) if Hkv >= w else (w % Hkv):
+        raise ValueError(f"the draft's num_key_value_heads = {Hkv} must be divisible by the tensor-parallel world "
+                         f"size {w}, or divide it (each rank then holds its query heads' one KV head)")
+    return cfg.with_(num_attention_heads=Hq // w, num_key_value_heads=max(1, Hkv // w),
+                     intermediate_size=cfg.intermediate_size // w, tp_world=w)
+
+
+def draft_shard_slice(name: str, cfg: DFlashConfig, tp: TPGroup | None, full_shape) -> tuple | None:
+    """``(dim, start, stop, padded)`` of draft parameter ``name`` (full shape ``full_shape``, ``cfg`` global) this
+    rank keeps, or ``None`` when it keeps all of it (:func:`shard_slice`'s convention)."""
+    if not active(tp):
+        return None
+    w, r, D = tp.world, tp.rank, cfg.head_dim
+    hq = cfg.num_attention_heads // w
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        return 0, r * hq * D, (r + 1) * hq * D, hq * D
+    if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
+                      "self_attn.v_proj.bias")):
+        hkv = max(1, cfg.num_key_value_heads // w)
+        first = r * hq // (cfg.num_attention_heads // cfg.num_key_value_heads)  # the KV head of the rank's 1st head
+        return 0, first * D, (first + hkv) * D, hkv * D
+    if name.endswith("self_attn.o_proj.weight"):
+        return 1, r * hq * D, (r + 1) * hq * D, hq * D
+    if name == "fc.weight" or name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")):
+        dim = 0 if name.endswith(("gate_proj.weight", "up_proj.weight")) else 1
+        per = full_shape[dim] // w
+        return dim, r * per, (r + 1) * per, per
+    return None  # norms, o_proj's bias: replicated
+
+
+def local_draft_shapes(cfg: DFlashConfig, tp: TPGroup | None) -> dict[str, tuple]:
+    """Every draft parameter's shape on this rank (``cfg`` global)."""
+    out = {}
+    for name, shape in draft_param_shapes(cfg).items():
+        s = draft_shard_slice(name, cfg, tp, shape)
+        if s is not None:
+            shape = tuple(s[3] if d == s[0] else n for d, n in enumerate(shape))
+        out[name] = tuple(shape)
+    return out
+
+
+def shard_draft_params(params: dict, cfg: DFlashConfig, tp: TPGroup | None) -> tuple[dict, DFlashConfig]:
+    """This rank's draft parameters from the whole draft's, and its config (:func:`shard_draft_config`); the
+    whole draft and ``cfg`` for one process. Checkpoints load shard-aware with ``load_dflash_params(..., tp=tp)``."""
+    local = shard_draft_config(cfg, tp)
+    if local is cfg:
+        return params, cfg
+    full = draft_param_shapes(cfg)
+    return {k: take_slice(t, draft_shard_slice(k, cfg, tp, full.get(k, tuple(t.shape)))) for k, t in params.items()}, local
