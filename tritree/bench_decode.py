@@ -6,7 +6,8 @@ paged caches filled to ``--ctx`` tokens. Reports the decode step per phase (eage
 each phase alone in a CUDA graph, which leaves out host launch time) and as one CUDA graph, the verify attention against its floor, and the extrapolation to 61 layers.
 
 Under ``torchrun --nproc-per-node N -m tritree bench decode --tp N`` every rank holds its real shard of
-the slice instead (64/N heads, 384/N experts with the real top-8 routing, vocabulary-parallel head)
+the slice instead (64/N heads, 384/N experts with the real top-8 routing, vocabulary-parallel head, the
+draft's shard: :func:`tritree.model.parallel.shard_draft_config`)
 and the step includes the collectives; rank 0 prints, with the step's graph time with every collective
 left out (``without_collectives``) and from the two the collectives' share of the step.
 
@@ -84,7 +85,13 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     # shapes and cost, other values).
     dcfg = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
     tparams = to_kernel_layout_(_random_params(shapes, device, dtype), device)  # as the Engine holds them
-    dparams = _random_params(dflash.param_shapes(dcfg), device, dtype)
+    if active(tp):  # the rank's draft shard (its heads, MLP rows and fc columns; its KV heads in the cache)
+        from .model.parallel import local_draft_shapes, shard_draft_config
+
+        dparams = _random_params(local_draft_shapes(dcfg, tp), device, dtype)
+        dcfg = shard_draft_config(dcfg, tp)
+    else:
+        dparams = _random_params(dflash.param_shapes(dcfg), device, dtype)
     T = budget + 1
     cap = ctx + 4 * T + 64
     pages_per = math.ceil(cap / page_size)
