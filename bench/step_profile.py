@@ -4,8 +4,9 @@
         [--experts int4|bf16] [--json OUT]
 
 For each budget, the real-shape one-rank slice of ``python -m tritree bench decode``
-(:func:`tritree.bench_decode.build`: 8 of 64 heads, 48 of 384 experts with one routed expert per token,
-random weights, caches filled to ``--ctx``) is built with ``--layers`` and with ``--layers + 1`` target
+(:func:`tritree.bench_decode.build`: rank 0 of TP8, 8 of 64 heads, 48 of 384 experts under top-8 routing over all
+384, the rank's shared-expert, vocabulary and draft shards, collectives left out; random weights, caches filled
+to ``--ctx``) is built with ``--layers`` and with ``--layers + 1`` target
 layers (same seed and shapes otherwise). Each slice's decode step (the state reset, then
 :func:`tritree.engine.decode_step_`, greedy sampling) is captured in one CUDA graph as ``bench decode``
 captures it (warm-up call, a call on a side stream, capture; the reset's copies are graph nodes too),
@@ -371,7 +372,7 @@ def _slice_step(layers: int, ctx: int, budget: int, batch: int, experts: str):
     reset, then one greedy decode step."""
     import torch
 
-    from tritree.bench_decode import build
+    from tritree.bench_decode import build, slice_group
     from tritree.engine import SamplingConfig, decode_step_
 
     torch.manual_seed(0)  # both slices of a budget from the same seed (build seeds only its TP shards)
@@ -382,7 +383,7 @@ def _slice_step(layers: int, ctx: int, budget: int, batch: int, experts: str):
     def step():
         for k, v in mutable.items():
             state[k].copy_(v)
-        decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling)
+        decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, tp=slice_group())
 
     return tcfg, dcfg, tparams, dp, state, step
 
@@ -492,21 +493,34 @@ def profile_slice(layers: int, ctx: int, budget: int, batch: int, experts: str, 
     graph_ms = _graph_ms(g, replays)
     per, outside = _profiled_replays(g, replays)
     prof = average([summarize_replay(r) for r in per])
-    unique = _unique_experts(step, tcfg.n_routed_experts)
+    E_local, I_shared = _local_moe_sizes(tparams)
+    unique = _unique_experts(step, E_local)
+    # top-k over all experts: a rank's E_local of E see top_k E_local / E picks a token on average
+    top_k_local = tcfg.num_experts_per_tok * E_local / tcfg.n_routed_experts
     out = dict(layers=layers, graph_ms=graph_ms, profile=prof, events_outside_replays=outside,
                unique_experts=unique, nbytes={k: t.numel() * t.element_size() for k, t in tparams.items()},
                draft_nbytes={k: t.numel() * t.element_size() for k, t in dp.items()},
-               heads=tcfg.heads, hidden=tcfg.hidden_size, n_experts=tcfg.n_routed_experts,
-               top_k=tcfg.num_experts_per_tok, block=dcfg.block_size,
+               heads=tcfg.heads, hidden=tcfg.hidden_size, n_experts=E_local, top_k=top_k_local, block=dcfg.block_size,
                draft_kv_token=2 * dcfg.num_key_value_heads * dcfg.head_dim * state["dkv"].element_size(),
-               draft_layers=dcfg.num_hidden_layers, shared_with_experts=lambda rows: _shared_with_experts(tcfg, rows))
+               draft_layers=dcfg.num_hidden_layers,
+               shared_with_experts=lambda rows: _shared_with_experts(tcfg, E_local, I_shared, rows))
     del g, tparams, dp, state, step
     gc.collect()
     torch.cuda.empty_cache()
     return out
 
 
-def _shared_with_experts(tcfg, rows: int) -> bool:
+def _local_moe_sizes(tparams: dict) -> tuple[int, int]:
+    """``(experts, shared intermediate)`` the slice's MoE layers hold on this rank, from the tensors."""
+    for k, t in tparams.items():
+        if k.endswith("mlp.shared_experts.down_proj.weight"):
+            p = k[:-len("shared_experts.down_proj.weight")] + "experts."
+            stacked = next(v for n, v in tparams.items() if n.startswith(p) and ("w13_" in n or "gate_proj" in n))
+            return stacked.shape[0], t.shape[1]
+    return 0, 0
+
+
+def _shared_with_experts(tcfg, E_local: int, I_shared: int, rows: int) -> bool:
     """Whether the MoE block's plan runs the shared expert in the expert kernels' grids at ``rows`` tokens."""
     import torch
 
@@ -514,10 +528,9 @@ def _shared_with_experts(tcfg, rows: int) -> bool:
     from tritree.kernels.moe_block import plan_moe_block
 
     dev = torch.device("cuda")
-    I = tcfg.moe_intermediate_size
-    plan = plan_moe_block(rows, tcfg.hidden_size, tcfg.n_routed_experts, tcfg.n_routed_experts, I,
-                          I * tcfg.n_shared_experts, torch.bfloat16, torch.bfloat16, tcfg.num_experts_per_tok,
-                          tcfg.n_group, tcfg.topk_group, arch_of(dev), num_sms(dev))
+    plan = plan_moe_block(rows, tcfg.hidden_size, tcfg.n_routed_experts, E_local, tcfg.moe_intermediate_size,
+                          I_shared, torch.bfloat16, torch.bfloat16, tcfg.num_experts_per_tok, tcfg.n_group,
+                          tcfg.topk_group, arch_of(dev), num_sms(dev))
     return plan.shared_splits != (0, 0)
 
 

@@ -1,15 +1,18 @@
-"""``python -m tritree bench decode``: the motivating scenario on a GPU. A real-shape Kimi K2.6 slice
-(one tensor-parallel rank of TP8: 8 of 64 heads, 48 of 384 experts with one routed expert per token
-on this rank, the average share; a few layers, random weights; routed experts INT4 as K2.6's checkpoint
-holds them, or bf16 with ``--experts bf16``) and a K2.6-DFlash-shaped draft, with
-paged caches filled to ``--ctx`` tokens. Reports the decode step per phase (eager, CUDA events; and
-each phase alone in a CUDA graph, which leaves out host launch time) and as one CUDA graph, the verify attention against its floor, and the extrapolation to 61 layers.
+"""``python -m tritree bench decode``: the motivating scenario on a GPU. A real-shape Kimi K2.6 slice holding
+exactly the weights one rank of TP8 reads each step (rank 0: 8 of 64 heads, 48 of 384 INT4 experts with the real
+top-8 routing over all 384, an eighth of the shared expert and the dense MLP, the vocabulary-parallel embedding
+and LM head, the DFlash draft's shard; a few layers, random weights; routed experts bf16 with ``--experts
+bf16``), with paged caches filled to ``--ctx`` tokens; its collectives are left out (:func:`slice_group`: an
+all-reduce returns the rank's own part, a gather repeats it, so the step's other work and its shapes are the
+rank's). Reports the decode step per phase (eager, CUDA events; and each phase alone in a CUDA graph, which
+leaves out host launch time) and as one CUDA graph, the verify attention against its floor, and the
+extrapolation to 61 layers: the TP8 rank's step without its collectives.
 
 Under ``torchrun --nproc-per-node N -m tritree bench decode --tp N`` every rank holds its real shard of
-the slice instead (64/N heads, 384/N experts with the real top-8 routing, vocabulary-parallel head, the
-draft's shard: :func:`tritree.model.parallel.shard_draft_config`)
-and the step includes the collectives; rank 0 prints, with the step's graph time with every collective
-left out (``without_collectives``) and from the two the collectives' share of the step.
+the slice instead (64/N heads, 384/N experts, vocabulary-parallel head, the draft's shard:
+:func:`tritree.model.parallel.shard_draft_config`) and the step includes the collectives; rank 0 prints, with
+the step's graph time with every collective left out (``without_collectives``) and from the two the
+collectives' share of the step.
 
 A budget ``"auto"`` builds trees of ``max_budget`` nodes and sizes each step by the step-cost model
 (:mod:`tritree.budget`; the slice's random draft is near-uniform, so its trees are short: the row shows
@@ -37,9 +40,8 @@ from .engine import (
     draft_phase_,
     tree_phase,
 )
-from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
-from .model.kimi_k2 import param_shapes, to_kernel_layout_
+from .model.kimi_k2 import to_kernel_layout_
 from .roofline import append_jsonl, profile_text
 
 # Spread of a uniform random nibble minus 8 (q in [-8, 7]): sqrt((16^2 - 1) / 12).
@@ -66,33 +68,36 @@ def _random_params(shapes: dict, device, dtype):
     return out
 
 
+SLICE_WORLD = 8  # the deployment the single-GPU slice is one rank of
+
+
+def slice_group(tp=None) -> TPGroup:
+    """The group a slice's step runs under: ``tp`` under tensor parallelism, else rank 0 of TP8 with every
+    collective left out (:func:`without_collectives`)."""
+    return tp if active(tp) else without_collectives(TPGroup(SLICE_WORLD, 0))
+
+
 def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, dtype=torch.bfloat16, device="cuda",
           tp=None, experts: str = "int4"):
-    """The slice's configs, random weights and a filled decode state. ``experts``: the routed experts
-    ``"int4"`` (packed as K2.6's checkpoint, the W4A16 op) or ``"bf16"`` (dense, the bf16 grouped path)."""
+    """The slice's configs (the rank's views), random weights and a filled decode state; run its step under
+    :func:`slice_group` ``(tp)``. ``experts``: the routed experts ``"int4"`` (packed as K2.6's checkpoint) or
+    ``"bf16"`` (dense, the bf16 grouped path)."""
     layout = {"int4": "int4", "bf16": "dense"}[experts]
-    if active(tp):  # the rank's real shard; replicated tensors equal on every rank (same seed, same shapes)
-        from .model.parallel import local_param_shapes, shard_config
+    from .model.parallel import local_draft_shapes, local_param_shapes, shard_config, shard_draft_config
 
+    group = slice_group(tp)
+    if active(tp):  # replicated tensors equal on every rank (same seed, same shapes)
         torch.manual_seed(0)
-        full = kimi_k26(num_hidden_layers=layers, weight_prefix="")
-        tcfg, shapes = shard_config(full, tp), local_param_shapes(full, tp, layout)
-    else:
-        tcfg = kimi_k26(num_hidden_layers=layers, num_local_heads=8, n_routed_experts=48, num_experts_per_tok=1,
-                        weight_prefix="")
-        shapes = param_shapes(tcfg, layout)
+    full = kimi_k26(num_hidden_layers=layers, weight_prefix="")
+    tcfg, shapes = shard_config(full, group), local_param_shapes(full, group, layout)
     # The slice has only the first layers; the draft taps them instead of layers 1, 12, ..., 58 (same
     # shapes and cost, other values).
-    dcfg = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
+    dfull = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
     tparams = to_kernel_layout_(_random_params(shapes, device, dtype), device)  # as the Engine holds them
-    if active(tp):  # the rank's draft shard (its heads, MLP rows and fc columns; its KV heads in the cache)
-        from .model.parallel import local_draft_shapes, shard_draft_config
-
-        dparams = _random_params(local_draft_shapes(dcfg, tp), device, dtype)
-        dcfg = shard_draft_config(dcfg, tp)
-    else:
-        dparams = _random_params(dflash.param_shapes(dcfg), device, dtype)
+    dparams = _random_params(local_draft_shapes(dfull, group), device, dtype)
+    dcfg = shard_draft_config(dfull, group)
     T = budget + 1
+    accepted = min(5, T)  # ~5 tokens accepted last step: the draft's pending context
     cap = ctx + 4 * T + 64
     pages_per = math.ceil(cap / page_size)
     num_pages = pages_per * batch
@@ -106,18 +111,18 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
         "dlens": torch.full((batch,), ctx, dtype=torch.int32, device=device),
         "anchor": torch.randint(0, tcfg.vocab_size, (batch,), dtype=torch.int32, device=device),
         "pending": torch.randn(batch, T, dcfg.n_taps, tcfg.hidden_size, device=device, dtype=dtype),
-        "pending_n": torch.full((batch,), 5, dtype=torch.int32, device=device),  # ~5 accepted last step
+        "pending_n": torch.full((batch,), accepted, dtype=torch.int32, device=device),
         "active": torch.ones(batch, dtype=torch.bool, device=device),
         "step": torch.zeros(1, dtype=torch.int64, device=device),
         "emitted": torch.full((batch, T), -1, dtype=torch.int32, device=device),
         "n_emitted": torch.zeros(batch, dtype=torch.int32, device=device),
         "tree_lens": torch.ones(batch, dtype=torch.int32, device=device),
     }
-    state["dlens"] -= 5
+    state["dlens"] -= accepted
     return tcfg, dcfg, tparams, dparams, state
 
 
-def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps) -> dict:
+def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps, tp) -> dict:
     """Each non-target phase of one step alone in a CUDA graph (ms), on the step's own intermediate
     tensors; the draft and commit phases first restore the lengths they advance."""
     from .model.kimi_k2 import verify
@@ -128,13 +133,14 @@ def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, rep
 
     def draft():
         state["dlens"].copy_(dlens0)
-        return draft_phase_(tparams, dp, dcfg, state)
+        return draft_phase_(tparams, dp, dcfg, state, tp=tp)
 
     draft_logits = draft()
     tokens, parents, depth, tree_mask, tree_lens = tree_phase(draft_logits, state["anchor"], budget)
     tcache = {"kv": state["tkv"], "page_table": state["page_table"], "kv_lens": state["kv_lens"]}
-    logits, _ = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens, taps=tuple(dcfg.target_layer_ids))
-    idx, n, _ = accept_phase(tcfg, tokens, parents, tree_lens, logits, state["active"], sampling, state["step"])
+    logits, _ = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens, taps=tuple(dcfg.target_layer_ids),
+                       tp=tp)
+    idx, n, _ = accept_phase(tcfg, tokens, parents, tree_lens, logits, state["active"], sampling, state["step"], tp=tp)
 
     def commit():
         state["kv_lens"].copy_(kv_lens0)
@@ -142,7 +148,7 @@ def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, rep
 
     fns = {"draft": draft, "tree": lambda: tree_phase(draft_logits, state["anchor"], budget),
            "accept": lambda: accept_phase(tcfg, tokens, parents, tree_lens, logits, state["active"], sampling,
-                                          state["step"]),
+                                          state["step"], tp=tp),
            "commit": commit}
     out = {k: graph_time_us([f], reps=reps) / 1e3 for k, f in fns.items()}
     reset()
@@ -191,7 +197,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
 
     step_fn = torch.compile(decode_step_, dynamic=False) if compile else decode_step_
 
-    def step(timer=None, group=tp):
+    def step(timer=None, group=slice_group(tp)):
         reset()
         step_fn(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling,
                 timer=None if compile else timer, tp=group, sizer=sizer)
@@ -224,7 +230,8 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
         local = without_collectives(tp)
         graph_ms_local = graph_time_us([lambda: step(group=local)], reps=reps) / 1e3
         reset()
-    phases_graph = {} if active(tp) else graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps)
+    phases_graph = {} if active(tp) else graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps,
+                                                         slice_group(tp))
     # the verify attention alone at this shape, per layer, called as the model calls it (with tree_lens:
     # without them verify_mla fills a tensor of T's, one more graph node)
     from .kernels import verify_mla
@@ -271,7 +278,7 @@ def main(args, tp=None) -> int:
         return 1
     say = print if tp is None or tp.rank == 0 else (lambda *a, **k: None)
     experts = getattr(args, "experts", "int4")
-    where = (f"TP{tp.world} rank, collectives included" if active(tp) else "TP8 rank, EP-local experts") + (
+    where = (f"TP{tp.world} rank, collectives included" if active(tp) else "TP8 rank 0, collectives left out") + (
         f", {experts} routed experts")
     rows = []
     for budget in args.budgets:
@@ -337,7 +344,7 @@ def _calibrate_slice(layers, ctx, batch, static, trees, experts, reps) -> tuple[
             def step(T=T):
                 for k, v in saved.items():
                     state[k].copy_(v)
-                decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling,
+                decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, tp=slice_group(),
                              sizer=None if T is None else (lambda scores, lens: torch.clamp(lens, max=T)))
             ms.append(graph_time_us([step], reps=reps) / 1e3)
         return ms
@@ -358,7 +365,7 @@ def calibrate(args) -> int:
     layer, captured at the static tree of ``--max-budget + 1`` tokens, with the tree truncated to each
     grid size (the way an auto step truncates it): the step's CUDA-graph time (median), extrapolated to
     61 layers as ``bench decode`` does (``t(l) + (61 - l) (t(l + 1) - t(l))``, at least ``t(l)``). What is
-    measured: draft, tree build, verify (one TP8 rank's heads and EP-local experts, no collectives),
+    measured: draft, tree build, verify (rank 0 of TP8: :func:`build`, no collectives),
     accept, commit. Each grid size is also timed in a graph captured at that size (a fixed-budget step:
     the table's ``captured_ms``), and the two are printed side by side (the truncated tree's overhead).
     Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this GPU's name, other
@@ -392,7 +399,7 @@ def calibrate(args) -> int:
     gpu = torch.cuda.get_device_name()
     table = CostTable(gpu, tuple(batches), tuple(ctxs), tuple(trees),
                       tuple(tuple(tuple(r) for r, _ in g) for g in grid), static,
-                      f"python -m tritree bench calibrate: Kimi K2.6 TP8-rank slice ({args.experts} experts, EP-local, "
+                      f"python -m tritree bench calibrate: Kimi K2.6 TP8 rank-0 slice ({args.experts} experts, "
                       f"no collectives), {args.layers} and {args.layers + 1} layers extrapolated to {full}, CUDA graph, "
                       f"static tree {static}; captured_ms: each tree size in its own graph",
                       tuple(tuple(tuple(c) for _, c in g) for g in grid))

@@ -1,0 +1,59 @@
+"""``bench decode``'s slice (tritree.bench_decode) on the CPU, at a tiny config of the same structure: it holds
+exactly rank 0's shard of TP8 (heads, experts, the shared expert's and the draft's slices, the vocabulary shard)
+and one decode step runs under its collective-free group."""
+
+import pytest
+import torch
+
+import tritree.bench_decode as BD
+from tritree.dist import TPGroup
+from tritree.engine import SamplingConfig, decode_step_
+from tritree.model import dflash
+from tritree.model.config import dflash_tiny, kimi_tiny
+from tritree.model.kimi_k2 import param_shapes
+from tritree.model.parallel import local_draft_shapes, local_param_shapes
+
+
+def _tiny_k26(**kw):
+    # every sharded dimension divisible by 8 (the slice is one rank of TP8)
+    return kimi_tiny(num_attention_heads=8, n_routed_experts=16, num_experts_per_tok=4, vocab_size=96, hidden_size=64,
+                     **kw)
+
+
+def _tiny_dflash(**kw):
+    return dflash_tiny(_tiny_k26(), num_attention_heads=8, num_key_value_heads=2, intermediate_size=64, **kw)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(BD, "kimi_k26", _tiny_k26)
+    monkeypatch.setattr(BD, "kimi_k26_dflash", _tiny_dflash)
+
+
+@pytest.mark.parametrize("experts", ["int4", "bf16"])
+def test_slice_is_rank_0_of_tp8_and_its_step_runs(tiny, experts):
+    tcfg, dcfg, tparams, dp, state = BD.build(2, 40, 3, 2, page_size=8, dtype=torch.float32, device="cpu",
+                                              experts=experts)
+    rank = TPGroup(8, 0)
+    layout = {"int4": "int4", "bf16": "dense"}[experts]
+    want = local_param_shapes(_tiny_k26(num_hidden_layers=2, weight_prefix=""), rank, layout)
+    if experts == "int4":  # as the Engine holds them: the shared expert's gate and up rows concatenated
+        m = "model.layers.1.mlp.shared_experts."
+        gate, _ = want.pop(m + "gate_proj.weight"), want.pop(m + "up_proj.weight")
+        want[m + "gate_up_proj.weight"] = (2 * gate[0], gate[1])
+    got = {k: tuple(v.shape) for k, v in tparams.items()}
+    assert got == want  # the CPU keeps the checkpoint layout of the experts
+    assert tparams["lm_head.weight"].shape[0] == 96 // 8 and tcfg.heads == 1
+    assert tparams["model.layers.1.mlp.shared_experts.down_proj.weight"].shape[1] == 32 // 8
+    dwant = local_draft_shapes(BD.kimi_k26_dflash(target_layer_ids=(0, 1)), rank)
+    assert {k: tuple(v.shape) for k, v in dp.items()} == dwant and dcfg.tp_world == 8
+    assert state["dkv"].shape[-2] == dcfg.num_key_value_heads == 1
+    before = state["kv_lens"].clone()
+    decode_step_(tparams, tcfg, dp, dcfg, state, budget=3, sampling=SamplingConfig(), tp=BD.slice_group())
+    assert (state["kv_lens"] > before).all()  # a step committed at least the bonus token of every request
+    whole = sum(torch.Size(s).numel() for s in dflash.param_shapes(dflash_tiny(_tiny_k26(), num_attention_heads=8,
+                                                                                 num_key_value_heads=2,
+                                                                                 intermediate_size=64)).values())
+    assert sum(t.numel() for t in dp.values()) < whole / 4  # an eighth of the draft, plus its norms
+    assert sum(torch.Size(s).numel() for s in param_shapes(_tiny_k26(num_hidden_layers=2)).values()) > \
+        sum(t.numel() for t in tparams.values())
