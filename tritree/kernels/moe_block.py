@@ -198,11 +198,9 @@ def _validate(residual, norm_weight, router_weight, router_bias, experts, shared
         V.check_shape("out", out, (N, H), "[N, H]")
     if plan is not None and not isinstance(plan, MoeBlockPlan):
         raise TypeError(f"plan must be a MoeBlockPlan, got {type(plan).__name__}")
-    try:
-        R._validate(residual, router_weight, router_bias, top_k, n_group, topk_group, norm_topk_prob, scaling,
-                    expert_offset, tree_lens, rows_per_request, None, None)
-    except (ValueError, TypeError) as e:  # the router's names: x is residual, weight router_weight
-        raise type(e)(f"router: {e}") from None
+    R._validate(residual, router_weight, router_bias, top_k, n_group, topk_group, norm_topk_prob, scaling,
+                expert_offset, tree_lens, rows_per_request, None, None,
+                names=("residual", "router_weight", "router_bias"))
 
 
 def fused_ok(residual, experts: Int4Experts, shared_gate_up, shared_down) -> bool:

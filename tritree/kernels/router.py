@@ -378,34 +378,36 @@ def plan_moe_route(N: int, H: int, E: int, x_dtype: torch.dtype, w_dtype: torch.
 # --------------------------------------------------------------------------------------------------
 
 def _validate(x, weight, bias, top_k, n_group, topk_group, norm_topk_prob, scaling, expert_offset, tree_lens,
-              rows_per_request, logits_out, plan) -> None:
-    V.check_tensor("x", x, ndim=2, dtypes=DTYPES)
+              rows_per_request, logits_out, plan, names=("x", "weight", "bias")) -> None:
+    """``names``: what the messages call x, weight and bias (an op that takes them under other names)."""
+    xn, wn, bn = names
+    V.check_tensor(xn, x, ndim=2, dtypes=DTYPES)
     dev = x.device
-    V.check_tensor("weight", weight, ndim=2, dtypes=DTYPES, device=dev)
+    V.check_tensor(wn, weight, ndim=2, dtypes=DTYPES, device=dev)
     N, H = x.shape
     E = weight.shape[0]
     if H < 1:
-        raise ValueError(f"x must have a hidden size >= 1, got shape {tuple(x.shape)}")
+        raise ValueError(f"{xn} must have a hidden size >= 1, got shape {tuple(x.shape)}")
     if E < 1 or weight.shape[1] != H:
-        raise ValueError(f"weight must have shape [E, H] with E >= 1 and H = {H} (x's last dimension), got "
+        raise ValueError(f"{wn} must have shape [E, H] with E >= 1 and H = {H} ({xn}'s last dimension), got "
                          f"{tuple(weight.shape)}")
     if bias is not None:
-        V.check_tensor("bias", bias, ndim=1, dtypes=(torch.float32,), device=dev)
-        V.check_shape("bias", bias, (E,), "[E]")
+        V.check_tensor(bn, bias, ndim=1, dtypes=(torch.float32,), device=dev)
+        V.check_shape(bn, bias, (E,), "[E]")
     # E is weight's row count: the messages that depend on it name weight too.
     top_k = V.check_int("top_k", top_k, 1)
     if top_k > E:
-        raise ValueError(f"top_k = {top_k} exceeds the E = {E} experts of weight {tuple(weight.shape)}")
+        raise ValueError(f"top_k = {top_k} exceeds the E = {E} experts of {wn} {tuple(weight.shape)}")
     n_group = V.check_int("n_group", n_group, 1)
     if E % n_group:
-        raise ValueError(f"n_group = {n_group} must divide the number of experts E = {E} (weight's rows)")
+        raise ValueError(f"n_group = {n_group} must divide the number of experts E = {E} ({wn}'s rows)")
     if n_group > 1 and E // n_group < 2:
-        raise ValueError(f"n_group = {n_group} leaves groups of {E // n_group} expert of weight's E = {E}; a group "
+        raise ValueError(f"n_group = {n_group} leaves groups of {E // n_group} expert of {wn}'s E = {E}; a group "
                          f"scores its top 2, so groups need at least 2 experts")
     topk_group = V.check_int("topk_group", topk_group, 1, n_group)
     if top_k > topk_group * (E // n_group):
         raise ValueError(f"top_k = {top_k} exceeds the {topk_group * (E // n_group)} experts of topk_group = "
-                         f"{topk_group} groups of {E // n_group} (weight's E = {E})")
+                         f"{topk_group} groups of {E // n_group} ({wn}'s E = {E})")
     if not isinstance(norm_topk_prob, bool):
         raise TypeError(f"norm_topk_prob must be a bool, got {type(norm_topk_prob).__name__}")
     V.check_float("scaling", scaling)
@@ -418,7 +420,7 @@ def _validate(x, weight, bias, top_k, n_group, topk_group, norm_topk_prob, scali
         T = V.check_int("rows_per_request", rows_per_request, 1)
         V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=dev)
         if N != tree_lens.shape[0] * T:
-            raise ValueError(f"x must have N = B * rows_per_request = {tree_lens.shape[0]} * {T} = "
+            raise ValueError(f"{xn} must have N = B * rows_per_request = {tree_lens.shape[0]} * {T} = "
                              f"{tree_lens.shape[0] * T} rows (B from tree_lens), got {N}")
     if logits_out is not None:
         V.check_tensor("logits_out", logits_out, ndim=2, dtypes=(torch.float32,), device=dev)
