@@ -27,8 +27,9 @@ setting ``tree_lens`` on the device (padding rows cost no KV, attention or route
 same graph.
 
 Tensor parallelism (``tp``, a :class:`tritree.dist.TPGroup`): every rank runs the same step on its
-shard of the target (:mod:`tritree.model.parallel`) and a replicated draft; the state, the caches and
-the trees are replicated and stay identical on every rank. The collectives are inside the step, so
+shard of the target and of the draft (:mod:`tritree.model.parallel`; a whole draft, ``dcfg.tp_world == 1``, runs
+replicated); the state, the target's latent cache and the trees are replicated and stay identical on every rank,
+the draft's K/V cache holds the rank's KV heads. The collectives are inside the step, so
 on GPUs the step is still one CUDA graph per rank.
 """
 
