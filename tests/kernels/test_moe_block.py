@@ -87,15 +87,19 @@ def _err(out, ref, rows):
 # --------------------------------------------------------------------------------------------------
 
 @settings(max_examples=20, deadline=None)
-@given(N=st.integers(0, 40), top_k=st.integers(1, 4), groups=st.sampled_from([(1, 1), (2, 1), (4, 2)]),
-       world_rank=st.sampled_from([(1, 0), (2, 1), (4, 2)]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       pad=st.booleans(), add_residual=st.booleans(), bias=st.booleans(), seed=st.integers(0, 10**6))
-def test_composition_matches_reference(N, top_k, groups, world_rank, dtype, pad, add_residual, bias, seed):
+@given(N=st.integers(0, 130), top_k=st.integers(1, 8), E_all=st.sampled_from([16, 32]), I=st.sampled_from([32, 64]),
+       groups=st.sampled_from([(1, 1), (2, 1), (4, 2)]), world_rank=st.sampled_from([(1, 0), (2, 1), (4, 2)]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), pad=st.booleans(),
+       add_residual=st.booleans(), bias=st.sampled_from(["none", "small", "skewed"]), seed=st.integers(0, 10**6))
+def test_composition_matches_reference(N, top_k, E_all, I, groups, world_rank, dtype, pad, add_residual, bias, seed):
     n_group, topk_group = groups
     world, rank = world_rank
-    E_all, H, I, Is = 16, 64, 32, 32
+    H, Is = 64, 32
     top_k = min(top_k, topk_group * E_all // n_group)
-    t, ex, kw = _block(N, H, I, Is, E_all, world, rank, n_group, dtype, seed, bias=bias)
+    t, ex, kw = _block(N, H, I, Is, E_all, world, rank, n_group, dtype, seed, bias=bias != "none")
+    if bias == "skewed":  # every token on the same few experts: blocks of many rows
+        t["router_bias"] = torch.zeros(E_all)
+        t["router_bias"][:top_k] = 2.0
     kw.update(eps=1e-6, top_k=top_k, n_group=n_group, topk_group=topk_group, scaling=2.5, add_residual=add_residual)
     if pad and N:
         B = 2 if N % 2 == 0 else 1
