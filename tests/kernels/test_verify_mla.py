@@ -85,7 +85,7 @@ def verify_cases(draw):
                 num_splits=num_splits, fragmented=fragmented, seed=seed, tma=tma, split_scores=split_scores)
 
 
-@settings(max_examples=40)
+@settings(max_examples=30)
 @given(verify_cases())
 def test_verify_mla_matches_reference(c):
     case = make_case(c["B"], c["T"], c["H"], c["P"], c["kv_lens"], c["tree_lens"], c["kinds"], c["dtype"],
