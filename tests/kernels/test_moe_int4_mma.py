@@ -98,11 +98,12 @@ def test_plan_splits_divide_the_k_tiles(N, topk, E, H, I, sms):
 def test_kernel_layout_on_the_cpu_and_reference_path():
     assert kernel_layout("cpu", 7168, 2048) == "checkpoint"
     ex = _experts(4, 256, 256, 2)
-    x = torch.randn(5, 256).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
     idx = torch.tensor([[0, 1], [2, 3], [1, -1], [3, 9], [0, 0]])
-    w = torch.rand(5, 2)
-    a = routed_experts_int4(x, idx, w, ex.to_layout("mma"))  # the CPU runs the reference on either layout
-    b = moe_int4_reference(x, idx, w, ex).to(torch.bfloat16)
+    w = torch.rand(5, 2, generator=g)
+    a = routed_experts_int4(x, idx, w, ex.to_layout("mma"))  # the CPU runs the float32 reference on either layout
+    b = moe_int4_reference(x, idx, w, ex, dtype=torch.float32).to(torch.bfloat16)
     assert torch.equal(a, b)
     with pytest.raises(TypeError, match="Int4MmaPlan"):
         routed_experts_int4(x, idx, w, ex.to_layout("mma"), plan=object())
