@@ -270,28 +270,28 @@ class RouterConfig:
     programs_per_sm: int = 2
 
 
-# Row bucket -> config: a launch of N rows takes the first bucket >= N (else the largest). Not yet measured on a
-# GPU (bench/router_sweep.py times them); bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py):
-# sm_120 101,376 B of shared memory and no spills, bf16 and fp32 inputs, one group or 8 of them (triton 3.6 and
-# 3.9: at most 128 registers, 16-98 KB). Decode (a few rows, one or a few row blocks): 32-expert tiles and K
-# splits so that ~2 programs an SM stream the weight. Many rows: larger tiles, no split. 8 warps: the selecting
-# program routes sel_lanes / E_pad rows a pass (8 at E = 384) with 16 int64 keys a thread; with 4 warps the same
-# passes need ~168 registers and spill a little on sm_120 (2048 lanes, 4 rows a pass, would double the passes);
-# 8192 lanes need up to 254 registers.
+# Row bucket -> config: a launch of N rows takes the first bucket >= N (else the largest). Bounded by the
+# ahead-of-time audit (tests/kernels/test_aot_audit.py): sm_120 101,376 B of shared memory and no spills, bf16 and
+# fp32 inputs, one group or 8 of them. Decode: rows in blocks of 16, because a row block's selection runs in one
+# program, SEL_ROWS rows a pass, after its last tile: more row blocks select in parallel (bench/RESULTS.md, "MoE
+# router"); 32-expert tiles for one row block, 64 for several (fewer tiles a block), K splits so that ~2 programs an
+# SM stream the weight. Many rows: larger tiles, no split. 8 warps: the selecting program routes sel_lanes / E_pad
+# rows a pass (8 at E = 384) with 16 int64 keys a thread; with 4 warps the same passes need ~168 registers and spill
+# a little on sm_120 (2048 lanes, 4 rows a pass, would double the passes); 8192 lanes need up to 254 registers.
 ROUTER_CONFIGS: dict[str, dict[int, RouterConfig]] = {
     "sm_90": {
         16: RouterConfig(16, 32, 128, 8, 4),
-        256: RouterConfig(32, 32, 128, 8, 4),
+        256: RouterConfig(16, 64, 128, 8, 4),
         1 << 30: RouterConfig(64, 64, 64, 8, 3),
     },
     "sm_120": {
         16: RouterConfig(16, 32, 128, 8, 3),
-        256: RouterConfig(32, 32, 128, 8, 3),
+        256: RouterConfig(16, 64, 128, 8, 3),
         1 << 30: RouterConfig(64, 64, 64, 8, 2),
     },
     "sm_80": {
         16: RouterConfig(16, 32, 128, 8, 3),
-        256: RouterConfig(32, 32, 128, 8, 3),
+        256: RouterConfig(16, 64, 128, 8, 3),
         1 << 30: RouterConfig(64, 64, 64, 8, 3),
     },
     # Interpreter: few, large programs (each interpreted operation costs the same at any tile size); two
