@@ -157,14 +157,20 @@ def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, rep
 
 @dataclass(frozen=True)
 class _LocalOnly(TPGroup):
-    """A group whose collectives are left out: a sum over the ranks returns the rank's own part, a
-    gather repeats it."""
+    """A group whose collectives are left out: a sum over the ranks returns the rank's own part; a gather puts
+    the rank's part in its place and the dtype's lowest value in the other ranks' places, so that picks over a
+    gathered vocabulary (the draft's tree, greedy picks) come from the rank's own shard, whose embedding rows the
+    rank holds (repeated parts would make 7 in 8 tree tokens other ranks' ids, which embed to zeros here: every
+    token would then route to the same experts)."""
 
     def all_reduce_(self, x):
         return x
 
     def all_gather(self, x):
-        return x[None].expand(self.world, *x.shape).clone()
+        low = torch.finfo(x.dtype).min if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+        out = torch.full((self.world, *x.shape), low, dtype=x.dtype, device=x.device)
+        out[self.rank] = x
+        return out
 
 
 def without_collectives(tp: TPGroup) -> TPGroup:
