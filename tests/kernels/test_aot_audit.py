@@ -24,6 +24,12 @@ def test_kernel_configs_compile(arch):
     assert "_block_norm_kernel" in names
     if arch != "sm_80":
         assert {"_gate_up_mma_kernel", "_down_mma_kernel"} <= names
+    # The skinny linear: every GPU config of its table, four variants each (bf16 one split, and several with and
+    # without the norm, bias and residual; fp16 with them).
+    from tritree.kernels.linear import LINEAR_CONFIGS
+
+    lin = [r for r in reports if r.kernel == "_linear_kernel"]
+    assert len(lin) == 4 * len(set(LINEAR_CONFIGS[arch].values())), [r.config for r in lin]
 
 
 def test_gluon_verify_kernels_compile_for_sm90():

@@ -338,7 +338,7 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
                                       "stride_o": "i32"}),
             ):
                 cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
-                          OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
+                          OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0, PREFETCH=M.PREFETCH_TILES)
                 divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
                 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
                 k = triton.compile(GluonASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in cx}},
@@ -412,6 +412,33 @@ def moe_block_reports(archs=None) -> list[CompileReport]:
             reports.append(audit(_block_norm_kernel, sig, consts, arch, 8, 1,
                                  ("Res", "NormW", "Xn", "Xm", "Acc", "Gacc", "stride_r", "stride_n", "stride_m",
                                   "stride_a"), f"{dtype} H8192 w8{' residual' if residual else ''}"))
+    return reports
+
+
+def linear_reports(archs=None) -> list[CompileReport]:
+    """The skinny linear (``linear._linear_kernel``) for every GPU config of ``linear.LINEAR_CONFIGS``, bf16 and
+    fp16 (fp32 rows run the composed ops on a GPU), one K split and several, with the RMSNorm prologue, the bias
+    and the residual and without them."""
+    from .linear import LINEAR_CONFIGS, _linear_kernel, sum_unroll
+
+    reports = []
+    for arch, table in LINEAR_CONFIGS.items():
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for cfg in dict.fromkeys(table.values()):
+            for dtype, split, fused in (("bf16", 1, False), ("bf16", 4, True), ("bf16", 4, False), ("fp16", 4, True)):
+                sig = {"X": "*" + dtype, "W": "*" + dtype, "G": "*" + dtype, "Bias": "*" + dtype, "Res": "*" + dtype,
+                       "Out": "*" + dtype, "Part": "*fp32", "SumSq": "*fp32", "Count": "*i32", "M": "i32", "N": "i32",
+                       "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_r": "i32", "stride_o": "i32",
+                       "k_split": "i32", "eps": "fp32"}
+                consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+                              HAS_NORM=fused, HAS_BIAS=fused, HAS_RES=fused, DOT_F32=False, EVEN_K=True,
+                              SUM_UNROLL=sum_unroll(cfg))
+                label = (f"BM{cfg.block_m} BN{cfg.block_n} BK{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} {dtype} "
+                         f"split{'1' if split == 1 else 'N'}{' norm bias res' if fused else ''}")
+                reports.append(audit(_linear_kernel, sig, consts, arch, cfg.num_warps, cfg.num_stages,
+                                     ("X", "W", "G", "Bias", "Res", "Out", "Part", "SumSq", "K", "stride_x", "stride_w",
+                                      "stride_r", "stride_o", "k_split"), label))
     return reports
 
 
@@ -576,7 +603,7 @@ def main(argv=None) -> None:
                + draft_attention_reports(archs=args.arch)
                + moe_reports(archs=args.arch) + moe_int4_reports(archs=args.arch)
                + moe_int4_mma_reports(archs=args.arch) + router_reports(archs=args.arch)
-               + moe_block_reports(archs=args.arch)
+               + moe_block_reports(archs=args.arch) + linear_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))

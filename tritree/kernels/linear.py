@@ -1,0 +1,481 @@
+"""The skinny linear of decode shapes in one launch: ``linear`` (``out = rmsnorm?(x) @ weight^T + bias + residual``).
+
+Semantics (:func:`linear_reference`, the specification), rows ``x [M, K]``, ``weight [N, K]``:
+
+- ``xn = x`` or, with ``norm_weight`` (``g [K]``), the RMSNorm ``x / sqrt(mean(x^2) + eps) * g`` (fp32);
+- ``out = xn @ weight^T`` summed in fp32, ``+ bias [N]``, ``+ residual [M, N]``, written in ``x``'s dtype.
+
+At decode ``M`` is a few rows and the op is a weight stream. One launch of :func:`_linear_kernel`, grid
+``(row blocks, column tiles, K splits)``:
+
+1. each program multiplies a ``[BLOCK_N, BLOCK_K]`` weight tile (the MMA's M side: the tensor cores' wide
+   dimension goes to the weights) by its rows' ``[BLOCK_M, BLOCK_K]`` activations over its slice of K, in a
+   pipelined loop (``num_stages``); with the norm, the activations are multiplied by ``g`` on the way in and the
+   rows' sums of squares over the slice kept: the norm's ``1 / rms`` is a per-row factor applied after the sum;
+2. with one split the program writes the tile; else it stores its fp32 partial (and partial sums of squares) to a
+   workspace, and the last program of the tile to arrive (an arrival counter per tile, ``atomic_add`` acq_rel
+   after a CTA barrier) adds the partials in split order (deterministic), applies the epilogue and resets the
+   counter to 0.
+
+The plan (:func:`plan_linear`) picks the tile by ``M`` and splits K until ``programs_per_sm`` programs an SM stream
+the weight. Above ``MAX_ROWS`` rows the op is compute-bound and runs the composed PyTorch ops (cuBLAS).
+
+Arrival counters: :func:`tritree.kernels._launch.arrival_counters` (left at 0; concurrent calls on different streams
+of one device are not supported). No host sync: CUDA-graph capturable once warm. Under Triton's interpreter the
+programs run in turn and the CPU tests run the same code path.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from . import _validate as V
+from ._launch import KernelLauncher, PlanCache, StreamScratch, arrival_counters, eager, interpreting, scalars, signature
+from .configs import arch_of, num_sms
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_ROWS = 256  # above: the composed ops (cuBLAS), where a GEMM is compute-bound
+SUM_REGISTERS = 64  # fp32 registers a thread of a tile's reducer fills with partial tiles in flight
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference
+# --------------------------------------------------------------------------------------------------
+
+def linear_reference(x, weight, bias=None, *, norm_weight=None, eps=1e-6, residual=None, dtype=torch.float64):
+    """:func:`linear`'s semantics in ``dtype`` (float64 in tests), returned in ``x``'s dtype."""
+    xf = x.to(dtype)
+    if norm_weight is not None:
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(dtype)
+    y = xf @ weight.to(dtype).t()
+    if bias is not None:
+        y = y + bias.to(dtype)
+    if residual is not None:
+        y = y + residual.to(dtype)
+    return y.to(x.dtype)
+
+
+def _composed(x, weight, bias, norm_weight, eps, residual, out):
+    """The op as PyTorch ops in ``x``'s dtype (CPU, autograd, and rows past ``MAX_ROWS``): ``F.rms_norm`` and
+    ``F.linear`` (cuBLAS on a GPU)."""
+    xn = x if norm_weight is None else F.rms_norm(x, (x.shape[-1],), norm_weight.to(x.dtype), eps)
+    y = F.linear(xn, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    if residual is not None:
+        y = y + residual
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernel
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _epilogue(acc, ss, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, stride_o,
+              HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """A finished ``[BLOCK_N, BLOCK_M]`` tile (fp32 sums, ``ss``: the rows' sums of squares) to ``Out``."""
+    if HAS_NORM:
+        acc = acc * tl.rsqrt(ss / K + eps)[None, :]
+    ok = (cols < N)[:, None] & (rows < M)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[:, None]
+    r64 = rows.to(tl.int64)[None, :]
+    if HAS_RES:
+        acc += tl.load(Res + r64 * stride_r + cols[:, None], mask=ok, other=0.0).to(tl.float32)
+    tl.store(Out + r64 * stride_o + cols[:, None], acc.to(Out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _linear_kernel(X, W, G, Bias, Res, Out, Part, SumSq, Count, M, N, K, stride_x, stride_w, stride_r, stride_o,
+                   k_split, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPLIT_K: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                   DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, SUM_UNROLL: tl.constexpr):
+    """Grid ``(row blocks, column tiles, SPLIT_K)``; see the module. ``X [M, K]``, ``W [N, K]``, ``Res`` and ``Out
+    [M, N]`` by row strides (last dimension contiguous); ``G [K]``, ``Bias [N]``; ``Part [SPLIT_K, M, N]`` and
+    ``SumSq [SPLIT_K, column tiles, M]`` fp32 (``SPLIT_K > 1``); ``Count``: int32 counters at 0, one a tile.
+    ``k_split``: columns of K a split (whole ``BLOCK_K`` tiles). ``DOT_F32``: an IEEE fp32 dot (fp32 inputs, and
+    the interpreter)."""
+    pm = tl.program_id(0)
+    pn = tl.program_id(1)
+    ks = tl.program_id(2)
+    n_pn = tl.num_programs(1)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    kk = tl.arange(0, BLOCK_K)
+    lo = ks * k_split
+    hi = tl.minimum(K, lo + k_split)
+    px = X + rows.to(tl.int64)[:, None] * stride_x + (lo + kk)[None, :]
+    pw = W + cols.to(tl.int64)[:, None] * stride_w + (lo + kk)[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(lo, hi, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(px, mask=row_ok[:, None], other=0.0)
+            wt = tl.load(pw, mask=col_ok[:, None], other=0.0)
+        else:
+            k_ok = (k0 + kk) < hi
+            xt = tl.load(px, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = tl.load(pw, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if HAS_NORM:
+            xf = xt.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+            g = tl.load(G + k0 + kk, mask=(k0 + kk) < hi, other=0.0).to(tl.float32)
+            xt = (xf * g[None, :]).to(X.dtype.element_ty)
+        if DOT_F32:
+            acc = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(wt, tl.trans(xt), acc)
+        px += BLOCK_K
+        pw += BLOCK_K
+    if SPLIT_K == 1:
+        _epilogue(acc, ss, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, stride_o, HAS_NORM, HAS_BIAS, HAS_RES)
+    else:
+        MN = tl.cast(M, tl.int64) * N
+        r64 = rows.to(tl.int64)[None, :]
+        ok = col_ok[:, None] & row_ok[None, :]
+        part = Part + r64 * N + cols[:, None]
+        tl.store(part + ks.to(tl.int64) * MN, acc, mask=ok)
+        sq = SumSq + pn * M + rows
+        if HAS_NORM:
+            tl.store(sq + ks * n_pn * M, ss, mask=row_ok)
+        tl.debug_barrier()  # every thread's partials stored before the arrival is released
+        count = Count + pm * n_pn + pn
+        if tl.atomic_add(count, 1, sem="acq_rel") == SPLIT_K - 1:  # the tile's last split: the sums in split order
+            tot = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            sst = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for s0 in range(0, SPLIT_K, SUM_UNROLL):  # SUM_UNROLL loads in flight, added in split order
+                for u in tl.static_range(SUM_UNROLL):
+                    s = s0 + u
+                    live = (tl.zeros([1], tl.int32) + s) < SPLIT_K  # a tensor: the interpreter masks with tensors
+                    tot += tl.load(part + s * MN, mask=ok & live[None, :], other=0.0, cache_modifier=".cg")
+                    if HAS_NORM:
+                        sst += tl.load(sq + s * n_pn * M, mask=row_ok & live, other=0.0, cache_modifier=".cg")
+            _epilogue(tot, sst, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, stride_o, HAS_NORM, HAS_BIAS,
+                      HAS_RES)
+            tl.store(count, 0)  # for the next launch
+
+
+# --------------------------------------------------------------------------------------------------
+# Configs and the plan
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Launch configuration of :func:`_linear_kernel`.
+
+    block_m / block_n / block_k: rows, weight rows (output columns) and K columns of a program's tile (each >= 16).
+    num_warps / num_stages: as in ``triton.Config``.
+    programs_per_sm: the K split aims at this many programs an SM when the tiles are fewer.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 2
+
+
+# Row bucket -> config: a launch of M rows takes the first bucket >= M. The weight tile [BLOCK_N, BLOCK_K] is
+# the MMA's wide side; BLOCK_M covers the rows. Bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py:
+# sm_120 101,376 B of shared memory, no spills). Timings: bench/RESULTS.md, "Skinny linear".
+LINEAR_CONFIGS: dict[str, dict[int, LinearConfig]] = {
+    "sm_90": {
+        16: LinearConfig(16, 64, 128, 4, 4),
+        32: LinearConfig(32, 64, 128, 4, 4),
+        64: LinearConfig(64, 64, 128, 4, 3),
+        MAX_ROWS: LinearConfig(128, 64, 64, 4, 3),
+    },
+    "sm_120": {
+        16: LinearConfig(16, 64, 128, 4, 4),
+        32: LinearConfig(32, 64, 128, 4, 3),
+        64: LinearConfig(64, 64, 64, 4, 3),
+        MAX_ROWS: LinearConfig(128, 64, 32, 8, 3),
+    },
+    "sm_80": {
+        16: LinearConfig(16, 64, 128, 4, 3),
+        32: LinearConfig(32, 64, 128, 4, 3),
+        64: LinearConfig(64, 64, 64, 4, 3),
+        MAX_ROWS: LinearConfig(128, 64, 64, 4, 2),
+    },
+    # Interpreter: few, large programs; a few splits (num_sms() is 4 there) so the tests exercise the reduction.
+    "cpu": {
+        MAX_ROWS: LinearConfig(32, 32, 32, 4, 1),
+    },
+}
+
+MAX_SPLIT_K = 64
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """Everything a launch needs, from static shapes only (graph-capturable).
+
+    kernel: whether the Triton kernel runs (else the composed ops: rows past ``MAX_ROWS``);
+    row_blocks, col_tiles, split_k: the grid; k_split: K columns a split (whole K tiles; no split is empty).
+    """
+
+    kernel: bool
+    config: LinearConfig
+    row_blocks: int
+    col_tiles: int
+    split_k: int
+    k_split: int
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.row_blocks, self.col_tiles, self.split_k)
+
+    @property
+    def counters(self) -> int:
+        return self.row_blocks * self.col_tiles
+
+    def as_ints(self) -> list[int]:
+        """The plan as the op's ``int[]`` argument (:meth:`from_ints` inverts it)."""
+        c = self.config
+        return [int(self.kernel), c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.programs_per_sm,
+                self.row_blocks, self.col_tiles, self.split_k, self.k_split]
+
+    @classmethod
+    def from_ints(cls, v) -> "LinearPlan":
+        v = [int(a) for a in v]
+        return cls(bool(v[0]), LinearConfig(*v[1:7]), *v[7:11])
+
+
+def config_for(arch: str, M: int) -> LinearConfig:
+    """The table's config for ``M`` rows (an unknown architecture takes sm_80's)."""
+    table = LINEAR_CONFIGS[arch if arch in LINEAR_CONFIGS else "sm_80"]
+    return next((table[b] for b in sorted(table) if M <= b), table[max(table)])
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_linear(M: int, N: int, K: int, dtype: torch.dtype, arch: str, sms: int,
+                config: LinearConfig | None = None) -> LinearPlan:
+    """The launch plan of one shape: the kernel for 16-bit rows up to ``MAX_ROWS`` (and fp32 under the
+    interpreter, for tests), else the composed ops; the config by rows, the grid, and a K split that brings the
+    programs up to ``programs_per_sm x sms`` when the tiles are fewer (each split whole K tiles, none empty).
+    ``config`` replaces the table's (and the row bound)."""
+    cfg = config if config is not None else config_for(arch, M)
+    row_blocks = max(1, -(-M // cfg.block_m))
+    col_tiles = max(1, -(-N // cfg.block_n))
+    k_tiles = max(1, -(-K // cfg.block_k))
+    programs = row_blocks * col_tiles
+    target = cfg.programs_per_sm * sms
+    split = 1 if programs >= target else max(1, min(MAX_SPLIT_K, k_tiles, -(-target // programs)))
+    per = -(-k_tiles // split)
+    split = -(-k_tiles // per)
+    kernel = (M <= MAX_ROWS or config is not None) and (dtype != torch.float32 or arch == "cpu")
+    return LinearPlan(kernel, cfg, row_blocks, col_tiles, split, per * cfg.block_k)
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------
+
+def _validate(x, weight, bias, norm_weight, eps, residual, out, plan) -> None:
+    V.check_tensor("x", x, ndim=2, dtypes=DTYPES)
+    dev = x.device
+    V.check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=dev)
+    M, K = x.shape
+    N = weight.shape[0]
+    if K < 1:
+        raise ValueError(f"x must have K >= 1 columns, got shape {tuple(x.shape)}")
+    if N < 1 or weight.shape[1] != K:
+        raise ValueError(f"weight must have shape [N, K] with N >= 1 and K = {K} (x's last dimension), got "
+                         f"{tuple(weight.shape)}")
+    for name, t in (("x", x), ("weight", weight)):
+        if t.stride(1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
+    if bias is not None:
+        V.check_tensor("bias", bias, ndim=1, dtypes=(x.dtype, torch.float32), device=dev)
+        V.check_shape("bias", bias, (N,), "[N]")
+    if norm_weight is not None:
+        V.check_tensor("norm_weight", norm_weight, ndim=1, dtypes=(x.dtype, torch.float32), device=dev)
+        V.check_shape("norm_weight", norm_weight, (K,), "[K]")
+        V.check_float("eps", eps, lo=0.0)
+    for name, t in (("residual", residual), ("out", out)):
+        if t is not None:
+            V.check_tensor(name, t, ndim=2, dtypes=(x.dtype,), device=dev)
+            V.check_shape(name, t, (M, N), "[M, N]")
+            if t.stride(1) != 1:
+                raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
+    if (out is not None and not torch.compiler.is_compiling()  # traced: no data pointers
+            and any(out.data_ptr() == t.data_ptr() for t in (x, weight) if t.numel())):
+        raise ValueError("out must not alias x or weight")
+    if plan is not None:
+        if not isinstance(plan, LinearPlan):
+            raise TypeError(f"plan must be a LinearPlan, got {type(plan).__name__}")
+        c = plan.config
+        ok = (plan.row_blocks * c.block_m >= M and plan.col_tiles * c.block_n >= N and plan.split_k >= 1
+              and plan.split_k * plan.k_split >= K and plan.k_split % c.block_k == 0
+              and min(c.block_m, c.block_n, c.block_k) >= 16)
+        if not ok:
+            raise ValueError(f"plan does not cover M = {M}, N = {N}, K = {K} in whole tiles of at least 16: {plan}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Launch
+# --------------------------------------------------------------------------------------------------
+
+def sum_unroll(config: LinearConfig) -> int:
+    """Partial tiles a tile's reducer loads at once: ``SUM_REGISTERS`` a thread (1 to 8)."""
+    per_thread = config.block_m * config.block_n // (32 * config.num_warps)
+    return max(1, min(8, SUM_REGISTERS // max(1, per_thread)))
+
+
+def _constexprs(plan: LinearPlan, K, dtype, has_norm, has_bias, has_res):
+    c = plan.config
+    return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=plan.split_k, HAS_NORM=has_norm,
+                HAS_BIAS=has_bias, HAS_RES=has_res, DOT_F32=interpreting() or dtype == torch.float32,
+                EVEN_K=K % c.block_k == 0, SUM_UNROLL=sum_unroll(c))
+
+
+def _workspace(plan: LinearPlan, M: int, N: int, device, norm: bool):
+    """``(partials [split_k, M, N], sums of squares [split_k, column tiles, M])`` fp32, uninitialised (the
+    partials one element when unused)."""
+    split = plan.split_k > 1
+    part = torch.empty(plan.split_k if split else 1, M if split else 1, N if split else 1, dtype=torch.float32,
+                       device=device)
+    ss = torch.empty(plan.split_k, plan.col_tiles, M if split and norm else 1, dtype=torch.float32, device=device)
+    return part, ss
+
+
+def _launch(x, weight, bias, norm_weight, eps, residual, out, plan: LinearPlan, launcher=None, scratch=None):
+    """One launch of :func:`_linear_kernel` into ``out`` (a fresh ``[M, N]`` when None), which it returns."""
+    M, K = x.shape
+    N = weight.shape[0]
+    if out is None:
+        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out
+    part, ss = scratch if scratch is not None else _workspace(plan, M, N, x.device, norm_weight is not None)
+    count = arrival_counters(x.device, plan.counters)
+    args = (x, weight, norm_weight if norm_weight is not None else x, bias if bias is not None else x,
+            residual if residual is not None else out, out, part, ss, count, M, N, K, x.stride(0), weight.stride(0),
+            residual.stride(0) if residual is not None else out.stride(0), out.stride(0), plan.k_split, float(eps))
+    if launcher is not None:
+        launcher(plan.grid, *args)
+    else:
+        c = plan.config
+        _linear_kernel[plan.grid](*args, **_constexprs(plan, K, x.dtype, norm_weight is not None, bias is not None,
+                                                       residual is not None),
+                                  num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+def _kernel_device(device: torch.device) -> bool:
+    return device.type == "cuda" or interpreting()
+
+
+class _LinearPlanLaunch:
+    """linear for one static signature: validated, planned, kernel bound once (its workspaces one set per CUDA
+    stream, a fresh set inside a graph capture)."""
+
+    def __init__(self, x, weight, bias, norm_weight, eps, residual, out, plan):
+        _validate(x, weight, bias, norm_weight, eps, residual, out, plan)
+        dev = self.device = x.device
+        M, K = x.shape
+        N = weight.shape[0]
+        self.eps = eps
+        self.plan = plan if plan is not None else (
+            plan_linear(M, N, K, x.dtype, arch_of(dev), num_sms(dev)) if _kernel_device(dev) else None)
+        self.kernel = self.plan is not None and self.plan.kernel
+        if not self.kernel:
+            return
+        p = self.plan
+        c = p.config
+        norm = norm_weight is not None
+        self._launcher = KernelLauncher(
+            _linear_kernel, _constexprs(p, K, x.dtype, norm, bias is not None, residual is not None),
+            num_warps=c.num_warps, num_stages=c.num_stages)
+        self._scratch = StreamScratch(lambda: _workspace(p, M, N, dev, norm))
+
+    def run(self, x, weight, bias, norm_weight, residual, out):
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, bias, norm_weight, residual))
+        if not self.kernel or needs_grad:  # the kernel has no backward
+            return _composed(x, weight, bias, norm_weight, self.eps, residual, out)
+        return _launch(x, weight, bias, norm_weight, self.eps, residual, out, self.plan, launcher=self._launcher,
+                       scratch=self._scratch.get(self.device) if x.shape[0] else None)
+
+
+_LINEAR_PLANS = PlanCache("linear", _LinearPlanLaunch, maxsize=256)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           norm_weight: torch.Tensor | None = None, eps: float = 1e-6, residual: torch.Tensor | None = None,
+           out: torch.Tensor | None = None, plan: LinearPlan | None = None) -> torch.Tensor:
+    """``rmsnorm?(x) @ weight^T + bias + residual`` for decode row counts, in one launch.
+
+    Args:
+        x: ``[M, K]`` bf16/fp16/fp32 rows (any row stride, last dimension contiguous).
+        weight: ``[N, K]`` in ``x``'s dtype (any row stride, last dimension contiguous).
+        bias: optional ``[N]`` in ``x``'s dtype or fp32.
+        norm_weight: optional ``[K]`` RMSNorm weight (``x``'s dtype or fp32): the rows are RMS-normalised over K
+            (``eps`` inside the square root) and scaled by it before the product.
+        residual: optional ``[M, N]`` in ``x``'s dtype (last dimension contiguous), added to the product.
+        out: optional ``[M, N]`` destination in ``x``'s dtype (any row stride, last dimension contiguous: a
+            slice of a wider buffer), not aliasing ``x`` or ``weight``; it may be ``residual`` (added in place).
+        plan: a :class:`LinearPlan` replacing :func:`plan_linear`'s (tests, tuning).
+
+    Returns ``out`` (or a new ``[M, N]`` tensor): sums in fp32, written once in ``x``'s dtype. Semantics
+    :func:`linear_reference`'s.
+
+    On CUDA (and under ``TRITON_INTERPRET=1``) one launch of the Triton kernel for ``M <= MAX_ROWS`` (256), no host
+    sync (CUDA-graph capturable once warm); more rows, other devices and calls that need gradients run the composed
+    PyTorch ops (``F.rms_norm`` rounds the normalised rows to ``x``'s dtype before the product; the kernel does
+    not). Eager calls run a plan cached per static signature; under torch.compile the op ``tritree::linear``.
+    Concurrent calls on different CUDA streams of one device are not supported (shared arrival counters).
+    """
+    if eager():
+        try:
+            key = (signature(x, weight, bias, norm_weight, residual, out), scalars(eps), plan,
+                   out is not None and residual is not None and out.data_ptr() == residual.data_ptr())
+            hash(key)
+        except (AttributeError, TypeError):  # not tensors / unhashable options: validation says which
+            _validate(x, weight, bias, norm_weight, eps, residual, out, plan)
+            raise
+        return _LINEAR_PLANS.get(key, x, weight, bias, norm_weight, eps, residual, out, plan).run(
+            x, weight, bias, norm_weight, residual, out)
+    _validate(x, weight, bias, norm_weight, eps, residual, out, plan)
+    M, K = x.shape
+    N = weight.shape[0]
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias, norm_weight, residual))
+    if plan is None and _kernel_device(x.device):  # a pure function of ints: traced through uncached
+        plan = plan_linear.__wrapped__(M, N, K, x.dtype, arch_of(x.device), num_sms(x.device))
+    if needs_grad or plan is None or not plan.kernel:
+        return _composed(x, weight, bias, norm_weight, eps, residual, out)
+    if out is None:
+        return _linear_op(x, weight, bias, norm_weight, residual, plan.as_ints(), float(eps))
+    _linear_out_op(x, weight, bias, norm_weight, residual, out, plan.as_ints(), float(eps))
+    return out
+
+
+# Opaque to torch.compile: programs hand work to each other through counters and workspaces.
+@torch.library.custom_op("tritree::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
+               residual: torch.Tensor | None, plan: list[int], eps: float) -> torch.Tensor:
+    return _launch(x, weight, bias, norm_weight, eps, residual, None, LinearPlan.from_ints(plan))
+
+
+@_linear_op.register_fake
+def _(x, weight, bias, norm_weight, residual, plan, eps):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("tritree::linear_out", mutates_args=("out",))
+def _linear_out_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   norm_weight: torch.Tensor | None, residual: torch.Tensor | None, out: torch.Tensor,
+                   plan: list[int], eps: float) -> None:
+    _launch(x, weight, bias, norm_weight, eps, residual, out, LinearPlan.from_ints(plan))
