@@ -86,7 +86,7 @@ FAMILIES: list[tuple[str, str]] = [
     ("norms", r"layer_?norm|LayerNorm|rms_?norm|RMSNorm|RowwiseMoments|\b_block_norm_kernel\b"),
     ("projections (dense GEMMs)", r"nvjet|gemm|gemv|cutlass|xmma|splitKreduce|cublas|\bdot_kernel"),
     ("elementwise", r"CatArray|\btriton_(poi|red|per)_"),  # Inductor's names may say "_to_copy"
-    ("copies", r"(?i)memcpy|memset|copy"),
+    ("copies", r"(?i)memcpy|memset|copy|roll_cuda_kernel"),
     ("elementwise", r"elementwise|reduce_kernel|index|[Gg]ather|[Ss]catter|[Ss]oft[Mm]ax|cumsum|[Ss]can|[Ff]ill"
                     r"|arange|where"),
 ]
