@@ -2,13 +2,16 @@
 rows and destinations, in-place residual; poisoned outputs and workspaces; validation, the plan and its config
 tables; the op under torch.compile; on a GPU Kimi K2.6's projection shapes and CUDA-graph replays."""
 
+import importlib
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels import linear as L
 from tritree.kernels.linear import LINEAR_CONFIGS, MAX_ROWS, LinearConfig, linear, linear_reference, plan_linear
+
+L = importlib.import_module("tritree.kernels.linear")  # the module (the package's ``linear`` is the op)
 
 from ..conftest import DEVICE
 
