@@ -2,7 +2,7 @@
 DFlash draft's projection shapes.
 
     PYTHONPATH=. python bench/linear_sweep.py [--shape NAME ...] [--rows 1 8 17 33 65 129] [--variant tritree cublas
-        tritree-norm] [--out linear_sweep.jsonl]
+        tritree-norm] [--configs "BM,BN,BK,W,S[,PPS];..."] [--out linear_sweep.jsonl]
 
 Shapes (``N x K``, bf16): one TP8 rank's (``tp8-*``: 8 of 64 heads, the latent projections replicated) and the
 DFlash draft's TP8 shard (``draft-*``). Variants: ``tritree`` (``linear(x, w)``), ``tritree-norm`` (``linear(x, w,
@@ -10,7 +10,8 @@ norm_weight=g)``: the RMSNorm folded in; its peer is ``cublas-norm``, ``F.rms_no
 ``cublas`` (``F.linear``). Each is checked against the float32 product first. Times are graph-timed
 (``tritree.roofline.graph_time_us``: calls back to back in one CUDA graph over weight sets rotated past the L2)
 and eager (``triton.testing.do_bench``, median). Floor: the weight, x and out once over the copy bandwidth measured
-in the same process.
+in the same process. ``--configs`` times these ``LinearConfig`` (``BM,BN,BK,num_warps,num_stages[,programs_per_sm]``)
+instead of the table's (the ``tritree`` variants).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from tritree.kernels.configs import arch_of, num_sms  # noqa: E402
-from tritree.kernels.linear import linear, plan_linear  # noqa: E402
+from tritree.kernels.linear import LinearConfig, linear, plan_linear  # noqa: E402
 from tritree.roofline import cached_ceilings, graph_time_us, rotation_count, versions  # noqa: E402
 
 # name -> (N, K): out features, in features
@@ -48,11 +49,19 @@ SHAPES = {
 VARIANTS = ("tritree", "cublas", "tritree-norm", "cublas-norm")
 
 
+def parse_config(text: str) -> LinearConfig:
+    v = [int(a) for a in text.split(",")]
+    if len(v) not in (5, 6):
+        raise ValueError(f"--configs: 5 or 6 integers per config (BM,BN,BK,W,S[,PPS]), got {text!r}")
+    return LinearConfig(*v)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 8, 17, 33, 65, 129])
     ap.add_argument("--variant", nargs="+", default=["tritree", "cublas"], choices=VARIANTS)
+    ap.add_argument("--configs", default="", help="semicolon-separated LinearConfig (see module) for tritree")
     ap.add_argument("--out", default="linear_sweep.jsonl")
     ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
     args = ap.parse_args(argv)
@@ -62,6 +71,7 @@ def main(argv=None):
     print(f"# {versions()}; arch table {arch}; {sms} SMs; copy {ceil.copy_gbps:.0f} GB/s", flush=True)
     g = torch.Generator(device=dev).manual_seed(0)
     dt = torch.bfloat16
+    configs = [parse_config(c) for c in args.configs.split(";")] if args.configs else [None]
     rows = []
     t0 = time.time()
     with open(args.out, "a") as f:
@@ -74,17 +84,19 @@ def main(argv=None):
                 xs = [torch.randn(M, K, generator=g, device=dev).to(dt) for _ in range(n_sets)]
                 nbytes = N * K * 2 + M * (K + N) * 2
                 floor_us = nbytes / (ceil.copy_gbps * 1e9) * 1e6
-                for variant in args.variant:
+                cases = [(v, c) for v in args.variant for c in (configs if v.startswith("tritree") else [None])]
+                for variant, cfg in cases:
                     r = dict(shape=name, N=N, K=K, M=M, variant=variant, arch=arch, floor_us=floor_us, bytes=nbytes)
                     norm = variant.endswith("-norm")
                     try:
                         if variant.startswith("tritree"):
-                            p = plan_linear(M, N, K, dt, arch, sms)
+                            p = plan_linear(M, N, K, dt, arch, sms, cfg)
                             c = p.config
-                            r["plan"] = f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} g{p.grid}"
+                            r["plan"] = (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
+                                         f"g{p.grid}{' *' if cfg else ''}")
 
-                            def call(i, norm=norm):
-                                return linear(xs[i], ws[i], norm_weight=gw if norm else None)
+                            def call(i, norm=norm, p=p):
+                                return linear(xs[i], ws[i], norm_weight=gw if norm else None, plan=p)
                         else:
                             def call(i, norm=norm):
                                 x = F.rms_norm(xs[i], (K,), gw, 1e-6) if norm else xs[i]
