@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from tritree.kernels.linear import LINEAR_CONFIGS, MAX_ROWS, LinearConfig, linear, linear_reference, plan_linear
 
-L = importlib.import_module("tritree.kernels.linear")  # the module (the package's ``linear`` is the op)
-
 from ..conftest import DEVICE
+
+L = importlib.import_module("tritree.kernels.linear")  # the module (the package's ``linear`` is the op)
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
