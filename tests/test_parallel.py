@@ -340,7 +340,11 @@ def test_bench_decode_without_collectives_keeps_the_rank_and_leaves_collectives_
     assert (local.world, local.rank, local.active) == (4, 2, True)
     x = torch.arange(6.0).view(2, 3)
     assert local.all_reduce_(x) is x and torch.equal(x, torch.arange(6.0).view(2, 3))
-    g = local.all_gather(x)
-    assert g.shape == (4, 2, 3) and all(torch.equal(g[r], x) for r in range(4))
-    g[0, 0, 0] = 100.0  # a copy, not a view of x
+    g = local.all_gather(x)  # the rank's part in its place, the lowest value in the others'
+    low = torch.finfo(x.dtype).min
+    assert g.shape == (4, 2, 3) and torch.equal(g[2], x)
+    assert all(bool((g[r] == low).all()) for r in (0, 1, 3))
+    g[2, 0, 0] = 100.0  # a copy, not a view of x
     assert x[0, 0] == 0.0
+    ids = local.all_gather(torch.arange(3, dtype=torch.int32))
+    assert torch.equal(ids[2], torch.arange(3, dtype=torch.int32)) and int(ids[0, 0]) == torch.iinfo(torch.int32).min

@@ -268,7 +268,8 @@ class Engine:
                  tp=None, cost_model=None):
         self.tp = tp
         self.device = torch.device(device or tparams["lm_head.weight"].device)
-        # INT4 experts in the layout this GPU's kernels stream, converted in place (no second copy).
+        # INT4 experts in the layout this GPU's kernels stream, converted in place (no second copy); the shared
+        # expert's gate|up and each layer's q_a|kv_a rows concatenated (:func:`tritree.model.kimi_k2.to_kernel_layout_`).
         to_kernel_layout_(tparams, self.device)
         self.tparams, self.tcfg, self.dparams, self.dcfg = tparams, tcfg, dparams, dcfg
         self.dtype = dtype or tparams["lm_head.weight"].dtype

@@ -12,6 +12,11 @@ of two layouts (:func:`param_shapes`):
   (:func:`tritree.kernels.routed_experts_int4`).
 The rope output rows of ``q_b_proj`` (per head) and ``kv_a_proj_with_mqa`` are permuted at load time from
 the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere (docs/SPEC.md section 2).
+Checkpoints load under these names; :func:`to_kernel_layout_` (the Engine and ``bench decode`` call it once after
+loading) then fuses some tensors for the kernels: the routed experts repacked, the shared expert's gate and up
+rows in one tensor (``SHARED_GATE_UP_KEY``), each layer's ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows in one
+(``QKV_A_KEY``: at decode one launch of :func:`tritree.kernels.linear` normalises the rows and projects them). The
+functions take either form.
 
 The KV cache is one stacked latent pool ``kv: [layers, num_pages, P, kv_lora_rank + rope]`` with a page
 table and lengths (the conventions of :mod:`tritree`).
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 
 from .. import dist
 from ..kernels import kv_write_, verify_mla
+from ..kernels.linear import linear as fused_linear
 from ..kernels.moe import routed_experts
 from ..kernels.moe_block import moe_block
 from ..kernels.moe_int4 import GROUP, Int4Experts, kernel_layout, routed_experts_int4
@@ -68,6 +74,11 @@ DENSE_EXPERT_KEYS = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
 # The shared expert's gate and up rows in one tensor ``[2 Is, H]`` after :func:`to_kernel_layout_` (one pass of
 # the MoE block's gate_up reads both), replacing ``shared_experts.gate_proj.weight`` and ``up_proj.weight``.
 SHARED_GATE_UP_KEY = "shared_experts.gate_up_proj.weight"
+# ``q_a_proj``'s rows then ``kv_a_proj_with_mqa``'s in one tensor ``[q_lora_rank + latent_dim, H]`` after
+# :func:`to_kernel_layout_` (one pass reads both; at decode the input RMSNorm is folded into it), and their biases
+# ``[q_lora_rank + latent_dim]`` when the checkpoint has them; replacing the two projections' tensors.
+QKV_A_KEY = "self_attn.qkv_a_proj.weight"
+QKV_A_BIAS_KEY = "self_attn.qkv_a_proj.bias"
 EXPERT_LAYOUTS = ("dense", "int4")
 
 
@@ -170,10 +181,19 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
       in ``layout`` when given, converted one expert at a time and filed under the layout's keys
       (``mlp.experts.w13_mma`` ... for ``"mma"``);
     - the shared expert's gate and up rows concatenated into ``mlp.shared_experts.gate_up_proj.weight``
-      (``[2 Is, H]``: the MoE block's operand, :func:`tritree.kernels.moe_block`).
+      (``[2 Is, H]``: the MoE block's operand, :func:`tritree.kernels.moe_block`);
+    - every layer's ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows (and biases) concatenated into
+      ``self_attn.qkv_a_proj.weight`` (``QKV_A_KEY``, ``[q_lora_rank + latent_dim, H]``: one projection of the
+      hidden state, with the input RMSNorm folded in at decode).
 
     ``params`` itself is updated and returned; call it once after loading (and sharding), before the first
     forward. Idempotent."""
+    for k in [k for k in params if k.endswith(".self_attn.q_a_proj.weight")]:
+        p = k[:-len("q_a_proj.weight")]
+        params[p + "qkv_a_proj.weight"] = torch.cat([params.pop(k), params.pop(p + "kv_a_proj_with_mqa.weight")])
+        if p + "q_a_proj.bias" in params:
+            params[p + "qkv_a_proj.bias"] = torch.cat([params.pop(p + "q_a_proj.bias"),
+                                                       params.pop(p + "kv_a_proj_with_mqa.bias")])
     for k in [k for k in params if k.endswith(".mlp.experts.w13_packed") or k.endswith(".mlp.experts.w13_mma")]:
         p = k[:k.rindex(".") + 1]
         i = int(p.split(".")[2])
@@ -288,20 +308,41 @@ def mlp(params, cfg, i, h, tp=None, tree_lens=None):
     return dist.all_reduce_(tp, out)
 
 
-def _mla_inputs(params, cfg, i, h, rope):
+def _qkv_a(params, p: str):
+    """``(weight [q_lora_rank + latent_dim, H], bias or None)``: the ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows of
+    attention prefix ``p`` (concatenated here when the params were not passed through :func:`to_kernel_layout_`)."""
+    w = params.get(p + "qkv_a_proj.weight")
+    if w is not None:
+        return w, params.get(p + "qkv_a_proj.bias")
+    w = torch.cat([params[p + "q_a_proj.weight"], params[p + "kv_a_proj_with_mqa.weight"]])
+    b = params.get(p + "q_a_proj.bias")
+    return w, None if b is None else torch.cat([b, params[p + "kv_a_proj_with_mqa.bias"]])
+
+
+def _mla_inputs(params, cfg, i, h, rope, norm_weight=None):
     """Query halves and the cached latent of tokens ``h [B, S, hidden]``; ``rope``: their
-    :func:`rope_cos_sin` tables ``([B, S, rope], [B, S, rope])``."""
+    :func:`rope_cos_sin` tables ``([B, S, rope], [B, S, rope])``. ``norm_weight``: ``h`` is the residual stream and
+    this is the input RMSNorm's weight, folded into the q_a / kv_a projection (:func:`tritree.kernels.linear`: one
+    launch at decode row counts); None: ``h`` is already normalised."""
     p = layer_prefix(i) + "self_attn."
-    B, S, _ = h.shape
+    B, S, Hd = h.shape
     H = cfg.heads
     if cfg.q_lora_rank is None:
+        if norm_weight is not None:
+            h = rms_norm(h, norm_weight, cfg.rms_norm_eps)
         q = linear(h, params[p + "q_proj.weight"])
+        a = linear(h, params[p + "kv_a_proj_with_mqa.weight"], params.get(p + "kv_a_proj_with_mqa.bias"))
     else:
-        cq = rms_norm(linear(h, params[p + "q_a_proj.weight"], params.get(p + "q_a_proj.bias")),
-                      params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps)
-        q = linear(cq, params[p + "q_b_proj.weight"])
+        w, b = _qkv_a(params, p)
+        if norm_weight is None:
+            qa = linear(h, w, b)
+        else:
+            w = w.to(h.dtype)
+            qa = fused_linear(h.reshape(B * S, Hd), w, None if b is None else b.to(h.dtype),
+                              norm_weight=norm_weight.to(h.dtype), eps=cfg.rms_norm_eps).view(B, S, -1)
+        cq, a = qa.split([cfg.q_lora_rank, cfg.latent_dim], dim=-1)
+        q = linear(rms_norm(cq, params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps), params[p + "q_b_proj.weight"])
     q_nope, q_pe = q.view(B, S, H, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
-    a = linear(h, params[p + "kv_a_proj_with_mqa.weight"], params.get(p + "kv_a_proj_with_mqa.bias"))
     c_kv, k_pe = a.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
     c_kv = rms_norm(c_kv, params[p + "kv_a_layernorm.weight"], cfg.qk_latent_eps)
     cos, sin = rope
@@ -341,12 +382,13 @@ def attention_prefill(params, cfg, i, h, rope, tp=None):
     return _o_bias(params, i, dist.all_reduce_(tp, o)), latent
 
 
-def attention_verify(params, cfg, i, h, rope, cache, tree_mask, tree_lens, layer_kv, tp=None):
+def attention_verify(params, cfg, i, h, rope, cache, tree_mask, tree_lens, layer_kv, tp=None, norm_weight=None):
     """Absorbed MLA over the paged cache with the tree mask (verify_mla); writes the tree latents.
     ``rope``: the nodes' :func:`rope_cos_sin` tables. Under ``tp``: the local heads, then an all-reduce of
-    the ``o_proj`` partial sums."""
+    the ``o_proj`` partial sums. ``norm_weight``: ``h`` is the residual stream, normalised inside the q_a / kv_a
+    projection with this input RMSNorm weight (:func:`_mla_inputs`)."""
     B, T, _ = h.shape
-    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, rope)
+    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, rope, norm_weight)
     w_uk, w_uv = _kv_b(params, cfg, i)
     q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk.to(h.dtype))  # W_UK folded into the query
     q = torch.cat([q_lat, q_pe], dim=-1).contiguous()
@@ -425,8 +467,8 @@ def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor,
     tapped = {}
     for n, i in enumerate(_layers(cfg, params)):
         p = layer_prefix(i)
-        h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + attention_verify(params, cfg, i, h, rope, cache, tree_mask, tree_lens, cache["kv"][n], tp)
+        x = x + attention_verify(params, cfg, i, x, rope, cache, tree_mask, tree_lens, cache["kv"][n], tp,
+                                 norm_weight=params[p + "input_layernorm.weight"])
         x = ffn(params, cfg, i, x, tp, tree_lens)
         if i in taps:
             tapped[i] = x
