@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels.linear import LINEAR_CONFIGS, MAX_ROWS, LinearConfig, linear, linear_reference, plan_linear
+from tritree.kernels.linear import LINEAR_CONFIGS, LinearConfig, linear, linear_reference, plan_linear, row_bound
 
 from ..conftest import DEVICE
 
@@ -85,7 +85,7 @@ def test_every_grid_path():
 
 
 def test_plan_and_splits():
-    for M, N, K in ((1, 1536, 7168), (17, 576, 7168), (65, 2048, 512), (129, 7168, 1024), (256, 64, 64)):
+    for M, N, K in ((1, 1536, 7168), (17, 576, 7168), (32, 2048, 512), (5, 7168, 1024), (20, 64, 64)):
         p = plan_linear(M, N, K, torch.bfloat16, "sm_90", 132)
         c = p.config
         assert p.kernel and p.row_blocks * c.block_m >= M and p.col_tiles * c.block_n >= N
@@ -93,17 +93,20 @@ def test_plan_and_splits():
         assert p.k_split % c.block_k == 0 and p.split_k * p.k_split >= K and (p.split_k - 1) * p.k_split < K
         assert p.split_k <= max(1, k_tiles) and p.grid == (p.row_blocks, p.col_tiles, p.split_k)
         assert LinearConfig(*p.as_ints()[1:7]) == c and L.LinearPlan.from_ints(p.as_ints()) == p
-    assert not plan_linear(MAX_ROWS + 1, 64, 64, torch.bfloat16, "sm_90", 132).kernel  # cuBLAS past the bound
+    assert row_bound("sm_90") == 32 and row_bound("sm_75") == row_bound("sm_80")
+    assert not plan_linear(33, 64, 64, torch.bfloat16, "sm_90", 132).kernel  # cuBLAS past the bound
+    big = plan_linear(300, 64, 64, torch.bfloat16, "sm_90", 132, LinearConfig(64, 64, 64, 4, 3))
+    assert big.kernel and big.row_blocks == 5  # a given config runs the kernel at any row count
     assert not plan_linear(4, 64, 64, torch.float32, "sm_90", 132).kernel  # fp32 rows: the composed ops
     assert plan_linear(4, 64, 64, torch.float32, "cpu", 4).kernel  # ... except under the interpreter (tests)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120", "sm_80"])
 def test_config_tables(arch):
-    """Every table covers rows up to MAX_ROWS with tiles of at least 16 (``tl.dot``); the AOT audit checks that
-    each compiles within the architecture's shared memory and without spills."""
+    """Every table's tiles are at least 16 (``tl.dot``) and cover its largest bucket's rows in whole row blocks; the
+    AOT audit checks that each compiles within the architecture's shared memory and without spills."""
     table = LINEAR_CONFIGS[arch]
-    assert max(table) == MAX_ROWS
+    assert max(table) == row_bound(arch) >= 16
     for cfg in table.values():
         assert min(cfg.block_m, cfg.block_n, cfg.block_k) >= 16 and cfg.num_stages >= 1
         assert 1 <= L.sum_unroll(cfg) <= 8
@@ -169,7 +172,7 @@ def test_fake_impl_and_compile():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("N,K", [(1536, 7168), (576, 7168), (2048, 512), (7168, 1024)])
-@pytest.mark.parametrize("M", [1, 17, 65, 129, 300])
+@pytest.mark.parametrize("M", [1, 17, 32, 65, 300])
 def test_gpu_projection_shapes(M, N, K):
     x, w, gw, b, r = _inputs(M, N, K, torch.bfloat16, M + N, True, False, True)
     _check(x, w, gw, None, r)

@@ -18,7 +18,8 @@ At decode ``M`` is a few rows and the op is a weight stream. One launch of :func
    counter to 0.
 
 The plan (:func:`plan_linear`) picks the tile by ``M`` and splits K until ``programs_per_sm`` programs an SM stream
-the weight. Above ``MAX_ROWS`` rows the op is compute-bound and runs the composed PyTorch ops (cuBLAS).
+the weight. Past the rows of the architecture's table (:func:`row_bound`: 32 on sm_90, where cuBLAS is as fast
+at 33-64 rows and faster beyond, bench/RESULTS.md "Skinny linear") the op runs the composed PyTorch ops.
 
 Arrival counters: :func:`tritree.kernels._launch.arrival_counters` (left at 0; concurrent calls on different streams
 of one device are not supported). No host sync: CUDA-graph capturable once warm. Under Triton's interpreter the
@@ -40,7 +41,6 @@ from ._launch import KernelLauncher, PlanCache, StreamScratch, arrival_counters,
 from .configs import arch_of, num_sms
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MAX_ROWS = 256  # above: the composed ops (cuBLAS), where a GEMM is compute-bound
 SUM_REGISTERS = 64  # fp32 registers a thread of a tile's reducer fills with partial tiles in flight
 
 
@@ -62,7 +62,7 @@ def linear_reference(x, weight, bias=None, *, norm_weight=None, eps=1e-6, residu
 
 
 def _composed(x, weight, bias, norm_weight, eps, residual, out):
-    """The op as PyTorch ops in ``x``'s dtype (CPU, autograd, and rows past ``MAX_ROWS``): ``F.rms_norm`` and
+    """The op as PyTorch ops in ``x``'s dtype (CPU, autograd, and rows past :func:`row_bound`): ``F.rms_norm`` and
     ``F.linear`` (cuBLAS on a GPU)."""
     xn = x if norm_weight is None else F.rms_norm(x, (x.shape[-1],), norm_weight.to(x.dtype), eps)
     y = F.linear(xn, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
@@ -186,32 +186,18 @@ class LinearConfig:
     programs_per_sm: int = 2
 
 
-# Row bucket -> config: a launch of M rows takes the first bucket >= M. The weight tile [BLOCK_N, BLOCK_K] is
-# the MMA's wide side; BLOCK_M covers the rows. Bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py:
-# sm_120 101,376 B of shared memory, no spills). Timings: bench/RESULTS.md, "Skinny linear".
+# Row bucket -> config: a launch of M rows takes the first bucket >= M; past the largest bucket the composed ops
+# run. The weight tile [BLOCK_N, BLOCK_K] is the MMA's wide side; BLOCK_M covers the rows. sm_90, measured on an
+# H100 (bench/RESULTS.md, "Skinny linear"): blocks of 16 rows (two row blocks at 17-32 rows) and a K split for one
+# program an SM were the fastest of twelve configs at 1 and 17 rows; beyond 32 rows cuBLAS wins. sm_120 and sm_80
+# (not measured) the same tile. Bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py: sm_120 101,376 B
+# of shared memory, no spills).
 LINEAR_CONFIGS: dict[str, dict[int, LinearConfig]] = {
-    "sm_90": {
-        16: LinearConfig(16, 64, 128, 4, 4),
-        32: LinearConfig(32, 64, 128, 4, 4),
-        64: LinearConfig(64, 64, 128, 4, 3),
-        MAX_ROWS: LinearConfig(128, 64, 64, 4, 3),
-    },
-    "sm_120": {
-        16: LinearConfig(16, 64, 128, 4, 4),
-        32: LinearConfig(32, 64, 128, 4, 3),
-        64: LinearConfig(64, 64, 64, 4, 3),
-        MAX_ROWS: LinearConfig(128, 64, 32, 8, 3),
-    },
-    "sm_80": {
-        16: LinearConfig(16, 64, 128, 4, 3),
-        32: LinearConfig(32, 64, 128, 4, 3),
-        64: LinearConfig(64, 64, 64, 4, 3),
-        MAX_ROWS: LinearConfig(128, 64, 64, 4, 2),
-    },
+    "sm_90": {32: LinearConfig(16, 64, 128, 4, 4, programs_per_sm=1)},
+    "sm_120": {32: LinearConfig(16, 64, 128, 4, 4, programs_per_sm=1)},
+    "sm_80": {32: LinearConfig(16, 64, 128, 4, 3, programs_per_sm=1)},
     # Interpreter: few, large programs; a few splits (num_sms() is 4 there) so the tests exercise the reduction.
-    "cpu": {
-        MAX_ROWS: LinearConfig(32, 32, 32, 4, 1),
-    },
+    "cpu": {256: LinearConfig(32, 32, 32, 4, 1)},
 }
 
 MAX_SPLIT_K = 64
@@ -221,7 +207,7 @@ MAX_SPLIT_K = 64
 class LinearPlan:
     """Everything a launch needs, from static shapes only (graph-capturable).
 
-    kernel: whether the Triton kernel runs (else the composed ops: rows past ``MAX_ROWS``);
+    kernel: whether the Triton kernel runs (else the composed ops: rows past :func:`row_bound`, fp32 rows on a GPU);
     row_blocks, col_tiles, split_k: the grid; k_split: K columns a split (whole K tiles; no split is empty).
     """
 
@@ -252,16 +238,25 @@ class LinearPlan:
         return cls(bool(v[0]), LinearConfig(*v[1:7]), *v[7:11])
 
 
+def _table(arch: str) -> dict[int, LinearConfig]:
+    return LINEAR_CONFIGS[arch if arch in LINEAR_CONFIGS else "sm_80"]  # an unknown architecture: sm_80's
+
+
+def row_bound(arch: str) -> int:
+    """The most rows the kernel serves on ``arch`` (its table's largest bucket); more run the composed ops."""
+    return max(_table(arch))
+
+
 def config_for(arch: str, M: int) -> LinearConfig:
-    """The table's config for ``M`` rows (an unknown architecture takes sm_80's)."""
-    table = LINEAR_CONFIGS[arch if arch in LINEAR_CONFIGS else "sm_80"]
+    """The table's config for ``M`` rows (the largest bucket's past it)."""
+    table = _table(arch)
     return next((table[b] for b in sorted(table) if M <= b), table[max(table)])
 
 
 @functools.lru_cache(maxsize=1024)
 def plan_linear(M: int, N: int, K: int, dtype: torch.dtype, arch: str, sms: int,
                 config: LinearConfig | None = None) -> LinearPlan:
-    """The launch plan of one shape: the kernel for 16-bit rows up to ``MAX_ROWS`` (and fp32 under the
+    """The launch plan of one shape: the kernel for 16-bit rows up to :func:`row_bound` (and fp32 under the
     interpreter, for tests), else the composed ops; the config by rows, the grid, and a K split that brings the
     programs up to ``programs_per_sm x sms`` when the tiles are fewer (each split whole K tiles, none empty).
     ``config`` replaces the table's (and the row bound)."""
@@ -274,7 +269,7 @@ def plan_linear(M: int, N: int, K: int, dtype: torch.dtype, arch: str, sms: int,
     split = 1 if programs >= target else max(1, min(MAX_SPLIT_K, k_tiles, -(-target // programs)))
     per = -(-k_tiles // split)
     split = -(-k_tiles // per)
-    kernel = (M <= MAX_ROWS or config is not None) and (dtype != torch.float32 or arch == "cpu")
+    kernel = (M <= row_bound(arch) or config is not None) and (dtype != torch.float32 or arch == "cpu")
     return LinearPlan(kernel, cfg, row_blocks, col_tiles, split, per * cfg.block_k)
 
 
@@ -431,7 +426,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Returns ``out`` (or a new ``[M, N]`` tensor): sums in fp32, written once in ``x``'s dtype. Semantics
     :func:`linear_reference`'s.
 
-    On CUDA (and under ``TRITON_INTERPRET=1``) one launch of the Triton kernel for ``M <= MAX_ROWS`` (256), no host
+    On CUDA (and under ``TRITON_INTERPRET=1``) one launch of the Triton kernel for ``M <= row_bound(arch)`` (32 on
+    sm_90 and sm_120), no host
     sync (CUDA-graph capturable once warm); more rows, other devices and calls that need gradients run the composed
     PyTorch ops (``F.rms_norm`` rounds the normalised rows to ``x``'s dtype before the product; the kernel does
     not). Eager calls run a plan cached per static signature; under torch.compile the op ``tritree::linear``.
