@@ -34,6 +34,7 @@ from tritree.roofline import cached_ceilings, graph_time_us, rotation_count, ver
 
 # name -> (N, K): out features, in features
 SHAPES = {
+    "tp8-qkv_a": (2112, 7168),  # q_a and kv_a concatenated (as the model holds them)
     "tp8-q_a": (1536, 7168),
     "tp8-kv_a": (576, 7168),
     "tp8-q_b": (1536, 1536),
