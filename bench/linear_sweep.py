@@ -5,8 +5,9 @@ DFlash draft's projection shapes.
         tritree-norm] [--configs "BM,BN,BK,W,S[,PPS];..."] [--out linear_sweep.jsonl]
 
 Shapes (``N x K``, bf16): one TP8 rank's (``tp8-*``: 8 of 64 heads, the latent projections replicated) and the
-DFlash draft's TP8 shard (``draft-*``). Variants: ``tritree`` (``linear(x, w)``), ``tritree-norm`` (``linear(x, w,
-norm_weight=g)``: the RMSNorm folded in; its peer is ``cublas-norm``, ``F.rms_norm`` then ``F.linear``),
+DFlash draft's TP8 shard (``draft-*``). Variants: ``tritree`` (``linear(x, w)``), ``tritree-norm`` (``linear(x, w * g,
+rms_eps=1e-6)``: an RMSNorm folded in, its weight in the weight's columns; its peer is ``cublas-norm``,
+``F.rms_norm`` with the weight, then ``F.linear``),
 ``cublas`` (``F.linear``). Each is checked against the float32 product first. Times are graph-timed
 (``tritree.roofline.graph_time_us``: calls back to back in one CUDA graph over weight sets rotated past the L2)
 and eager (``triton.testing.do_bench``, median). Floor: the weight, x and out once over the copy bandwidth measured
@@ -81,6 +82,7 @@ def main(argv=None):
             n_sets = rotation_count(N * K * 2)
             ws = [(torch.randn(N, K, generator=g, device=dev) / K**0.5).to(dt) for _ in range(n_sets)]
             gw = (1 + 0.1 * torch.randn(K, generator=g, device=dev)).to(dt)
+            wgs = [(w.float() * gw.float()).to(dt) for w in ws] if any(v.endswith("-norm") for v in args.variant) else ws
             for M in args.rows:
                 xs = [torch.randn(M, K, generator=g, device=dev).to(dt) for _ in range(n_sets)]
                 nbytes = N * K * 2 + M * (K + N) * 2
@@ -97,7 +99,7 @@ def main(argv=None):
                                          f"g{p.grid}{' *' if cfg else ''}")
 
                             def call(i, norm=norm, p=p):
-                                return linear(xs[i], ws[i], norm_weight=gw if norm else None, plan=p)
+                                return linear(xs[i], wgs[i] if norm else ws[i], rms_eps=1e-6 if norm else None, plan=p)
                         else:
                             def call(i, norm=norm):
                                 x = F.rms_norm(xs[i], (K,), gw, 1e-6) if norm else xs[i]

@@ -52,9 +52,8 @@ def main(argv=None):
                 p = kimi_k2.layer_prefix(layer)
                 kv = cache["kv"][layer]
 
-                def attn_block():
-                    h = kimi_k2.rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-                    return kimi_k2.attention_verify(params, cfg, layer, h, rope, cache, mask, None, kv)
+                def attn_block():  # its input RMSNorm included
+                    return kimi_k2.attention_verify(params, cfg, layer, x, rope, cache, mask, None, kv)
 
                 def attention_only():
                     return verify_mla(q, kv, cache["page_table"], cache["kv_lens"], mask, sm_scale=cfg.softmax_scale)

@@ -1,4 +1,4 @@
-"""The skinny linear against its float64 reference: shapes, dtypes, the fused RMSNorm, bias and residual, strided
+"""The skinny linear against its float64 reference: shapes, dtypes, the row RMS norm, bias and residual, strided
 rows and destinations, in-place residual; poisoned outputs and workspaces; validation, the plan and its config
 tables; the op under torch.compile; on a GPU Kimi K2.6's projection shapes and CUDA-graph replays."""
 
@@ -23,10 +23,10 @@ def _inputs(M, N, K, dtype, seed, norm=False, bias=False, residual=False, row_pa
     xs = torch.randn(M, K + row_pad, generator=g)
     x = xs.to(dtype).to(DEVICE)[:, :K]  # rows of K + row_pad: a row stride past K
     w = (torch.randn(N, K, generator=g) / max(1, K) ** 0.5).to(dtype).to(DEVICE)
-    gw = (1 + 0.2 * torch.randn(K, generator=g)).to(dtype).to(DEVICE) if norm else None
+    eps = 1e-6 if norm else None
     b = torch.randn(N, generator=g).to(dtype).to(DEVICE) if bias else None
     r = torch.randn(M, N, generator=g).to(dtype).to(DEVICE) if residual else None
-    return x, w, gw, b, r
+    return x, w, eps, b, r
 
 
 def _poison_workspaces():
@@ -36,20 +36,20 @@ def _poison_workspaces():
                 t.fill_(float("nan"))
 
 
-def _check(x, w, gw, b, r, out=None, plan=None):
+def _check(x, w, eps, b, r, out=None, plan=None):
     """linear with a poisoned destination and workspaces against the float64 reference (scaled by the sizes of
     the terms), every element written."""
     M, N = x.shape[0], w.shape[0]
-    ref = linear_reference(x, w, b, norm_weight=gw, residual=r).double()
+    ref = linear_reference(x, w, b, rms_eps=eps, residual=r).double()
     if out is None:
         out = torch.full((M, N + 3), float("nan"), dtype=x.dtype, device=x.device)[:, :N]  # a strided destination
     else:
         out.fill_(float("nan"))
-    linear(x, w, b, norm_weight=gw, residual=r, out=out, plan=plan)  # plans and warms
+    linear(x, w, b, rms_eps=eps, residual=r, out=out, plan=plan)  # plans and warms
     _poison_workspaces()
     if r is None or out.data_ptr() != r.data_ptr():
         out.fill_(float("nan"))
-    y = linear(x, w, b, norm_weight=gw, residual=r, out=out, plan=plan)
+    y = linear(x, w, b, rms_eps=eps, residual=r, out=out, plan=plan)
     assert y.data_ptr() == out.data_ptr() and y.dtype == x.dtype
     assert not torch.isnan(y).any()
     scale = 1.0 + (ref.abs().max().item() if M else 0.0)
@@ -63,8 +63,8 @@ def _check(x, w, gw, b, r, out=None, plan=None):
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), norm=st.booleans(), bias=st.booleans(),
        residual=st.booleans(), row_pad=st.sampled_from([0, 5]), seed=st.integers(0, 2**16))
 def test_matches_reference(M, N, K, dtype, norm, bias, residual, row_pad, seed):
-    x, w, gw, b, r = _inputs(M, N, K, dtype, seed, norm, bias, residual, row_pad)
-    _check(x, w, gw, b, r)
+    x, w, eps, b, r = _inputs(M, N, K, dtype, seed, norm, bias, residual, row_pad)
+    _check(x, w, eps, b, r)
 
 
 def test_every_grid_path():
@@ -73,12 +73,12 @@ def test_every_grid_path():
     for M, N, K, cfg in ((3, 40, 100, LinearConfig(16, 16, 16, 4, 1)), (40, 40, 64, LinearConfig(16, 32, 64, 4, 1)),
                          (5, 17, 33, LinearConfig(16, 16, 32, 4, 1, programs_per_sm=1))):
         plan = plan_linear(M, N, K, torch.float32, "cpu", 4, cfg)
-        x, w, gw, b, r = _inputs(M, N, K, torch.float32, 1, True, True, True)
-        _check(x, w, gw, b, r, plan=plan)
+        x, w, eps, b, r = _inputs(M, N, K, torch.float32, 1, True, True, True)
+        _check(x, w, eps, b, r, plan=plan)
         _check(x, w, None, None, r, out=r.clone(), plan=plan)
-        ref = linear_reference(x, w, b, norm_weight=gw, residual=r).double()
+        ref = linear_reference(x, w, b, rms_eps=eps, residual=r).double()
         inplace = r.clone()
-        linear(x, w, b, norm_weight=gw, residual=inplace, out=inplace, plan=plan)
+        linear(x, w, b, rms_eps=eps, residual=inplace, out=inplace, plan=plan)
         assert (inplace.double() - ref).abs().max() < 1e-4 * (1 + ref.abs().max())
         y = linear(x, w, plan=plan)
         assert y.shape == (M, N) and (y.double() - linear_reference(x, w).double()).abs().max() < 1e-4
@@ -113,25 +113,25 @@ def test_config_tables(arch):
 
 
 def test_empty_rows_and_gradients():
-    x, w, gw, b, r = _inputs(0, 8, 16, torch.float32, 0, True, True, True)
-    assert linear(x, w, b, norm_weight=gw, residual=r).shape == (0, 8)
-    x, w, gw, b, r = _inputs(3, 8, 16, torch.float32, 0, True, True, False)
+    x, w, eps, b, r = _inputs(0, 8, 16, torch.float32, 0, True, True, True)
+    assert linear(x, w, b, rms_eps=eps, residual=r).shape == (0, 8)
+    x, w, eps, b, r = _inputs(3, 8, 16, torch.float32, 0, True, True, False)
     w.requires_grad_(True)
-    y = linear(x, w, b, norm_weight=gw)  # autograd: the composed ops
+    y = linear(x, w, b, rms_eps=eps)  # autograd: the composed ops
     y.sum().backward()
     assert w.grad is not None and w.grad.shape == w.shape
 
 
 def test_bad_inputs_name_the_argument():
-    x, w, gw, b, r = _inputs(4, 8, 16, torch.float32, 0, True, True, True)
+    x, w, eps, b, r = _inputs(4, 8, 16, torch.float32, 0, True, True, True)
     cases = [
         (dict(x=x[0]), "x"),
         (dict(weight=w.half()), "weight"),
         (dict(weight=w[:, :8]), "weight"),
         (dict(x=x.t().contiguous().t()), "x"),
         (dict(bias=b[:4]), "bias"),
-        (dict(norm_weight=gw[:4]), "norm_weight"),
-        (dict(norm_weight=gw, eps=-1.0), "eps"),
+        (dict(rms_eps=-1.0), "rms_eps"),
+        (dict(rms_eps="small"), "rms_eps"),
         (dict(residual=r[:, :4]), "residual"),
         (dict(out=torch.empty(4, 8, dtype=torch.float16, device=DEVICE)), "out"),
         (dict(out=torch.empty(8, 4, device=DEVICE).t()), "out"),
@@ -139,7 +139,7 @@ def test_bad_inputs_name_the_argument():
         (dict(plan=L.LinearPlan(True, LinearConfig(16, 16, 16, 4, 1), 1, 1, 1, 8)), "plan"),
     ]
     for kw, name in cases:
-        args = dict(x=x, weight=w, bias=None, norm_weight=None, eps=1e-6, residual=None, out=None, plan=None)
+        args = dict(x=x, weight=w, bias=None, rms_eps=None, residual=None, out=None, plan=None)
         args.update(kw)
         with pytest.raises((ValueError, TypeError), match=name):
             linear(args.pop("x"), args.pop("weight"), args.pop("bias"), **args)
@@ -155,11 +155,11 @@ def test_fake_impl_and_compile():
     with FakeTensorMode() as mode:
         fx = mode.from_tensor(torch.randn(3, 16))
         fw = mode.from_tensor(torch.randn(8, 16))
-        y = torch.ops.tritree.linear(fx, fw, None, None, None, plan.as_ints(), 1e-6)
+        y = torch.ops.tritree.linear(fx, fw, None, None, plan.as_ints(), 1e-6)
     assert y.shape == (3, 8)
-    x, w, gw, b, r = _inputs(5, 24, 40, torch.float32, 3, True, True, True)
-    f = torch.compile(lambda x: linear(x, w, b, norm_weight=gw, residual=r), backend="aot_eager", fullgraph=True)
-    assert torch.allclose(f(x), linear(x, w, b, norm_weight=gw, residual=r), rtol=0, atol=1e-5)
+    x, w, eps, b, r = _inputs(5, 24, 40, torch.float32, 3, True, True, True)
+    f = torch.compile(lambda x: linear(x, w, b, rms_eps=eps, residual=r), backend="aot_eager", fullgraph=True)
+    assert torch.allclose(f(x), linear(x, w, b, rms_eps=eps, residual=r), rtol=0, atol=1e-5)
     out = torch.empty(5, 24, device=DEVICE)
     g = torch.compile(lambda x: linear(x, w, out=out), backend="aot_eager", fullgraph=True)
     g(x)
@@ -174,28 +174,28 @@ def test_fake_impl_and_compile():
 @pytest.mark.parametrize("N,K", [(1536, 7168), (576, 7168), (2048, 512), (7168, 1024)])
 @pytest.mark.parametrize("M", [1, 17, 32, 65, 300])
 def test_gpu_projection_shapes(M, N, K):
-    x, w, gw, b, r = _inputs(M, N, K, torch.bfloat16, M + N, True, False, True)
-    _check(x, w, gw, None, r)
+    x, w, eps, b, r = _inputs(M, N, K, torch.bfloat16, M + N, True, False, True)
+    _check(x, w, eps, None, r)
     _check(x, w, None, None, None)
 
 
 @pytest.mark.gpu
 def test_gpu_graph_replay_equals_eager():
     for M in (1, 17, 65):
-        x, w, gw, b, r = _inputs(M, 1536, 7168, torch.bfloat16, 7, True, True, True)
-        first = linear(x, w, b, norm_weight=gw, residual=r)
-        assert torch.equal(linear(x, w, b, norm_weight=gw, residual=r), first)  # counters reset, sums ordered
+        x, w, eps, b, r = _inputs(M, 1536, 7168, torch.bfloat16, 7, True, True, True)
+        first = linear(x, w, b, rms_eps=eps, residual=r)
+        assert torch.equal(linear(x, w, b, rms_eps=eps, residual=r), first)  # counters reset, sums ordered
         out = torch.empty_like(first)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            linear(x, w, b, norm_weight=gw, residual=r, out=out)
+            linear(x, w, b, rms_eps=eps, residual=r, out=out)
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            linear(x, w, b, norm_weight=gw, residual=r, out=out)
+            linear(x, w, b, rms_eps=eps, residual=r, out=out)
         x.copy_(_inputs(M, 1536, 7168, torch.bfloat16, 8)[0])
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, linear(x, w, b, norm_weight=gw, residual=r))
+        assert torch.equal(out, linear(x, w, b, rms_eps=eps, residual=r))

@@ -427,7 +427,7 @@ def linear_reports(archs=None) -> list[CompileReport]:
             continue
         for cfg in dict.fromkeys(table.values()):
             for dtype, split, fused in (("bf16", 1, False), ("bf16", 4, True), ("bf16", 4, False), ("fp16", 4, True)):
-                sig = {"X": "*" + dtype, "W": "*" + dtype, "G": "*" + dtype, "Bias": "*" + dtype, "Res": "*" + dtype,
+                sig = {"X": "*" + dtype, "W": "*" + dtype, "Bias": "*" + dtype, "Res": "*" + dtype,
                        "Out": "*" + dtype, "Part": "*fp32", "SumSq": "*fp32", "Count": "*i32", "M": "i32", "N": "i32",
                        "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_r": "i32", "stride_o": "i32",
                        "k_split": "i32", "eps": "fp32"}
@@ -437,7 +437,7 @@ def linear_reports(archs=None) -> list[CompileReport]:
                 label = (f"BM{cfg.block_m} BN{cfg.block_n} BK{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} {dtype} "
                          f"split{'1' if split == 1 else 'N'}{' norm bias res' if fused else ''}")
                 reports.append(audit(_linear_kernel, sig, consts, arch, cfg.num_warps, cfg.num_stages,
-                                     ("X", "W", "G", "Bias", "Res", "Out", "Part", "SumSq", "K", "stride_x", "stride_w",
+                                     ("X", "W", "Bias", "Res", "Out", "Part", "SumSq", "K", "stride_x", "stride_w",
                                       "stride_r", "stride_o", "k_split"), label))
     return reports
 

@@ -1,8 +1,10 @@
-"""The skinny linear of decode shapes in one launch: ``linear`` (``out = rmsnorm?(x) @ weight^T + bias + residual``).
+"""The skinny linear of decode shapes in one launch: ``linear`` (``out = rms?(x) @ weight^T + bias + residual``).
 
 Semantics (:func:`linear_reference`, the specification), rows ``x [M, K]``, ``weight [N, K]``:
 
-- ``xn = x`` or, with ``norm_weight`` (``g [K]``), the RMSNorm ``x / sqrt(mean(x^2) + eps) * g`` (fp32);
+- ``xn = x`` or, with ``rms_eps``, the rows RMS-normalised: ``x / sqrt(mean(x^2) + rms_eps)`` (fp32). An RMSNorm's
+  weight ``g`` is folded into ``weight``'s columns by the caller: ``rmsnorm(x, g) W^T = rms(x) (W diag(g))^T``, so
+  the kernel multiplies the operands as they are in memory;
 - ``out = xn @ weight^T`` summed in fp32, ``+ bias [N]``, ``+ residual [M, N]``, written in ``x``'s dtype.
 
 At decode ``M`` is a few rows and the op is a weight stream. One launch of :func:`_linear_kernel`, grid
@@ -10,8 +12,8 @@ At decode ``M`` is a few rows and the op is a weight stream. One launch of :func
 
 1. each program multiplies a ``[BLOCK_N, BLOCK_K]`` weight tile (the MMA's M side: the tensor cores' wide
    dimension goes to the weights) by its rows' ``[BLOCK_M, BLOCK_K]`` activations over its slice of K, in a
-   pipelined loop (``num_stages``); with the norm, the activations are multiplied by ``g`` on the way in and the
-   rows' sums of squares over the slice kept: the norm's ``1 / rms`` is a per-row factor applied after the sum;
+   pipelined loop (``num_stages``); with the norm, the rows' sums of squares over the slice are kept beside it: the
+   norm's ``1 / rms`` is a per-row factor applied after the sum;
 2. with one split the program writes the tile; else it stores its fp32 partial (and partial sums of squares) to a
    workspace, and the last program of the tile to arrive (an arrival counter per tile, ``atomic_add`` acq_rel
    after a CTA barrier) adds the partials in split order (deterministic), applies the epilogue and resets the
@@ -48,11 +50,11 @@ SUM_REGISTERS = 64  # fp32 registers a thread of a tile's reducer fills with par
 # Reference
 # --------------------------------------------------------------------------------------------------
 
-def linear_reference(x, weight, bias=None, *, norm_weight=None, eps=1e-6, residual=None, dtype=torch.float64):
+def linear_reference(x, weight, bias=None, *, rms_eps=None, residual=None, dtype=torch.float64):
     """:func:`linear`'s semantics in ``dtype`` (float64 in tests), returned in ``x``'s dtype."""
     xf = x.to(dtype)
-    if norm_weight is not None:
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(dtype)
+    if rms_eps is not None:
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps)
     y = xf @ weight.to(dtype).t()
     if bias is not None:
         y = y + bias.to(dtype)
@@ -61,10 +63,10 @@ def linear_reference(x, weight, bias=None, *, norm_weight=None, eps=1e-6, residu
     return y.to(x.dtype)
 
 
-def _composed(x, weight, bias, norm_weight, eps, residual, out):
+def _composed(x, weight, bias, rms_eps, residual, out):
     """The op as PyTorch ops in ``x``'s dtype (CPU, autograd, and rows past :func:`row_bound`): ``F.rms_norm`` and
     ``F.linear`` (cuBLAS on a GPU)."""
-    xn = x if norm_weight is None else F.rms_norm(x, (x.shape[-1],), norm_weight.to(x.dtype), eps)
+    xn = x if rms_eps is None else F.rms_norm(x, (x.shape[-1],), None, rms_eps)
     y = F.linear(xn, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     if residual is not None:
         y = y + residual
@@ -94,12 +96,12 @@ def _epilogue(acc, ss, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, strid
 
 
 @triton.jit
-def _linear_kernel(X, W, G, Bias, Res, Out, Part, SumSq, Count, M, N, K, stride_x, stride_w, stride_r, stride_o,
+def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, M, N, K, stride_x, stride_w, stride_r, stride_o,
                    k_split, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                    DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, SUM_UNROLL: tl.constexpr):
     """Grid ``(row blocks, column tiles, SPLIT_K)``; see the module. ``X [M, K]``, ``W [N, K]``, ``Res`` and ``Out
-    [M, N]`` by row strides (last dimension contiguous); ``G [K]``, ``Bias [N]``; ``Part [SPLIT_K, M, N]`` and
+    [M, N]`` by row strides (last dimension contiguous); ``Bias [N]``; ``Part [SPLIT_K, M, N]`` and
     ``SumSq [SPLIT_K, column tiles, M]`` fp32 (``SPLIT_K > 1``); ``Count``: int32 counters at 0, one a tile.
     ``k_split``: columns of K a split (whole ``BLOCK_K`` tiles). ``DOT_F32``: an IEEE fp32 dot (fp32 inputs, and
     the interpreter)."""
@@ -126,11 +128,9 @@ def _linear_kernel(X, W, G, Bias, Res, Out, Part, SumSq, Count, M, N, K, stride_
             k_ok = (k0 + kk) < hi
             xt = tl.load(px, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(pw, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if HAS_NORM:
+        if HAS_NORM:  # read beside the product: the operand itself is multiplied as loaded
             xf = xt.to(tl.float32)
             ss += tl.sum(xf * xf, 1)
-            g = tl.load(G + k0 + kk, mask=(k0 + kk) < hi, other=0.0).to(tl.float32)
-            xt = (xf * g[None, :]).to(X.dtype.element_ty)
         if DOT_F32:
             acc = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
         else:
@@ -277,7 +277,7 @@ def plan_linear(M: int, N: int, K: int, dtype: torch.dtype, arch: str, sms: int,
 # Validation
 # --------------------------------------------------------------------------------------------------
 
-def _validate(x, weight, bias, norm_weight, eps, residual, out, plan) -> None:
+def _validate(x, weight, bias, rms_eps, residual, out, plan) -> None:
     V.check_tensor("x", x, ndim=2, dtypes=DTYPES)
     dev = x.device
     V.check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=dev)
@@ -294,10 +294,8 @@ def _validate(x, weight, bias, norm_weight, eps, residual, out, plan) -> None:
     if bias is not None:
         V.check_tensor("bias", bias, ndim=1, dtypes=(x.dtype, torch.float32), device=dev)
         V.check_shape("bias", bias, (N,), "[N]")
-    if norm_weight is not None:
-        V.check_tensor("norm_weight", norm_weight, ndim=1, dtypes=(x.dtype, torch.float32), device=dev)
-        V.check_shape("norm_weight", norm_weight, (K,), "[K]")
-        V.check_float("eps", eps, lo=0.0)
+    if rms_eps is not None:
+        V.check_float("rms_eps", rms_eps, lo=0.0)
     for name, t in (("residual", residual), ("out", out)):
         if t is not None:
             V.check_tensor(name, t, ndim=2, dtypes=(x.dtype,), device=dev)
@@ -345,7 +343,7 @@ def _workspace(plan: LinearPlan, M: int, N: int, device, norm: bool):
     return part, ss
 
 
-def _launch(x, weight, bias, norm_weight, eps, residual, out, plan: LinearPlan, launcher=None, scratch=None):
+def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=None, scratch=None):
     """One launch of :func:`_linear_kernel` into ``out`` (a fresh ``[M, N]`` when None), which it returns."""
     M, K = x.shape
     N = weight.shape[0]
@@ -353,16 +351,17 @@ def _launch(x, weight, bias, norm_weight, eps, residual, out, plan: LinearPlan, 
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    part, ss = scratch if scratch is not None else _workspace(plan, M, N, x.device, norm_weight is not None)
+    part, ss = scratch if scratch is not None else _workspace(plan, M, N, x.device, rms_eps is not None)
     count = arrival_counters(x.device, plan.counters)
-    args = (x, weight, norm_weight if norm_weight is not None else x, bias if bias is not None else x,
+    args = (x, weight, bias if bias is not None else x,
             residual if residual is not None else out, out, part, ss, count, M, N, K, x.stride(0), weight.stride(0),
-            residual.stride(0) if residual is not None else out.stride(0), out.stride(0), plan.k_split, float(eps))
+            residual.stride(0) if residual is not None else out.stride(0), out.stride(0), plan.k_split,
+            float(rms_eps or 0.0))
     if launcher is not None:
         launcher(plan.grid, *args)
     else:
         c = plan.config
-        _linear_kernel[plan.grid](*args, **_constexprs(plan, K, x.dtype, norm_weight is not None, bias is not None,
+        _linear_kernel[plan.grid](*args, **_constexprs(plan, K, x.dtype, rms_eps is not None, bias is not None,
                                                        residual is not None),
                                   num_warps=c.num_warps, num_stages=c.num_stages)
     return out
@@ -376,12 +375,12 @@ class _LinearPlanLaunch:
     """linear for one static signature: validated, planned, kernel bound once (its workspaces one set per CUDA
     stream, a fresh set inside a graph capture)."""
 
-    def __init__(self, x, weight, bias, norm_weight, eps, residual, out, plan):
-        _validate(x, weight, bias, norm_weight, eps, residual, out, plan)
+    def __init__(self, x, weight, bias, rms_eps, residual, out, plan):
+        _validate(x, weight, bias, rms_eps, residual, out, plan)
         dev = self.device = x.device
         M, K = x.shape
         N = weight.shape[0]
-        self.eps = eps
+        self.rms_eps = rms_eps
         self.plan = plan if plan is not None else (
             plan_linear(M, N, K, x.dtype, arch_of(dev), num_sms(dev)) if _kernel_device(dev) else None)
         self.kernel = self.plan is not None and self.plan.kernel
@@ -389,35 +388,36 @@ class _LinearPlanLaunch:
             return
         p = self.plan
         c = p.config
-        norm = norm_weight is not None
+        norm = rms_eps is not None
         self._launcher = KernelLauncher(
             _linear_kernel, _constexprs(p, K, x.dtype, norm, bias is not None, residual is not None),
             num_warps=c.num_warps, num_stages=c.num_stages)
         self._scratch = StreamScratch(lambda: _workspace(p, M, N, dev, norm))
 
-    def run(self, x, weight, bias, norm_weight, residual, out):
+    def run(self, x, weight, bias, residual, out):
         needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, weight, bias, norm_weight, residual))
+            t is not None and t.requires_grad for t in (x, weight, bias, residual))
         if not self.kernel or needs_grad:  # the kernel has no backward
-            return _composed(x, weight, bias, norm_weight, self.eps, residual, out)
-        return _launch(x, weight, bias, norm_weight, self.eps, residual, out, self.plan, launcher=self._launcher,
+            return _composed(x, weight, bias, self.rms_eps, residual, out)
+        return _launch(x, weight, bias, self.rms_eps, residual, out, self.plan, launcher=self._launcher,
                        scratch=self._scratch.get(self.device) if x.shape[0] else None)
 
 
 _LINEAR_PLANS = PlanCache("linear", _LinearPlanLaunch, maxsize=256)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           norm_weight: torch.Tensor | None = None, eps: float = 1e-6, residual: torch.Tensor | None = None,
-           out: torch.Tensor | None = None, plan: LinearPlan | None = None) -> torch.Tensor:
-    """``rmsnorm?(x) @ weight^T + bias + residual`` for decode row counts, in one launch.
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, rms_eps: float | None = None,
+           residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           plan: LinearPlan | None = None) -> torch.Tensor:
+    """``rms?(x) @ weight^T + bias + residual`` for decode row counts, in one launch.
 
     Args:
         x: ``[M, K]`` bf16/fp16/fp32 rows (any row stride, last dimension contiguous).
         weight: ``[N, K]`` in ``x``'s dtype (any row stride, last dimension contiguous).
         bias: optional ``[N]`` in ``x``'s dtype or fp32.
-        norm_weight: optional ``[K]`` RMSNorm weight (``x``'s dtype or fp32): the rows are RMS-normalised over K
-            (``eps`` inside the square root) and scaled by it before the product.
+        rms_eps: when given, the rows are RMS-normalised over K (``x / sqrt(mean(x^2) + rms_eps)``) before the
+            product. An RMSNorm's weight ``g`` goes into ``weight``'s columns (``weight * g``, once, at load):
+            ``rmsnorm(x, g) @ W^T == rms(x) @ (W * g)^T``.
         residual: optional ``[M, N]`` in ``x``'s dtype (last dimension contiguous), added to the product.
         out: optional ``[M, N]`` destination in ``x``'s dtype (any row stride, last dimension contiguous: a
             slice of a wider buffer), not aliasing ``x`` or ``weight``; it may be ``residual`` (added in place).
@@ -427,51 +427,50 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     :func:`linear_reference`'s.
 
     On CUDA (and under ``TRITON_INTERPRET=1``) one launch of the Triton kernel for ``M <= row_bound(arch)`` (32 on
-    sm_90 and sm_120), no host
-    sync (CUDA-graph capturable once warm); more rows, other devices and calls that need gradients run the composed
-    PyTorch ops (``F.rms_norm`` rounds the normalised rows to ``x``'s dtype before the product; the kernel does
-    not). Eager calls run a plan cached per static signature; under torch.compile the op ``tritree::linear``.
+    sm_90 and sm_120), no host sync (CUDA-graph capturable once warm); more rows, fp32 rows on a GPU, other devices
+    and calls that need gradients run the composed PyTorch ops (``F.rms_norm`` rounds the normalised rows to
+    ``x``'s dtype before the product; the kernel applies ``1 / rms`` to the fp32 sums). Eager calls run a plan
+    cached per static signature; under torch.compile the ops ``tritree::linear`` / ``tritree::linear_out``.
     Concurrent calls on different CUDA streams of one device are not supported (shared arrival counters).
     """
     if eager():
         try:
-            key = (signature(x, weight, bias, norm_weight, residual, out), scalars(eps), plan,
+            key = (signature(x, weight, bias, residual, out), scalars(rms_eps), plan,
                    out is not None and residual is not None and out.data_ptr() == residual.data_ptr())
             hash(key)
         except (AttributeError, TypeError):  # not tensors / unhashable options: validation says which
-            _validate(x, weight, bias, norm_weight, eps, residual, out, plan)
+            _validate(x, weight, bias, rms_eps, residual, out, plan)
             raise
-        return _LINEAR_PLANS.get(key, x, weight, bias, norm_weight, eps, residual, out, plan).run(
-            x, weight, bias, norm_weight, residual, out)
-    _validate(x, weight, bias, norm_weight, eps, residual, out, plan)
+        return _LINEAR_PLANS.get(key, x, weight, bias, rms_eps, residual, out, plan).run(x, weight, bias, residual,
+                                                                                         out)
+    _validate(x, weight, bias, rms_eps, residual, out, plan)
     M, K = x.shape
     N = weight.shape[0]
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, bias, norm_weight, residual))
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
     if plan is None and _kernel_device(x.device):  # a pure function of ints: traced through uncached
         plan = plan_linear.__wrapped__(M, N, K, x.dtype, arch_of(x.device), num_sms(x.device))
     if needs_grad or plan is None or not plan.kernel:
-        return _composed(x, weight, bias, norm_weight, eps, residual, out)
+        return _composed(x, weight, bias, rms_eps, residual, out)
+    eps = None if rms_eps is None else float(rms_eps)
     if out is None:
-        return _linear_op(x, weight, bias, norm_weight, residual, plan.as_ints(), float(eps))
-    _linear_out_op(x, weight, bias, norm_weight, residual, out, plan.as_ints(), float(eps))
+        return _linear_op(x, weight, bias, residual, plan.as_ints(), eps)
+    _linear_out_op(x, weight, bias, residual, out, plan.as_ints(), eps)
     return out
 
 
 # Opaque to torch.compile: programs hand work to each other through counters and workspaces.
 @torch.library.custom_op("tritree::linear", mutates_args=())
-def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
-               residual: torch.Tensor | None, plan: list[int], eps: float) -> torch.Tensor:
-    return _launch(x, weight, bias, norm_weight, eps, residual, None, LinearPlan.from_ints(plan))
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+               plan: list[int], rms_eps: float | None) -> torch.Tensor:
+    return _launch(x, weight, bias, rms_eps, residual, None, LinearPlan.from_ints(plan))
 
 
 @_linear_op.register_fake
-def _(x, weight, bias, norm_weight, residual, plan, eps):
+def _(x, weight, bias, residual, plan, rms_eps):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
 @torch.library.custom_op("tritree::linear_out", mutates_args=("out",))
-def _linear_out_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   norm_weight: torch.Tensor | None, residual: torch.Tensor | None, out: torch.Tensor,
-                   plan: list[int], eps: float) -> None:
-    _launch(x, weight, bias, norm_weight, eps, residual, out, LinearPlan.from_ints(plan))
+def _linear_out_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                   out: torch.Tensor, plan: list[int], rms_eps: float | None) -> None:
+    _launch(x, weight, bias, rms_eps, residual, out, LinearPlan.from_ints(plan))

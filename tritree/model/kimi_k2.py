@@ -75,8 +75,10 @@ DENSE_EXPERT_KEYS = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
 # the MoE block's gate_up reads both), replacing ``shared_experts.gate_proj.weight`` and ``up_proj.weight``.
 SHARED_GATE_UP_KEY = "shared_experts.gate_up_proj.weight"
 # ``q_a_proj``'s rows then ``kv_a_proj_with_mqa``'s in one tensor ``[q_lora_rank + latent_dim, H]`` after
-# :func:`to_kernel_layout_` (one pass reads both; at decode the input RMSNorm is folded into it), and their biases
-# ``[q_lora_rank + latent_dim]`` when the checkpoint has them; replacing the two projections' tensors.
+# :func:`to_kernel_layout_`, the layer's input RMSNorm weight ``g`` folded into its columns (``W * g``:
+# ``rmsnorm(x, g) W^T = rms(x) (W * g)^T``, so one launch of :func:`tritree.kernels.linear` normalises the rows and
+# projects them), and their biases ``[q_lora_rank + latent_dim]`` when the checkpoint has them; replacing the two
+# projections' tensors.
 QKV_A_KEY = "self_attn.qkv_a_proj.weight"
 QKV_A_BIAS_KEY = "self_attn.qkv_a_proj.bias"
 EXPERT_LAYOUTS = ("dense", "int4")
@@ -183,14 +185,17 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
     - the shared expert's gate and up rows concatenated into ``mlp.shared_experts.gate_up_proj.weight``
       (``[2 Is, H]``: the MoE block's operand, :func:`tritree.kernels.moe_block`);
     - every layer's ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows (and biases) concatenated into
-      ``self_attn.qkv_a_proj.weight`` (``QKV_A_KEY``, ``[q_lora_rank + latent_dim, H]``: one projection of the
-      hidden state, with the input RMSNorm folded in at decode).
+      ``self_attn.qkv_a_proj.weight`` (``QKV_A_KEY``, ``[q_lora_rank + latent_dim, H]``), times the layer's input
+      RMSNorm weight by column (rounded once to the weights' dtype): one projection of the hidden state with the
+      norm in it.
 
     ``params`` itself is updated and returned; call it once after loading (and sharding), before the first
     forward. Idempotent."""
     for k in [k for k in params if k.endswith(".self_attn.q_a_proj.weight")]:
         p = k[:-len("q_a_proj.weight")]
-        params[p + "qkv_a_proj.weight"] = torch.cat([params.pop(k), params.pop(p + "kv_a_proj_with_mqa.weight")])
+        g = params[p[:-len("self_attn.")] + "input_layernorm.weight"]
+        params[p + "qkv_a_proj.weight"] = _fold_norm(
+            torch.cat([params.pop(k), params.pop(p + "kv_a_proj_with_mqa.weight")]), g)
         if p + "q_a_proj.bias" in params:
             params[p + "qkv_a_proj.bias"] = torch.cat([params.pop(p + "q_a_proj.bias"),
                                                        params.pop(p + "kv_a_proj_with_mqa.bias")])
@@ -308,38 +313,40 @@ def mlp(params, cfg, i, h, tp=None, tree_lens=None):
     return dist.all_reduce_(tp, out)
 
 
-def _qkv_a(params, p: str):
+def _fold_norm(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``w [N, K]`` times an RMSNorm weight ``g [K]`` by column, in float32, rounded once to ``w``'s dtype."""
+    return (w.float() * g.float()).to(w.dtype)
+
+
+def _qkv_a(params, p: str, g: torch.Tensor):
     """``(weight [q_lora_rank + latent_dim, H], bias or None)``: the ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows of
-    attention prefix ``p`` (concatenated here when the params were not passed through :func:`to_kernel_layout_`)."""
+    attention prefix ``p`` with the input RMSNorm weight ``g`` folded in (``QKV_A_KEY``; built here when the params
+    were not passed through :func:`to_kernel_layout_`)."""
     w = params.get(p + "qkv_a_proj.weight")
     if w is not None:
         return w, params.get(p + "qkv_a_proj.bias")
-    w = torch.cat([params[p + "q_a_proj.weight"], params[p + "kv_a_proj_with_mqa.weight"]])
+    w = _fold_norm(torch.cat([params[p + "q_a_proj.weight"], params[p + "kv_a_proj_with_mqa.weight"]]), g)
     b = params.get(p + "q_a_proj.bias")
     return w, None if b is None else torch.cat([b, params[p + "kv_a_proj_with_mqa.bias"]])
 
 
-def _mla_inputs(params, cfg, i, h, rope, norm_weight=None):
-    """Query halves and the cached latent of tokens ``h [B, S, hidden]``; ``rope``: their
-    :func:`rope_cos_sin` tables ``([B, S, rope], [B, S, rope])``. ``norm_weight``: ``h`` is the residual stream and
-    this is the input RMSNorm's weight, folded into the q_a / kv_a projection (:func:`tritree.kernels.linear`: one
-    launch at decode row counts); None: ``h`` is already normalised."""
+def _mla_inputs(params, cfg, i, x, rope):
+    """Query halves and the cached latent of tokens ``x [B, S, hidden]`` (the residual stream: the layer's input
+    RMSNorm is applied here); ``rope``: their :func:`rope_cos_sin` tables ``([B, S, rope], [B, S, rope])``. With
+    ``q_lora_rank`` the norm and the q_a / kv_a projection are one :func:`tritree.kernels.linear` (one launch at
+    decode row counts; the norm's weight folded into the projection's, :func:`_qkv_a`)."""
     p = layer_prefix(i) + "self_attn."
-    B, S, Hd = h.shape
+    B, S, Hd = x.shape
     H = cfg.heads
+    g = params[layer_prefix(i) + "input_layernorm.weight"]
     if cfg.q_lora_rank is None:
-        if norm_weight is not None:
-            h = rms_norm(h, norm_weight, cfg.rms_norm_eps)
+        h = rms_norm(x, g, cfg.rms_norm_eps)
         q = linear(h, params[p + "q_proj.weight"])
         a = linear(h, params[p + "kv_a_proj_with_mqa.weight"], params.get(p + "kv_a_proj_with_mqa.bias"))
     else:
-        w, b = _qkv_a(params, p)
-        if norm_weight is None:
-            qa = linear(h, w, b)
-        else:
-            w = w.to(h.dtype)
-            qa = fused_linear(h.reshape(B * S, Hd), w, None if b is None else b.to(h.dtype),
-                              norm_weight=norm_weight.to(h.dtype), eps=cfg.rms_norm_eps).view(B, S, -1)
+        w, b = _qkv_a(params, p, g)
+        qa = fused_linear(x.reshape(B * S, Hd), w.to(x.dtype), None if b is None else b.to(x.dtype),
+                          rms_eps=cfg.rms_norm_eps).view(B, S, -1)
         cq, a = qa.split([cfg.q_lora_rank, cfg.latent_dim], dim=-1)
         q = linear(rms_norm(cq, params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps), params[p + "q_b_proj.weight"])
     q_nope, q_pe = q.view(B, S, H, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
@@ -364,16 +371,16 @@ def _o_bias(params, i, o):
     return o if b is None else o + b.to(o.dtype)
 
 
-def attention_prefill(params, cfg, i, h, rope, tp=None):
-    """Naive MLA with causal attention over the prompt; returns (out, latents [B, S, 576]). ``rope``: the
-    tokens' :func:`rope_cos_sin` tables. Under ``tp`` the local heads' ``o_proj`` partial sums are
-    all-reduced; the latents are the full (replicated) ones."""
-    B, S, _ = h.shape
-    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, rope)
+def attention_prefill(params, cfg, i, x, rope, tp=None):
+    """Naive MLA with causal attention over the prompt (its input RMSNorm included: ``x`` is the residual stream);
+    returns (out, latents [B, S, 576]). ``rope``: the tokens' :func:`rope_cos_sin` tables. Under ``tp`` the local
+    heads' ``o_proj`` partial sums are all-reduced; the latents are the full (replicated) ones."""
+    B, S, _ = x.shape
+    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, x, rope)
     w_uk, w_uv = _kv_b(params, cfg, i)
     c_kv, k_pe = latent.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
-    k_nope = torch.einsum("bsc,hnc->bshn", c_kv, w_uk.to(h.dtype))
-    v = torch.einsum("bsc,hvc->bshv", c_kv, w_uv.to(h.dtype))
+    k_nope = torch.einsum("bsc,hnc->bshn", c_kv, w_uk.to(x.dtype))
+    v = torch.einsum("bsc,hvc->bshv", c_kv, w_uv.to(x.dtype))
     k = torch.cat([k_nope, k_pe[:, :, None].expand(-1, -1, cfg.heads, -1)], dim=-1)
     q = torch.cat([q_nope, q_pe], dim=-1)
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
@@ -382,20 +389,19 @@ def attention_prefill(params, cfg, i, h, rope, tp=None):
     return _o_bias(params, i, dist.all_reduce_(tp, o)), latent
 
 
-def attention_verify(params, cfg, i, h, rope, cache, tree_mask, tree_lens, layer_kv, tp=None, norm_weight=None):
-    """Absorbed MLA over the paged cache with the tree mask (verify_mla); writes the tree latents.
-    ``rope``: the nodes' :func:`rope_cos_sin` tables. Under ``tp``: the local heads, then an all-reduce of
-    the ``o_proj`` partial sums. ``norm_weight``: ``h`` is the residual stream, normalised inside the q_a / kv_a
-    projection with this input RMSNorm weight (:func:`_mla_inputs`)."""
-    B, T, _ = h.shape
-    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, h, rope, norm_weight)
+def attention_verify(params, cfg, i, x, rope, cache, tree_mask, tree_lens, layer_kv, tp=None):
+    """Absorbed MLA over the paged cache with the tree mask (verify_mla), its input RMSNorm included (``x`` is the
+    residual stream); writes the tree latents. ``rope``: the nodes' :func:`rope_cos_sin` tables. Under ``tp``: the
+    local heads, then an all-reduce of the ``o_proj`` partial sums."""
+    B, T, _ = x.shape
+    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, x, rope)
     w_uk, w_uv = _kv_b(params, cfg, i)
-    q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk.to(h.dtype))  # W_UK folded into the query
+    q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk.to(x.dtype))  # W_UK folded into the query
     q = torch.cat([q_lat, q_pe], dim=-1).contiguous()
     kv_write_(layer_kv, cache["page_table"], cache["kv_lens"], latent.contiguous(), tree_lens)
     o_lat = verify_mla(q, layer_kv, cache["page_table"], cache["kv_lens"], tree_mask, sm_scale=cfg.softmax_scale,
                        tree_lens=tree_lens, d_rope=cfg.qk_rope_head_dim)
-    o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv.to(h.dtype))  # W_UV after attention
+    o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv.to(x.dtype))  # W_UV after attention
     o = dist.all_reduce_(tp, linear(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"]))
     return _o_bias(params, i, o)
 
@@ -436,9 +442,7 @@ def prefill(params, cfg: KimiK2Config, tokens: torch.Tensor, cache: dict | None 
     rope = rope_cos_sin(cfg, torch.arange(S, device=tokens.device).expand(B, S), x.dtype)
     tapped = {}
     for n, i in enumerate(_layers(cfg, params)):
-        p = layer_prefix(i)
-        a, latent = attention_prefill(params, cfg, i, rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps),
-                                      rope, tp)
+        a, latent = attention_prefill(params, cfg, i, x, rope, tp)
         if cache is not None:
             kv_write_(cache["kv"][n], cache["page_table"], cache["kv_lens"], latent.to(cache["kv"].dtype).contiguous())
         x = x + a
@@ -466,9 +470,7 @@ def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor,
     rope = rope_cos_sin(cfg, cache["kv_lens"][:, None].to(torch.int64) + depth.to(torch.int64), x.dtype)
     tapped = {}
     for n, i in enumerate(_layers(cfg, params)):
-        p = layer_prefix(i)
-        x = x + attention_verify(params, cfg, i, x, rope, cache, tree_mask, tree_lens, cache["kv"][n], tp,
-                                 norm_weight=params[p + "input_layernorm.weight"])
+        x = x + attention_verify(params, cfg, i, x, rope, cache, tree_mask, tree_lens, cache["kv"][n], tp)
         x = ffn(params, cfg, i, x, tp, tree_lens)
         if i in taps:
             tapped[i] = x
