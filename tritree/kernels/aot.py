@@ -338,7 +338,7 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
                                       "stride_o": "i32"}),
             ):
                 cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
-                          OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0, PREFETCH=M.PREFETCH_TILES)
+                          OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
                 divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
                 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
                 k = triton.compile(GluonASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in cx}},
