@@ -190,11 +190,12 @@ class LinearConfig:
 # run. The weight tile [BLOCK_N, BLOCK_K] is the MMA's wide side; BLOCK_M covers the rows. sm_90, measured on an
 # H100 (bench/RESULTS.md, "Skinny linear"): blocks of 16 rows (two row blocks at 17-32 rows) and a K split for one
 # program an SM were the fastest of twelve configs at 1 and 17 rows; beyond 32 rows cuBLAS wins. sm_120 and sm_80
-# (not measured) the same tile. Bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py: sm_120 101,376 B
-# of shared memory, no spills).
+# (not measured) the same tile; on sm_120 in 8 warps (with 4, triton 3.9's build of the one-split kernel keeps an
+# 8-byte stack). Bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py: sm_120 101,376 B of shared
+# memory, no spills; triton 3.6 and 3.9).
 LINEAR_CONFIGS: dict[str, dict[int, LinearConfig]] = {
     "sm_90": {32: LinearConfig(16, 64, 128, 4, 4, programs_per_sm=1)},
-    "sm_120": {32: LinearConfig(16, 64, 128, 4, 4, programs_per_sm=1)},
+    "sm_120": {32: LinearConfig(16, 64, 128, 8, 4, programs_per_sm=1)},
     "sm_80": {32: LinearConfig(16, 64, 128, 4, 3, programs_per_sm=1)},
     # Interpreter: few, large programs; a few splits (num_sms() is 4 there) so the tests exercise the reduction.
     "cpu": {256: LinearConfig(32, 32, 32, 4, 1)},
