@@ -199,3 +199,22 @@ def test_gpu_graph_replay_equals_eager():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, linear(x, w, b, rms_eps=eps, residual=r))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [1280, 2112])
+@pytest.mark.parametrize("M", [1, 8])
+@pytest.mark.parametrize("splits", [3, 7, 8])
+def test_gpu_k_splits_with_the_row_norm_repeat_bitwise(N, M, splits):
+    """The split reduction with the row norm at the draft's and the target's 7168-column shapes, odd and even split
+    counts, one row and eight: against the reference, and 20 repeats (fresh poison between them) bit-identical (the
+    partials are summed in split order, so any difference is a race)."""
+    K = 7168
+    x, w, eps, b, r = _inputs(M, N, K, torch.bfloat16, N + M + splits, True, False, False)
+    cfg = LINEAR_CONFIGS["sm_90"][32]
+    per = -(-(K // cfg.block_k) // splits)
+    plan = L.LinearPlan(True, cfg, 1, -(-N // cfg.block_n), -(-(K // cfg.block_k) // per), per * cfg.block_k)
+    first = _check(x, w, eps, None, None, plan=plan).clone()
+    for _ in range(20):
+        _poison_workspaces()
+        assert torch.equal(linear(x, w, rms_eps=eps, plan=plan), first)
