@@ -45,12 +45,13 @@ def _run(x, w, bias, tree_lens=None, T=None, plan=None, **opts):
     N, E = x.shape[0], w.shape[0]
     logits = torch.full((N, E), float("nan"), device=x.device)
     if N and plan is None and (x.device.type == "cuda" or R.interpreting()):
-        # Poison the plan's workspaces: every element read must have been written in the same launch.
+        # Poison the plan's workspaces: every element read must have been written in the same launch (an unwritten
+        # candidate key would beat every written one).
         moe_route(x, w, bias, tree_lens=tree_lens, rows_per_request=T, logits_out=logits, **opts)
         for p in R._ROUTE_PLANS._plans.values():
             for t in (p._scratch.get(x.device) if hasattr(p, "_scratch") else ()):
                 if t is not None:
-                    t.fill_(float("nan"))
+                    t.fill_(float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).max)
         logits.fill_(float("nan"))
     idx, wt = moe_route(x, w, bias, tree_lens=tree_lens, rows_per_request=T, logits_out=logits, plan=plan, **opts)
     assert idx.shape == (N, opts["top_k"]) and idx.dtype == torch.int32 and idx.device == x.device
@@ -193,13 +194,18 @@ def test_every_grid_path():
     x = torch.randn(N, H, generator=g).to(DEVICE)
     w = (torch.randn(E, H, generator=g) / H**0.5).to(DEVICE)
     b = (0.1 * torch.randn(E, generator=g)).to(DEVICE)
-    opts = dict(top_k=6, n_group=4, topk_group=2)
-    for cfg, split in ((RouterConfig(16, 128, 32, 4, 1), 1), (RouterConfig(16, 32, 32, 4, 1), 1),
-                       (RouterConfig(32, 32, 64, 4, 1), 2), (RouterConfig(16, 64, 32, 4, 1, sel_lanes=128), 4)):
+    configs = ((RouterConfig(16, 128, 32, 4, 1), 1), (RouterConfig(16, 32, 32, 4, 1), 1),
+               (RouterConfig(32, 32, 64, 4, 1), 2), (RouterConfig(16, 64, 32, 4, 1, sel_lanes=128), 4))
+    # Groups (every lane read by the selection), one group (the tiles' candidates), one group with more picks
+    # than a tile has experts (a tile's every expert a candidate).
+    routings = (dict(top_k=6, n_group=4, topk_group=2), dict(top_k=6), dict(top_k=40))
+    for (cfg, split), opts in itertools.product(configs, routings):
         k_tiles = -(-H // cfg.block_k)
         per = -(-k_tiles // split)
-        plan = RoutePlan(cfg, -(-N // cfg.block_t), -(-E // cfg.block_e), -(-k_tiles // per), per * cfg.block_k,
-                         max(1, min(cfg.block_t, cfg.sel_lanes // R._lanes(E, 4))))
+        tiles = -(-E // cfg.block_e)
+        lanes = R._sel_lanes(E, opts["top_k"], opts.get("n_group", 1), cfg.block_e, tiles)
+        sel = 1 << (max(1, min(cfg.block_t, cfg.sel_lanes // lanes)).bit_length() - 1)
+        plan = RoutePlan(cfg, -(-N // cfg.block_t), tiles, -(-k_tiles // per), per * cfg.block_k, sel)
         _check(x, w, b, plan=plan, **opts)
 
 
@@ -283,7 +289,7 @@ def test_plan_and_splits():
     p = plan_moe_route(1, 7168, 384, torch.bfloat16, torch.bfloat16, 8, 1, 1, "sm_90", 132)
     assert p is plan_moe_route(1, 7168, 384, torch.bfloat16, torch.bfloat16, 8, 1, 1, "sm_90", 132)
     assert p.config is ROUTER_CONFIGS["sm_90"][16]
-    assert p.grid == (1, 12, 19) and p.k_split == 3 * 128 and p.sel_rows == 8
+    assert p.grid == (1, 12, 19) and p.k_split == 3 * 128 and p.sel_rows == 16  # 96 candidates a row
     for N, arch, sms in itertools.product((1, 9, 17, 33, 65, 129, 130, 1024, 8192), ("sm_90", "sm_120"), (132, 188)):
         q = plan_moe_route(N, 7168, 384, torch.bfloat16, torch.bfloat16, 8, 8, 4, arch, sms)
         c = q.config
@@ -296,7 +302,8 @@ def test_plan_and_splits():
         else:
             assert q.split_k <= min(R.MAX_SPLIT_K, k_tiles)
             assert q.split_k * programs <= 2 * c.programs_per_sm * sms
-        assert c.block_t % q.sel_rows == 0 and q.sel_rows * R._lanes(384, 8) <= max(c.sel_lanes, R._lanes(384, 8))
+        lanes = R._lanes(384, 8)
+        assert c.block_t % q.sel_rows == 0 and q.sel_rows * lanes <= max(c.sel_lanes, lanes)
         assert RoutePlan.from_ints(q.as_ints()) == q
     assert plan_moe_route(8192, 7168, 384, torch.bfloat16, torch.bfloat16, 8, 1, 1, "sm_90", 132).split_k == 1
     # Unknown architectures take sm_80's table.

@@ -359,14 +359,14 @@ def router_reports(archs=None) -> list[CompileReport]:
     routing (one group) and DeepSeek-V3's group limit (8 groups, 4 kept)."""
     import torch
 
-    from .router import ROUTER_CONFIGS, SUM_UNROLL, _route_kernel, plan_moe_route
+    from .router import ROUTER_CONFIGS, _constexprs, _route_kernel, plan_moe_route
 
     sms = {"sm_90": 132, "sm_120": 188, "sm_80": 108}
     H, E, top_k = 7168, 384, 8
-    ptrs = ("X", "W", "Bias", "TreeLens", "Part", "Logits", "Count", "Idx", "Wt")
-    ints = ("N", "H", "E", "stride_x", "stride_w", "stride_l", "k_split", "T", "expert_offset")
-    divisible = ("X", "W", "Bias", "Part", "Logits", "Idx", "Wt", "H", "E", "stride_x", "stride_w", "stride_l",
-                 "k_split")
+    ptrs = ("X", "W", "Bias", "TreeLens", "Part", "Logits", "Cand", "Count", "Idx", "Wt")
+    ints = ("N", "H", "E", "stride_x", "stride_w", "stride_l", "k_split", "n_cand", "T", "expert_offset")
+    divisible = ("X", "W", "Bias", "Part", "Logits", "Cand", "Idx", "Wt", "H", "E", "stride_x", "stride_w",
+                 "stride_l", "k_split", "n_cand")
     reports = []
     for arch, table in ROUTER_CONFIGS.items():
         if arch not in CAPABILITY or (archs and arch not in archs):
@@ -378,15 +378,11 @@ def router_reports(archs=None) -> list[CompileReport]:
                 for n_group, topk_group in ((1, 1), (8, 4)):
                     plan = plan_moe_route(N, H, E, tdt, tdt, top_k, n_group, topk_group, arch, sms[arch], cfg)
                     sig = {"X": "*" + dtype, "W": "*" + dtype, "Bias": "*fp32", "TreeLens": "*i32", "Part": "*fp32",
-                           "Logits": "*fp32", "Count": "*i32", "Idx": "*i32", "Wt": "*fp32",
+                           "Logits": "*fp32", "Cand": "*i64", "Count": "*i32", "Idx": "*i32", "Wt": "*fp32",
                            **{n: "i32" for n in ints}, "scaling": "fp32"}
                     assert tuple(sig)[:len(ptrs)] == ptrs
-                    consts = dict(BLOCK_T=cfg.block_t, BLOCK_E=cfg.block_e, BLOCK_K=cfg.block_k, SPLIT_K=plan.split_k,
-                                  ONE_TILE=plan.expert_tiles == 1, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-                                  N_GROUP=n_group, TOPK_GROUP=topk_group, G_PAD=triton.next_power_of_2(n_group),
-                                  GS_PAD=triton.next_power_of_2(E // n_group), SEL_ROWS=plan.sel_rows, HAS_BIAS=True,
-                                  HAS_LENS=True, NORM=True, DOT_F32=dtype == "fp32", EVEN_K=H % cfg.block_k == 0,
-                                  EVEN_E=E % cfg.block_e == 0, SUM_UNROLL=SUM_UNROLL)
+                    consts = _constexprs(plan, N, H, E, tdt, tdt, top_k, n_group, topk_group, True, True, True)
+                    consts["DOT_F32"] = dtype == "fp32"  # as on the GPU, also when this process interprets
                     label = (f"BT{cfg.block_t} BE{cfg.block_e} BK{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} "
                              f"{dtype} g{n_group}/{topk_group} split{plan.split_k} sel{plan.sel_rows}")
                     reports.append(audit(_route_kernel, sig, consts, arch, cfg.num_warps, cfg.num_stages, divisible,

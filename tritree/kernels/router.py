@@ -16,16 +16,20 @@ One launch (:func:`_route_kernel`), grid ``(row blocks, expert tiles, K splits)`
 2. split K: the fp32 partials go to a workspace ``[splits, N, E]`` by plain stores; the last program of a tile
    to arrive (an arrival counter per tile, ``atomic_add`` acq_rel after a CTA barrier) adds them in split
    order (deterministic) and stores the tile's logits (to ``logits_out`` when given, else a workspace);
-3. the last tile of a row block to arrive (a counter per row block) selects for the block's rows: sigmoid,
-   bias, the group limit, ``top_k`` rounds of a max over packed ``(order-preserving choice bits, lowest lane)``
-   int64 keys (one reduction a round gives the value and the lowest id among equals), the weights, the
-   normalisation, scaling, offset and padding; then it resets its counters to 0 (so do the tile reducers).
+3. selection by ``top_k`` rounds of a max over packed ``(order-preserving choice bits, lowest id)`` int64 keys
+   (one reduction a round gives the value and the lowest id among equals). With one group (Kimi K2.6) every
+   tile's reducer first keeps its rows' best ``top_k`` keys among its experts (the candidates, in parallel over
+   the tiles); the last tile of a row block to arrive (a counter per row block) picks from the row's candidates
+   (``tiles x top_k`` keys, not ``E``). With groups (``n_group > 1``) a group's score needs all its choices, so
+   that program reads every logit of its rows: sigmoid, bias, the group limit, the rounds. Then the weights
+   (the picked scores), normalisation, scaling, offset and padding; the program resets its counters to 0 (so do
+   the tile reducers).
 
 The arrival counters are one int32 buffer per device (:func:`tritree.kernels._launch.arrival_counters`), allocated zeroed outside any CUDA-graph
 capture and never freed (captured graphs keep its address); every launch leaves the counters it used at 0.
 Launches on one stream are ordered, so eager calls and graph replays may interleave freely; **concurrent calls
-on different streams of one device are not supported** (they would share counters). The partials and logits
-workspaces need no zeroing (every element read was written in the same launch).
+on different streams of one device are not supported** (they would share counters). The partials, logits and
+candidates workspaces need no zeroing (every element read was written in the same launch).
 
 No host sync: CUDA-graph capturable once warm. Under Triton's interpreter the programs run one after another
 (the last one of a tile or row block is the one that selects), so the CPU tests run the same code path.
@@ -94,7 +98,8 @@ def _select_rows(Logits, Bias, TreeLens, Idx, Wt, rows, N, E, stride_l, T, exper
                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr,
                  G_PAD: tl.constexpr, GS_PAD: tl.constexpr, SEL_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
                  HAS_LENS: tl.constexpr, NORM: tl.constexpr):
-    """The routing of ``SEL_ROWS`` rows (``rows``; those >= N masked) from their fp32 logits. Lanes: group ``g``
+    """The routing of ``SEL_ROWS`` rows (``rows``; those >= N masked) from their fp32 logits, with groups
+    (``N_GROUP > 1``: a group's score needs all its choices, so every lane is read here). Lanes: group ``g``
     (of ``G_PAD``), position ``j`` (of ``GS_PAD``) in the group, expert ``g GS + j``; lanes past the groups or the
     group size are no expert."""
     L: tl.constexpr = G_PAD * GS_PAD
@@ -112,24 +117,23 @@ def _select_rows(Logits, Bias, TreeLens, Idx, Wt, rows, N, E, stride_l, T, exper
     if HAS_BIAS:
         choice += tl.load(Bias + eid, mask=valid, other=0.0)[None, :]
     choice = tl.where(ok, choice, float("-inf"))
-    if N_GROUP > 1:
-        # Group scores: the two highest choices of each group (the first maximum's lane excluded once).
-        c3 = tl.reshape(choice, [SEL_ROWS, G_PAD, GS_PAD])
-        j3 = tl.arange(0, GS_PAD)[None, None, :]
-        m1 = tl.max(c3, 2)
-        j1 = tl.min(tl.where(c3 == m1[:, :, None], j3, GS_PAD), 2)
-        m2 = tl.max(tl.where(j3 == j1[:, :, None], float("-inf"), c3), 2)
-        gscore = m1 + m2
-        g2 = tl.arange(0, G_PAD)[None, :]
-        gscore = tl.where(g2 < N_GROUP, gscore, float("-inf"))
-        keep = tl.zeros([SEL_ROWS, G_PAD], dtype=tl.int1)
-        for _ in range(TOPK_GROUP):  # the best remaining group, the lowest id among equals
-            avail = tl.where(keep, float("-inf"), gscore)
-            gm = tl.max(avail, 1)
-            gsel = tl.min(tl.where((avail == gm[:, None]) & (keep == 0), g2, G_PAD), 1)
-            keep = keep | (g2 == gsel[:, None])
-        keep_lane = tl.reshape(tl.broadcast_to(keep[:, :, None], [SEL_ROWS, G_PAD, GS_PAD]), [SEL_ROWS, L])
-        choice = tl.where(keep_lane, choice, float("-inf"))
+    # Group scores: the two highest choices of each group (the first maximum's lane excluded once).
+    c3 = tl.reshape(choice, [SEL_ROWS, G_PAD, GS_PAD])
+    j3 = tl.arange(0, GS_PAD)[None, None, :]
+    m1 = tl.max(c3, 2)
+    j1 = tl.min(tl.where(c3 == m1[:, :, None], j3, GS_PAD), 2)
+    m2 = tl.max(tl.where(j3 == j1[:, :, None], float("-inf"), c3), 2)
+    gscore = m1 + m2
+    g2 = tl.arange(0, G_PAD)[None, :]
+    gscore = tl.where(g2 < N_GROUP, gscore, float("-inf"))
+    keep = tl.zeros([SEL_ROWS, G_PAD], dtype=tl.int1)
+    for _ in range(TOPK_GROUP):  # the best remaining group, the lowest id among equals
+        avail = tl.where(keep, float("-inf"), gscore)
+        gm = tl.max(avail, 1)
+        gsel = tl.min(tl.where((avail == gm[:, None]) & (keep == 0), g2, G_PAD), 1)
+        keep = keep | (g2 == gsel[:, None])
+    keep_lane = tl.reshape(tl.broadcast_to(keep[:, :, None], [SEL_ROWS, G_PAD, GS_PAD]), [SEL_ROWS, L])
+    choice = tl.where(keep_lane, choice, float("-inf"))
     # Keys: the choice's bits in an order-preserving signed form above, L - 1 - lane below: one max is the
     # highest choice and, among equal choices, the lowest lane (= the lowest expert id).
     bits = choice.to(tl.int32, bitcast=True)
@@ -145,6 +149,18 @@ def _select_rows(Logits, Bias, TreeLens, Idx, Wt, rows, N, E, stride_l, T, exper
         key = tl.where(key == kmax[:, None], lowest, key)
         sel = tl.where(kcol == j, pick[:, None], sel)
     e_sel = tl.minimum((sel // GS_PAD) * GS + sel % GS_PAD, E - 1)
+    _write_routes(Logits, TreeLens, Idx, Wt, rows, e_sel, N, stride_l, T, expert_offset, scaling, TOP_K, K_PAD,
+                  HAS_LENS, NORM)
+
+
+@triton.jit
+def _write_routes(Logits, TreeLens, Idx, Wt, rows, e_sel, N, stride_l, T, expert_offset, scaling, TOP_K: tl.constexpr,
+                  K_PAD: tl.constexpr, HAS_LENS: tl.constexpr, NORM: tl.constexpr):
+    """The outputs of ``rows`` from their picks ``e_sel [rows, K_PAD]`` (global expert ids, the first ``TOP_K``
+    columns real): weights from the logits, normalisation, scaling, the offset and padding rows."""
+    kcol = tl.arange(0, K_PAD)[None, :]
+    row_ok = rows < N
+    r64 = rows.to(tl.int64)
     out_ok = row_ok[:, None] & (kcol < TOP_K)
     # The weights: the scores at the picks (the same fp32 logits, the same sigmoid).
     w = tl.sigmoid(tl.load(Logits + r64[:, None] * stride_l + e_sel, mask=out_ok, other=0.0, cache_modifier=".cg"))
@@ -163,18 +179,70 @@ def _select_rows(Logits, Bias, TreeLens, Idx, Wt, rows, N, E, stride_l, T, exper
     tl.store(Wt + dst, w, mask=out_ok)
 
 
+_LOWEST = tl.constexpr(-9223372036854775808)  # below every key: no expert
+
+
 @triton.jit
-def _route_kernel(X, W, Bias, TreeLens, Part, Logits, Count, Idx, Wt,
-                  N, H, E, stride_x, stride_w, stride_l, k_split, T, expert_offset, scaling,
+def _tile_candidates(lg, rows, experts, row_ok, e_ok, Bias, Cand, et, N_CAND, HAS_BIAS: tl.constexpr,
+                     C_T: tl.constexpr):
+    """A tile's candidates (one group): the keys of each row's ``C_T`` best experts among the tile's, stored at
+    ``Cand[row, et C_T + j]`` (``_LOWEST`` past the tile's experts). The ``TOP_K`` best of a row are among the
+    union of its tiles' candidates, so the row block's selection reads ``C_T`` keys a tile, not ``E`` logits.
+    A key: the choice's bits (``sigmoid + bias``) in an order-preserving signed form above, ``2^31 - 1 - expert``
+    below: one max is the highest choice and, among equal choices, the lowest expert id."""
+    BLOCK_T: tl.constexpr = lg.shape[0]
+    choice = tl.sigmoid(lg)
+    if HAS_BIAS:
+        choice += tl.load(Bias + experts, mask=e_ok, other=0.0)[None, :]
+    bits = choice.to(tl.int32, bitcast=True)
+    bits = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    key = (bits.to(tl.int64) << 32) | (0x7FFFFFFF - experts)[None, :].to(tl.int64)
+    key = tl.where(row_ok[:, None] & e_ok[None, :], key, _LOWEST)
+    ccol = tl.arange(0, C_T)[None, :]
+    cand = tl.full([BLOCK_T, C_T], _LOWEST, tl.int64)
+    for j in tl.static_range(C_T):
+        kmax = tl.max(key, 1)
+        key = tl.where(key == kmax[:, None], _LOWEST, key)
+        cand = tl.where(ccol == j, kmax[:, None], cand)
+    tl.store(Cand + rows.to(tl.int64)[:, None] * N_CAND + et * C_T + ccol, cand, mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_rows(Cand, Logits, TreeLens, Idx, Wt, rows, N, N_CAND, stride_l, T, expert_offset, scaling,
+                TOP_K: tl.constexpr, K_PAD: tl.constexpr, C_PAD: tl.constexpr, HAS_LENS: tl.constexpr,
+                NORM: tl.constexpr):
+    """The routing of ``rows`` (one group) from their tiles' candidate keys: ``TOP_K`` max rounds over
+    ``N_CAND`` keys a row (padded to ``C_PAD``)."""
+    SEL_ROWS: tl.constexpr = rows.shape[0]
+    row_ok = rows < N
+    c = tl.arange(0, C_PAD)[None, :]
+    key = tl.load(Cand + rows.to(tl.int64)[:, None] * N_CAND + c, mask=row_ok[:, None] & (c < N_CAND),
+                  other=_LOWEST, cache_modifier=".cg")
+    kcol = tl.arange(0, K_PAD)[None, :]
+    e_sel = tl.zeros([SEL_ROWS, K_PAD], dtype=tl.int32)
+    for j in range(TOP_K):
+        kmax = tl.max(key, 1)
+        key = tl.where(key == kmax[:, None], _LOWEST, key)
+        e_sel = tl.where(kcol == j, 0x7FFFFFFF - (kmax & 0x7FFFFFFF).to(tl.int32)[:, None], e_sel)
+    _write_routes(Logits, TreeLens, Idx, Wt, rows, e_sel, N, stride_l, T, expert_offset, scaling, TOP_K, K_PAD,
+                  HAS_LENS, NORM)
+
+
+@triton.jit
+def _route_kernel(X, W, Bias, TreeLens, Part, Logits, Cand, Count, Idx, Wt,
+                  N, H, E, stride_x, stride_w, stride_l, k_split, n_cand, T, expert_offset, scaling,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                   ONE_TILE: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr, N_GROUP: tl.constexpr,
                   TOPK_GROUP: tl.constexpr, G_PAD: tl.constexpr, GS_PAD: tl.constexpr, SEL_ROWS: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_LENS: tl.constexpr, NORM: tl.constexpr, DOT_F32: tl.constexpr,
-                  EVEN_K: tl.constexpr, EVEN_E: tl.constexpr, SUM_UNROLL: tl.constexpr):
+                  EVEN_K: tl.constexpr, EVEN_E: tl.constexpr, SUM_UNROLL: tl.constexpr, C_T: tl.constexpr,
+                  C_PAD: tl.constexpr):
     """Grid ``(row blocks, expert tiles, SPLIT_K)``; see the module. ``X [N, H]`` and ``W [E, H]`` by row strides;
     ``Part [SPLIT_K, N, E]`` fp32 (``SPLIT_K > 1``); ``Logits [N, E]`` fp32 by ``stride_l``; ``Count``: int32
     counters at 0, ``row blocks x expert tiles`` for the tiles then ``row blocks`` for the row blocks;
     ``Idx/Wt [N, TOP_K]`` contiguous. ``k_split``: columns of H per split (whole ``BLOCK_K`` tiles).
+    One group: ``Cand [N, n_cand]`` int64, ``C_T`` candidates a tile (``n_cand = tiles x C_T``, padded to
+    ``C_PAD`` by the selection).
     ``ONE_TILE``: one expert tile (the row block's program selects without a counter). ``DOT_F32``: the tiles
     converted to fp32 for an IEEE fp32 dot (fp32 or mixed inputs, and the interpreter)."""
     rb = tl.program_id(0)
@@ -215,6 +283,8 @@ def _route_kernel(X, W, Bias, TreeLens, Part, Logits, Count, Idx, Wt,
     tile_done = True
     if SPLIT_K == 1:
         tl.store(lg_ptr, acc, mask=tile_ok)
+        if N_GROUP == 1:
+            _tile_candidates(acc, rows, experts, row_ok, e_ok, Bias, Cand, et, n_cand, HAS_BIAS, C_T)
     else:
         NE = tl.cast(N, tl.int64) * E
         tl.store(Part + ks.to(tl.int64) * NE + r64 * E + experts[None, :], acc, mask=tile_ok)
@@ -229,22 +299,29 @@ def _route_kernel(X, W, Bias, TreeLens, Part, Logits, Count, Idx, Wt,
                     tot += tl.load(part + (s0 + u) * NE, mask=tile_ok & (s0 + u < SPLIT_K), other=0.0,
                                    cache_modifier=".cg")
             tl.store(lg_ptr, tot, mask=tile_ok)
+            if N_GROUP == 1:
+                _tile_candidates(tot, rows, experts, row_ok, e_ok, Bias, Cand, et, n_cand, HAS_BIAS, C_T)
             tl.store(tile_count, 0)  # for the next launch
     if tile_done:
-        tl.debug_barrier()  # the tile's logits stored (by every thread) before the row block's arrival
+        tl.debug_barrier()  # the tile's logits and candidates stored (by every thread) before the row block's arrival
         last = True
         if not ONE_TILE:
             block_count = Count + n_rb * n_et + rb
             last = tl.atomic_add(block_count, 1, sem="acq_rel") == n_et - 1
             if last:
                 tl.store(block_count, 0)
-        if last:  # every tile of the row block is in Logits: route its rows, SEL_ROWS a pass (unrolled: a runtime
-            # loop over the passes spills on sm_120 with fp32 inputs and groups, triton 3.6 and 3.9)
+        if last:  # every tile of the row block is in Logits (and Cand): route its rows, SEL_ROWS a pass (unrolled:
+            # a runtime loop over the passes spills on sm_120 with fp32 inputs and groups, triton 3.6 and 3.9)
             for r0 in tl.static_range(0, BLOCK_T, SEL_ROWS):
                 if rb * BLOCK_T + r0 < N:
-                    _select_rows(Logits, Bias, TreeLens, Idx, Wt, rb * BLOCK_T + r0 + tl.arange(0, SEL_ROWS), N,
-                                 E, stride_l, T, expert_offset, scaling, TOP_K, K_PAD, N_GROUP, TOPK_GROUP, G_PAD,
-                                 GS_PAD, SEL_ROWS, HAS_BIAS, HAS_LENS, NORM)
+                    sel = rb * BLOCK_T + r0 + tl.arange(0, SEL_ROWS)
+                    if N_GROUP == 1:
+                        _merge_rows(Cand, Logits, TreeLens, Idx, Wt, sel, N, n_cand, stride_l, T, expert_offset,
+                                    scaling, TOP_K, K_PAD, C_PAD, HAS_LENS, NORM)
+                    else:
+                        _select_rows(Logits, Bias, TreeLens, Idx, Wt, sel, N, E, stride_l, T, expert_offset, scaling,
+                                     TOP_K, K_PAD, N_GROUP, TOPK_GROUP, G_PAD, GS_PAD, SEL_ROWS, HAS_BIAS, HAS_LENS,
+                                     NORM)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -342,8 +419,22 @@ class RoutePlan:
 
 
 def _lanes(E: int, n_group: int) -> int:
-    """Lanes of the selection: groups and group sizes each padded to a power of two."""
+    """Lanes of the grouped selection: groups and group sizes each padded to a power of two."""
     return triton.next_power_of_2(n_group) * triton.next_power_of_2(E // n_group)
+
+
+def _candidates(top_k: int, block_e: int, expert_tiles: int) -> tuple[int, int]:
+    """One group: ``(candidates a tile, all candidates of a row)``: a tile keeps its best ``top_k`` (a power of two,
+    at most its experts)."""
+    c_t = min(triton.next_power_of_2(top_k), block_e)
+    return c_t, c_t * expert_tiles
+
+
+def _sel_lanes(E: int, top_k: int, n_group: int, block_e: int, expert_tiles: int) -> int:
+    """Lanes a row of the selection takes: its candidates (one group) or all its experts (groups)."""
+    if n_group == 1:
+        return triton.next_power_of_2(_candidates(top_k, block_e, expert_tiles)[1])
+    return _lanes(E, n_group)
 
 
 def config_for(arch: str, N: int) -> RouterConfig:
@@ -368,7 +459,7 @@ def plan_moe_route(N: int, H: int, E: int, x_dtype: torch.dtype, w_dtype: torch.
     split = 1 if programs >= target else max(1, min(MAX_SPLIT_K, k_tiles, -(-target // programs)))
     per = -(-k_tiles // split)  # K tiles per split
     split = -(-k_tiles // per)  # no empty split
-    sel_rows = max(1, min(cfg.block_t, cfg.sel_lanes // _lanes(E, n_group)))
+    sel_rows = max(1, min(cfg.block_t, cfg.sel_lanes // _sel_lanes(E, top_k, n_group, cfg.block_e, expert_tiles)))
     sel_rows = 1 << (sel_rows.bit_length() - 1)  # a power of two (and so divides block_t)
     return RoutePlan(cfg, row_blocks, expert_tiles, split, per * cfg.block_k, sel_rows)
 
@@ -446,20 +537,25 @@ def _dot_f32(x_dtype, w_dtype) -> bool:
 
 def _constexprs(plan: RoutePlan, N, H, E, x_dtype, w_dtype, top_k, n_group, topk_group, norm, has_bias, has_lens):
     c = plan.config
+    c_t, n_cand = _candidates(top_k, c.block_e, plan.expert_tiles)
     return dict(BLOCK_T=c.block_t, BLOCK_E=c.block_e, BLOCK_K=c.block_k, SPLIT_K=plan.split_k,
                 ONE_TILE=plan.expert_tiles == 1, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group,
                 TOPK_GROUP=topk_group, G_PAD=triton.next_power_of_2(n_group),
                 GS_PAD=triton.next_power_of_2(E // n_group), SEL_ROWS=plan.sel_rows, HAS_BIAS=has_bias,
                 HAS_LENS=has_lens, NORM=norm, DOT_F32=_dot_f32(x_dtype, w_dtype),
                 EVEN_K=H % c.block_k == 0,  # then every split is whole K tiles (k_split is)
-                EVEN_E=E % c.block_e == 0, SUM_UNROLL=SUM_UNROLL)
+                EVEN_E=E % c.block_e == 0, SUM_UNROLL=SUM_UNROLL, C_T=c_t,
+                C_PAD=triton.next_power_of_2(n_cand))
 
 
-def _workspace(plan: RoutePlan, N: int, E: int, device, logits: bool):
-    """``(partials [split_k, N, E] or None, logits [N, E] or None)`` fp32, uninitialised."""
+def _workspace(plan: RoutePlan, N: int, E: int, top_k: int, n_group: int, device, logits: bool):
+    """``(partials [split_k, N, E] fp32 or None, logits [N, E] fp32 or None, candidates [N, n_cand] int64 or
+    None)``, uninitialised."""
     part = torch.empty(plan.split_k, N, E, dtype=torch.float32, device=device) if plan.split_k > 1 else None
     lg = torch.empty(N, E, dtype=torch.float32, device=device) if logits else None
-    return part, lg
+    n_cand = _candidates(top_k, plan.config.block_e, plan.expert_tiles)[1]
+    cand = torch.empty(N, n_cand, dtype=torch.int64, device=device) if n_group == 1 else None
+    return part, lg, cand
 
 
 def _launch(x, weight, bias, tree_lens, logits_out, plan: RoutePlan, top_k, n_group, topk_group, norm, scaling,
@@ -473,12 +569,14 @@ def _launch(x, weight, bias, tree_lens, logits_out, plan: RoutePlan, top_k, n_gr
     w = torch.empty(N, top_k, dtype=torch.float32, device=dev)
     if N == 0:
         return idx, w
-    part, lg = scratch if scratch is not None else _workspace(plan, N, E, dev, logits_out is None)
+    part, lg, cand = (scratch if scratch is not None
+                      else _workspace(plan, N, E, top_k, n_group, dev, logits_out is None))
     logits = logits_out if logits_out is not None else lg
     count = arrival_counters(dev, plan.counters)
     args = (x, weight, bias if bias is not None else logits, tree_lens if tree_lens is not None else count,
-            part if part is not None else logits, logits, count, idx, w,
+            part if part is not None else logits, logits, cand if cand is not None else count, count, idx, w,
             N, H, E, x.stride(0), weight.stride(0), logits.stride(0), plan.k_split,
+            _candidates(top_k, plan.config.block_e, plan.expert_tiles)[1],
             rows_per_request if rows_per_request is not None else 1, expert_offset, float(scaling))
     if launcher is not None:
         launcher(plan.grid, *args)
@@ -515,7 +613,7 @@ class _RoutePlanLaunch:
             num_warps=c.num_warps, num_stages=c.num_stages)
         need_logits = logits_out is None
         p = self.plan
-        self._scratch = StreamScratch(lambda: _workspace(p, N, E, dev, need_logits))
+        self._scratch = StreamScratch(lambda: _workspace(p, N, E, top_k, n_group, dev, need_logits))
 
     def run(self, x, weight, bias, tree_lens, logits_out):
         o = self.opts
