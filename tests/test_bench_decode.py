@@ -41,10 +41,12 @@ def test_slice_is_rank_0_of_tp8_and_its_step_runs(tiny, experts):
         m = "model.layers.1.mlp.shared_experts."
         gate, _ = want.pop(m + "gate_proj.weight"), want.pop(m + "up_proj.weight")
         want[m + "gate_up_proj.weight"] = (2 * gate[0], gate[1])
-    for i in range(2):  # and every layer's q_a and kv_a rows
+    for i in range(2):  # and every layer's q_a and kv_a rows, and q_b with the q_a norm in it
         a = f"model.layers.{i}.self_attn."
         qa, kva = want.pop(a + "q_a_proj.weight"), want.pop(a + "kv_a_proj_with_mqa.weight")
         want[a + "qkv_a_proj.weight"] = (qa[0] + kva[0], qa[1])
+        want.pop(a + "q_a_layernorm.weight")
+        want[a + "q_b_normed_proj.weight"] = want.pop(a + "q_b_proj.weight")
     got = {k: tuple(v.shape) for k, v in tparams.items()}
     assert got == want  # the CPU keeps the checkpoint layout of the experts
     assert tparams["lm_head.weight"].shape[0] == 96 // 8 and tcfg.heads == 1

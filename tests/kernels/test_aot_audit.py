@@ -30,6 +30,11 @@ def test_kernel_configs_compile(arch):
 
     lin = [r for r in reports if r.kernel == "_linear_kernel"]
     assert len(lin) == 4 * len(set(LINEAR_CONFIGS[arch].values())), [r.config for r in lin]
+    # The absorbed MLA kernel: every config of its table, as mla_query_ and as mla_output.
+    from tritree.kernels.mla_decode import MLA_CONFIGS
+
+    mla = [r for r in reports if r.kernel == "_mla_kernel"]
+    assert len(mla) == 2 * len(set(MLA_CONFIGS[arch].values())), [r.config for r in mla]
 
 
 def test_gluon_verify_kernels_compile_for_sm90():

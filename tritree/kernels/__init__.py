@@ -8,6 +8,7 @@ from .draft_attention import DraftAttentionPlan, draft_attention, draft_attentio
 from .kv_cache import kv_commit_, kv_commit_reference, kv_gather, kv_gather_reference, kv_write_, kv_write_reference
 from .kv_pool import PagePool, PoolExhausted, defrag_, page_table_from_token_table, token_table_from_page_table
 from .linear import LinearPlan, linear, linear_reference, plan_linear
+from .mla_decode import mla_output, mla_output_reference, mla_query_, mla_query_reference
 from .moe_block import MoeBlockPlan, moe_block, moe_block_reference, plan_moe_block
 from .moe_int4 import Int4Experts, Int4MoePlan, kernel_layout, moe_int4_reference, plan_int4_moe, routed_experts_int4
 from .router import RoutePlan, moe_route, moe_route_reference, plan_moe_route
@@ -22,4 +23,5 @@ __all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "ver
            "clear_plan_caches", "set_debug", "Int4Experts", "Int4MoePlan", "moe_int4_reference", "plan_int4_moe",
            "routed_experts_int4", "kernel_layout", "RoutePlan", "moe_route", "moe_route_reference", "plan_moe_route",
            "MoeBlockPlan", "moe_block", "moe_block_reference", "plan_moe_block", "LinearPlan", "linear",
-           "linear_reference", "plan_linear"]
+           "linear_reference", "plan_linear", "mla_query_", "mla_query_reference", "mla_output",
+           "mla_output_reference"]

@@ -438,6 +438,35 @@ def linear_reports(archs=None) -> list[CompileReport]:
     return reports
 
 
+def mla_reports(archs=None) -> list[CompileReport]:
+    """The absorbed MLA kernel (``mla_decode._mla_kernel``) for every GPU config of ``mla_decode.MLA_CONFIGS`` at
+    Kimi K2.6's per-rank shapes (nope 128, C 512, R 64, pages of 64), bf16: ``mla_query_`` (the product, the
+    rotations, the latent programs and the paged write) and ``mla_output``."""
+    from .mla_decode import MLA_CONFIGS, _mla_kernel
+
+    ptrs = ("X", "W", "Out", "Lat", "NormW", "Cos", "Sin", "KV", "PageTable", "KvLens", "TreeLens")
+    ints = ("M", "K", "N", "H", "stride_xm", "stride_xh", "stride_wh", "stride_wk", "stride_wn", "stride_om",
+            "stride_oh", "stride_lm", "stride_c", "stride_kp", "stride_ks", "stride_ptb", "max_pages", "num_pages",
+            "T", "col_tiles", "row_blocks")
+    reports = []
+    for arch, table in MLA_CONFIGS.items():
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for cfg in dict.fromkeys(table.values()):
+            for query in (True, False):
+                sig = {**{p: "*bf16" for p in ptrs}, **{n: "i32" for n in ints}, "eps": "fp32"}
+                sig.update(PageTable="*i32", KvLens="*i32", TreeLens="*i32")
+                consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, QUERY=query, R=64,
+                              C_PAD=512, ROWS_L=cfg.rows_l, PAGE_SIZE=64, DOT_F32=False, SIGNAL=arch == "sm_90")
+                label = (f"BM{cfg.block_m} BN{cfg.block_n} BK{cfg.block_k} w{cfg.num_warps} RL{cfg.rows_l} bf16 "
+                         f"{'query' if query else 'output'}")
+                reports.append(audit(_mla_kernel, sig, consts, arch, cfg.num_warps, 1,
+                                     ("X", "W", "Out", "Lat", "KV", "stride_xm", "stride_xh", "stride_wh", "stride_wk",
+                                      "stride_om", "stride_oh", "stride_lm", "stride_c", "stride_kp", "stride_ks"),
+                                     label))
+    return reports
+
+
 def kv_reports(archs=None) -> list[CompileReport]:
     """The KV commit kernel at its launch layouts (``kv_cache._commit_layout``): latent rows of 576 in
     bf16 (trees of 64 nodes in one chunk, of 128+ nodes in chunks of 128), fp32 and 1-byte rows; P 64 and 1."""
@@ -599,7 +628,7 @@ def main(argv=None) -> None:
                + draft_attention_reports(archs=args.arch)
                + moe_reports(archs=args.arch) + moe_int4_reports(archs=args.arch)
                + moe_int4_mma_reports(archs=args.arch) + router_reports(archs=args.arch)
-               + moe_block_reports(archs=args.arch) + linear_reports(archs=args.arch)
+               + moe_block_reports(archs=args.arch) + linear_reports(archs=args.arch) + mla_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))

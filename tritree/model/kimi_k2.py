@@ -15,8 +15,13 @@ the checkpoint's interleaved pairs to halves, so RoPE is half-rotary everywhere 
 Checkpoints load under these names; :func:`to_kernel_layout_` (the Engine and ``bench decode`` call it once after
 loading) then fuses some tensors for the kernels: the routed experts repacked, the shared expert's gate and up
 rows in one tensor (``SHARED_GATE_UP_KEY``), each layer's ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows in one
-(``QKV_A_KEY``: at decode one launch of :func:`tritree.kernels.linear` normalises the rows and projects them). The
-functions take either form.
+(``QKV_A_KEY``: at decode one launch of :func:`tritree.kernels.linear` normalises the rows and projects them), and
+``q_b_proj`` with ``q_a_layernorm`` in its columns (``Q_B_KEY``). The functions take either form.
+
+At decode (:func:`attention_verify`) the attention block is five launches around ``verify_mla``: the input norm with
+the q_a / kv_a projection, the q_a norm with the q_b projection (:func:`tritree.kernels.linear` both),
+:func:`tritree.kernels.mla_query_` (``W_UK`` into the query, RoPE, the latent norm and the write of the tree latents
+into the cache), :func:`tritree.kernels.mla_output` (``W_UV``) and ``o_proj`` with the residual add.
 
 The KV cache is one stacked latent pool ``kv: [layers, num_pages, P, kv_lora_rank + rope]`` with a page
 table and lengths (the conventions of :mod:`tritree`).
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 from .. import dist
 from ..kernels import kv_write_, verify_mla
 from ..kernels.linear import linear as fused_linear
+from ..kernels.mla_decode import mla_output, mla_query_
 from ..kernels.moe import routed_experts
 from ..kernels.moe_block import moe_block
 from ..kernels.moe_int4 import GROUP, Int4Experts, kernel_layout, routed_experts_int4
@@ -81,6 +87,9 @@ SHARED_GATE_UP_KEY = "shared_experts.gate_up_proj.weight"
 # projections' tensors.
 QKV_A_KEY = "self_attn.qkv_a_proj.weight"
 QKV_A_BIAS_KEY = "self_attn.qkv_a_proj.bias"
+# ``q_b_proj``'s weight with ``q_a_layernorm``'s weight folded into its columns after :func:`to_kernel_layout_`
+# (the q_b projection normalises its input rows itself), replacing both tensors.
+Q_B_KEY = "self_attn.q_b_normed_proj.weight"
 EXPERT_LAYOUTS = ("dense", "int4")
 
 
@@ -187,7 +196,8 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
     - every layer's ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows (and biases) concatenated into
       ``self_attn.qkv_a_proj.weight`` (``QKV_A_KEY``, ``[q_lora_rank + latent_dim, H]``), times the layer's input
       RMSNorm weight by column (rounded once to the weights' dtype): one projection of the hidden state with the
-      norm in it.
+      norm in it; likewise ``q_b_proj`` times ``q_a_layernorm``'s weight (``Q_B_KEY``, ``[H qk_head_dim,
+      q_lora_rank]``).
 
     ``params`` itself is updated and returned; call it once after loading (and sharding), before the first
     forward. Idempotent."""
@@ -199,6 +209,8 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
         if p + "q_a_proj.bias" in params:
             params[p + "qkv_a_proj.bias"] = torch.cat([params.pop(p + "q_a_proj.bias"),
                                                        params.pop(p + "kv_a_proj_with_mqa.bias")])
+        params[p + "q_b_normed_proj.weight"] = _fold_norm(params.pop(p + "q_b_proj.weight"),
+                                                          params.pop(p + "q_a_layernorm.weight"))
     for k in [k for k in params if k.endswith(".mlp.experts.w13_packed") or k.endswith(".mlp.experts.w13_mma")]:
         p = k[:k.rindex(".") + 1]
         i = int(p.split(".")[2])
@@ -330,27 +342,44 @@ def _qkv_a(params, p: str, g: torch.Tensor):
     return w, None if b is None else torch.cat([b, params[p + "kv_a_proj_with_mqa.bias"]])
 
 
-def _mla_inputs(params, cfg, i, x, rope):
-    """Query halves and the cached latent of tokens ``x [B, S, hidden]`` (the residual stream: the layer's input
-    RMSNorm is applied here); ``rope``: their :func:`rope_cos_sin` tables ``([B, S, rope], [B, S, rope])``. With
-    ``q_lora_rank`` the norm and the q_a / kv_a projection are one :func:`tritree.kernels.linear` (one launch at
-    decode row counts; the norm's weight folded into the projection's, :func:`_qkv_a`)."""
+def _q_b(params, p: str) -> torch.Tensor:
+    """``q_b_proj``'s weight of attention prefix ``p`` times ``q_a_layernorm``'s weight by column (``Q_B_KEY``; built
+    here when the params were not passed through :func:`to_kernel_layout_`)."""
+    w = params.get(p + "q_b_normed_proj.weight")
+    return w if w is not None else _fold_norm(params[p + "q_b_proj.weight"], params[p + "q_a_layernorm.weight"])
+
+
+def _mla_projections(params, cfg, i, x):
+    """``(q [M, H, qk_head_dim], a [M, latent_dim])`` of the rows of ``x [B, S, hidden]`` (the residual stream: the
+    layer's input RMSNorm is applied here): the query projection and the latent projection (``c_kv`` then ``k_pe``,
+    before their norm and rotation). With ``q_lora_rank`` the input norm and the q_a / kv_a projection are one
+    :func:`tritree.kernels.linear`, the q_a norm and the q_b projection another (the norms' weights folded into the
+    projections', :func:`_qkv_a`, :func:`_q_b`)."""
     p = layer_prefix(i) + "self_attn."
     B, S, Hd = x.shape
-    H = cfg.heads
+    x2 = x.reshape(B * S, Hd)
     g = params[layer_prefix(i) + "input_layernorm.weight"]
     if cfg.q_lora_rank is None:
-        h = rms_norm(x, g, cfg.rms_norm_eps)
+        h = rms_norm(x2, g, cfg.rms_norm_eps)
         q = linear(h, params[p + "q_proj.weight"])
         a = linear(h, params[p + "kv_a_proj_with_mqa.weight"], params.get(p + "kv_a_proj_with_mqa.bias"))
     else:
         w, b = _qkv_a(params, p, g)
-        qa = fused_linear(x.reshape(B * S, Hd), w.to(x.dtype), None if b is None else b.to(x.dtype),
-                          rms_eps=cfg.rms_norm_eps).view(B, S, -1)
+        qa = fused_linear(x2, w.to(x.dtype), None if b is None else b.to(x.dtype), rms_eps=cfg.rms_norm_eps)
         cq, a = qa.split([cfg.q_lora_rank, cfg.latent_dim], dim=-1)
-        q = linear(rms_norm(cq, params[p + "q_a_layernorm.weight"], cfg.qk_latent_eps), params[p + "q_b_proj.weight"])
-    q_nope, q_pe = q.view(B, S, H, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
-    c_kv, k_pe = a.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        q = fused_linear(cq, _q_b(params, p).to(x.dtype), rms_eps=cfg.qk_latent_eps)
+    return q.view(B * S, cfg.heads, cfg.qk_head_dim), a
+
+
+def _mla_inputs(params, cfg, i, x, rope):
+    """Query halves and the cached latent of tokens ``x [B, S, hidden]`` (the residual stream), composed of PyTorch
+    ops after :func:`_mla_projections`; ``rope``: their :func:`rope_cos_sin` tables ``([B, S, rope], [B, S,
+    rope])``."""
+    p = layer_prefix(i) + "self_attn."
+    B, S, _ = x.shape
+    q, a = _mla_projections(params, cfg, i, x)
+    q_nope, q_pe = q.view(B, S, cfg.heads, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+    c_kv, k_pe = a.view(B, S, -1).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
     c_kv = rms_norm(c_kv, params[p + "kv_a_layernorm.weight"], cfg.qk_latent_eps)
     cos, sin = rope
     q_pe = apply_rope(q_pe, cos[:, :, None], sin[:, :, None])
@@ -390,20 +419,26 @@ def attention_prefill(params, cfg, i, x, rope, tp=None):
 
 
 def attention_verify(params, cfg, i, x, rope, cache, tree_mask, tree_lens, layer_kv, tp=None):
-    """Absorbed MLA over the paged cache with the tree mask (verify_mla), its input RMSNorm included (``x`` is the
-    residual stream); writes the tree latents. ``rope``: the nodes' :func:`rope_cos_sin` tables. Under ``tp``: the
-    local heads, then an all-reduce of the ``o_proj`` partial sums."""
-    B, T, _ = x.shape
-    q_nope, q_pe, latent = _mla_inputs(params, cfg, i, x, rope)
+    """The attention half of a verify layer on the residual stream ``x [B, T, hidden]``: returns ``x + attn(x)``.
+    Absorbed MLA over the paged cache with the tree mask (:func:`tritree.kernels.verify_mla`), its input RMSNorm
+    included; writes the tree latents. ``rope``: the nodes' :func:`rope_cos_sin` tables. Five launches besides
+    ``verify_mla`` (the module docstring). Under ``tp``: the local heads; rank 0 adds the residual to its ``o_proj``
+    partial sum, then the all-reduce."""
+    B, T, Hd = x.shape
+    M = B * T
+    p = layer_prefix(i) + "self_attn."
+    q, a = _mla_projections(params, cfg, i, x)
     w_uk, w_uv = _kv_b(params, cfg, i)
-    q_lat = torch.einsum("bthn,hnc->bthc", q_nope, w_uk.to(x.dtype))  # W_UK folded into the query
-    q = torch.cat([q_lat, q_pe], dim=-1).contiguous()
-    kv_write_(layer_kv, cache["page_table"], cache["kv_lens"], latent.contiguous(), tree_lens)
-    o_lat = verify_mla(q, layer_kv, cache["page_table"], cache["kv_lens"], tree_mask, sm_scale=cfg.softmax_scale,
-                       tree_lens=tree_lens, d_rope=cfg.qk_rope_head_dim)
-    o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv.to(x.dtype))  # W_UV after attention
-    o = dist.all_reduce_(tp, linear(o.reshape(B, T, -1), params[layer_prefix(i) + "self_attn.o_proj.weight"]))
-    return _o_bias(params, i, o)
+    cos, sin = (t.reshape(M, -1) for t in rope)
+    q = mla_query_(q, a, w_uk.to(x.dtype), params[p + "kv_a_layernorm.weight"].to(x.dtype), cos, sin, layer_kv,
+                   cache["page_table"], cache["kv_lens"], tree_lens, rows_per_request=T, eps=cfg.qk_latent_eps)
+    o_lat = verify_mla(q.view(B, T, cfg.heads, -1), layer_kv, cache["page_table"], cache["kv_lens"], tree_mask,
+                       sm_scale=cfg.softmax_scale, tree_lens=tree_lens, d_rope=cfg.qk_rope_head_dim)
+    o = mla_output(o_lat.view(M, cfg.heads, cfg.kv_lora_rank), w_uv.to(x.dtype))  # W_UV after attention
+    x2 = x.reshape(M, Hd)
+    o = fused_linear(o, params[p + "o_proj.weight"].to(x.dtype),
+                     residual=x2 if not dist.active(tp) or tp.rank == 0 else None)
+    return _o_bias(params, i, dist.all_reduce_(tp, o)).view(B, T, Hd)
 
 
 def _layers(cfg, params):
@@ -470,7 +505,7 @@ def verify(params, cfg: KimiK2Config, tokens: torch.Tensor, depth: torch.Tensor,
     rope = rope_cos_sin(cfg, cache["kv_lens"][:, None].to(torch.int64) + depth.to(torch.int64), x.dtype)
     tapped = {}
     for n, i in enumerate(_layers(cfg, params)):
-        x = x + attention_verify(params, cfg, i, x, rope, cache, tree_mask, tree_lens, cache["kv"][n], tp)
+        x = attention_verify(params, cfg, i, x, rope, cache, tree_mask, tree_lens, cache["kv"][n], tp)
         x = ffn(params, cfg, i, x, tp, tree_lens)
         if i in taps:
             tapped[i] = x
