@@ -168,3 +168,26 @@ def test_gpu_kimi_shapes_and_graph_replay(T, B):
     torch.cuda.synchronize()
     assert torch.equal(out_g, out) and torch.equal(ov_g, ov)
     assert torch.equal(kv2.nan_to_num(7.0), kv.nan_to_num(7.0))
+
+
+def test_fake_impl_and_compile():
+    """mla_output's fake impl propagates shapes; compiled calls (the ops traced) equal the eager ones, the pool's
+    writes included."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    plan = MD.plan_mla(5, 16, "sm_90", False)
+    with FakeTensorMode() as mode:
+        out = torch.ops.tritree.mla_output(mode.from_tensor(torch.randn(5, 2, 32)), mode.from_tensor(torch.randn(2, 16, 32)),
+                                           plan.as_ints())
+    assert out.shape == (5, 32)
+    args = _query_case(2, 3, 2, 16, 32, 8, 4, torch.float32, torch.float32, 7)
+    q, latent, w_uk, g, cos, sin, kv, table, kv_lens, tree_lens = args
+    kv_c = kv.clone()
+    f = torch.compile(lambda q, kv: mla_query_(q, latent, w_uk, g, cos, sin, kv, table, kv_lens, tree_lens,
+                                               rows_per_request=3, eps=1e-6), backend="aot_eager", fullgraph=True)
+    got = f(q, kv_c)
+    want = mla_query_(q, latent, w_uk, g, cos, sin, kv, table, kv_lens, tree_lens, rows_per_request=3, eps=1e-6)
+    assert torch.equal(got, want) and torch.equal(kv_c.nan_to_num(7.0), kv.nan_to_num(7.0))
+    o = torch.randn(6, 2, 32, device=DEVICE)
+    w_uv = torch.randn(2, 16, 32, device=DEVICE)
+    assert torch.equal(torch.compile(mla_output, backend="aot_eager", fullgraph=True)(o, w_uv), mla_output(o, w_uv))
