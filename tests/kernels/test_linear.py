@@ -36,20 +36,20 @@ def _poison_workspaces():
                 t.fill_(float("nan"))
 
 
-def _check(x, w, eps, b, r, out=None, plan=None):
+def _check(x, w, eps, b, r, out=None, plan=None, nw=None):
     """linear with a poisoned destination and workspaces against the float64 reference (scaled by the sizes of
     the terms), every element written."""
     M, N = x.shape[0], w.shape[0]
-    ref = linear_reference(x, w, b, rms_eps=eps, residual=r).double()
+    ref = linear_reference(x, w, b, rms_eps=eps, norm_weight=nw, residual=r).double()
     if out is None:
         out = torch.full((M, N + 3), float("nan"), dtype=x.dtype, device=x.device)[:, :N]  # a strided destination
     else:
         out.fill_(float("nan"))
-    linear(x, w, b, rms_eps=eps, residual=r, out=out, plan=plan)  # plans and warms
+    linear(x, w, b, rms_eps=eps, norm_weight=nw, residual=r, out=out, plan=plan)  # plans and warms
     _poison_workspaces()
     if r is None or out.data_ptr() != r.data_ptr():
         out.fill_(float("nan"))
-    y = linear(x, w, b, rms_eps=eps, residual=r, out=out, plan=plan)
+    y = linear(x, w, b, rms_eps=eps, norm_weight=nw, residual=r, out=out, plan=plan)
     assert y.data_ptr() == out.data_ptr() and y.dtype == x.dtype
     assert not torch.isnan(y).any()
     scale = 1.0 + (ref.abs().max().item() if M else 0.0)
@@ -61,10 +61,15 @@ def _check(x, w, eps, b, r, out=None, plan=None):
 @settings(max_examples=25)
 @given(M=st.integers(0, 70), N=st.integers(1, 100), K=st.integers(1, 200),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), norm=st.booleans(), bias=st.booleans(),
-       residual=st.booleans(), row_pad=st.sampled_from([0, 5]), seed=st.integers(0, 2**16))
-def test_matches_reference(M, N, K, dtype, norm, bias, residual, row_pad, seed):
+       residual=st.booleans(), row_pad=st.sampled_from([0, 5]), norm_weight=st.sampled_from([None, "x", "fp32"]),
+       seed=st.integers(0, 2**16))
+def test_matches_reference(M, N, K, dtype, norm, bias, residual, row_pad, norm_weight, seed):
     x, w, eps, b, r = _inputs(M, N, K, dtype, seed, norm, bias, residual, row_pad)
-    _check(x, w, eps, b, r)
+    nw = None
+    if norm and norm_weight is not None:  # the RMSNorm's weight given to the op (not folded into w)
+        nw = (1 + 0.5 * torch.randn(K, generator=torch.Generator().manual_seed(seed + 1)))
+        nw = nw.to(dtype if norm_weight == "x" else torch.float32).to(DEVICE)
+    _check(x, w, eps, b, r, nw=nw)
 
 
 def test_every_grid_path():
@@ -75,6 +80,7 @@ def test_every_grid_path():
         plan = plan_linear(M, N, K, torch.float32, "cpu", 4, cfg)
         x, w, eps, b, r = _inputs(M, N, K, torch.float32, 1, True, True, True)
         _check(x, w, eps, b, r, plan=plan)
+        _check(x, w, eps, b, r, plan=plan, nw=torch.linspace(0.5, 1.5, K, device=DEVICE))
         _check(x, w, None, None, r, out=r.clone(), plan=plan)
         ref = linear_reference(x, w, b, rms_eps=eps, residual=r).double()
         inplace = r.clone()
@@ -137,9 +143,12 @@ def test_bad_inputs_name_the_argument():
         (dict(out=torch.empty(8, 4, device=DEVICE).t()), "out"),
         (dict(plan="fast"), "plan"),
         (dict(plan=L.LinearPlan(True, LinearConfig(16, 16, 16, 4, 1), 1, 1, 1, 8)), "plan"),
+        (dict(norm_weight=torch.ones(16, device=DEVICE)), "norm_weight needs rms_eps"),
+        (dict(rms_eps=1e-6, norm_weight=torch.ones(8, device=DEVICE)), "norm_weight"),
+        (dict(rms_eps=1e-6, norm_weight=torch.ones(16, device=DEVICE, dtype=torch.float16)), "norm_weight"),
     ]
     for kw, name in cases:
-        args = dict(x=x, weight=w, bias=None, rms_eps=None, residual=None, out=None, plan=None)
+        args = dict(x=x, weight=w, bias=None, rms_eps=None, norm_weight=None, residual=None, out=None, plan=None)
         args.update(kw)
         with pytest.raises((ValueError, TypeError), match=name):
             linear(args.pop("x"), args.pop("weight"), args.pop("bias"), **args)
@@ -155,7 +164,7 @@ def test_fake_impl_and_compile():
     with FakeTensorMode() as mode:
         fx = mode.from_tensor(torch.randn(3, 16))
         fw = mode.from_tensor(torch.randn(8, 16))
-        y = torch.ops.tritree.linear(fx, fw, None, None, plan.as_ints(), 1e-6)
+        y = torch.ops.tritree.linear(fx, fw, None, None, None, plan.as_ints(), 1e-6)
     assert y.shape == (3, 8)
     x, w, eps, b, r = _inputs(5, 24, 40, torch.float32, 3, True, True, True)
     f = torch.compile(lambda x: linear(x, w, b, rms_eps=eps, residual=r), backend="aot_eager", fullgraph=True)

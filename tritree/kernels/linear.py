@@ -2,9 +2,10 @@
 
 Semantics (:func:`linear_reference`, the specification), rows ``x [M, K]``, ``weight [N, K]``:
 
-- ``xn = x`` or, with ``rms_eps``, the rows RMS-normalised: ``x / sqrt(mean(x^2) + rms_eps)`` (fp32). An RMSNorm's
-  weight ``g`` is folded into ``weight``'s columns by the caller: ``rmsnorm(x, g) W^T = rms(x) (W diag(g))^T``, so
-  the kernel multiplies the operands as they are in memory;
+- ``xn = x`` or, with ``rms_eps``, the rows RMS-normalised: ``x / sqrt(mean(x^2) + rms_eps)`` (fp32), times an
+  RMSNorm's weight ``norm_weight [K]`` when given. A weight used only here is better folded into ``weight``'s
+  columns once by the caller (``rmsnorm(x, g) W^T = rms(x) (W diag(g))^T``: the operands multiplied as they are in
+  memory); ``norm_weight`` serves weights that other products read unnormalised;
 - ``out = xn @ weight^T`` summed in fp32, ``+ bias [N]``, ``+ residual [M, N]``, written in ``x``'s dtype.
 
 At decode ``M`` is a few rows and the op is a weight stream. One launch of :func:`_linear_kernel`, grid
@@ -50,11 +51,13 @@ SUM_REGISTERS = 64  # fp32 registers a thread of a tile's reducer fills with par
 # Reference
 # --------------------------------------------------------------------------------------------------
 
-def linear_reference(x, weight, bias=None, *, rms_eps=None, residual=None, dtype=torch.float64):
+def linear_reference(x, weight, bias=None, *, rms_eps=None, norm_weight=None, residual=None, dtype=torch.float64):
     """:func:`linear`'s semantics in ``dtype`` (float64 in tests), returned in ``x``'s dtype."""
     xf = x.to(dtype)
     if rms_eps is not None:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps)
+    if norm_weight is not None:
+        xf = xf * norm_weight.to(dtype)
     y = xf @ weight.to(dtype).t()
     if bias is not None:
         y = y + bias.to(dtype)
@@ -63,10 +66,11 @@ def linear_reference(x, weight, bias=None, *, rms_eps=None, residual=None, dtype
     return y.to(x.dtype)
 
 
-def _composed(x, weight, bias, rms_eps, residual, out):
+def _composed(x, weight, bias, rms_eps, norm_weight, residual, out):
     """The op as PyTorch ops in ``x``'s dtype (CPU, autograd, and rows past :func:`row_bound`): ``F.rms_norm`` and
     ``F.linear`` (cuBLAS on a GPU)."""
-    xn = x if rms_eps is None else F.rms_norm(x, (x.shape[-1],), None, rms_eps)
+    g = None if norm_weight is None else norm_weight.to(x.dtype)
+    xn = x if rms_eps is None else F.rms_norm(x, (x.shape[-1],), g, rms_eps)
     y = F.linear(xn, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     if residual is not None:
         y = y + residual
@@ -96,15 +100,16 @@ def _epilogue(acc, ss, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, strid
 
 
 @triton.jit
-def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, M, N, K, stride_x, stride_w, stride_r, stride_o,
+def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, stride_x, stride_w, stride_r, stride_o,
                    k_split, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                   DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, SUM_UNROLL: tl.constexpr):
+                   DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, SUM_UNROLL: tl.constexpr,
+                   HAS_NW: tl.constexpr = False):
     """Grid ``(row blocks, column tiles, SPLIT_K)``; see the module. ``X [M, K]``, ``W [N, K]``, ``Res`` and ``Out
     [M, N]`` by row strides (last dimension contiguous); ``Bias [N]``; ``Part [SPLIT_K, M, N]`` and
     ``SumSq [SPLIT_K, column tiles, M]`` fp32 (``SPLIT_K > 1``); ``Count``: int32 counters at 0, one a tile.
     ``k_split``: columns of K a split (whole ``BLOCK_K`` tiles). ``DOT_F32``: an IEEE fp32 dot (fp32 inputs, and
-    the interpreter)."""
+    the interpreter). ``HAS_NW``: the rows times ``NormW [K]`` by column (after their sums of squares)."""
     pm = tl.program_id(0)
     pn = tl.program_id(1)
     ks = tl.program_id(2)
@@ -131,6 +136,10 @@ def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, M, N, K, stride_x, 
         if HAS_NORM:  # read beside the product: the operand itself is multiplied as loaded
             xf = xt.to(tl.float32)
             ss += tl.sum(xf * xf, 1)
+            if HAS_NW:  # the norm's weight by column (1 / rms, a factor of the row, comes after the sum)
+                kc = k0 + kk
+                g = tl.load(NormW + kc, mask=kc < hi, other=0.0).to(tl.float32)
+                xt = (xf * g[None, :]).to(xt.dtype)
         if DOT_F32:
             acc = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
         else:
@@ -278,7 +287,7 @@ def plan_linear(M: int, N: int, K: int, dtype: torch.dtype, arch: str, sms: int,
 # Validation
 # --------------------------------------------------------------------------------------------------
 
-def _validate(x, weight, bias, rms_eps, residual, out, plan) -> None:
+def _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight=None) -> None:
     V.check_tensor("x", x, ndim=2, dtypes=DTYPES)
     dev = x.device
     V.check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=dev)
@@ -297,6 +306,11 @@ def _validate(x, weight, bias, rms_eps, residual, out, plan) -> None:
         V.check_shape("bias", bias, (N,), "[N]")
     if rms_eps is not None:
         V.check_float("rms_eps", rms_eps, lo=0.0)
+    if norm_weight is not None:
+        if rms_eps is None:
+            raise ValueError("norm_weight needs rms_eps (it is the weight of the rows' RMSNorm)")
+        V.check_tensor("norm_weight", norm_weight, ndim=1, dtypes=(x.dtype, torch.float32), device=dev)
+        V.check_shape("norm_weight", norm_weight, (K,), "[K]")
     for name, t in (("residual", residual), ("out", out)):
         if t is not None:
             V.check_tensor(name, t, ndim=2, dtypes=(x.dtype,), device=dev)
@@ -327,11 +341,11 @@ def sum_unroll(config: LinearConfig) -> int:
     return max(1, min(8, SUM_REGISTERS // max(1, per_thread)))
 
 
-def _constexprs(plan: LinearPlan, K, dtype, has_norm, has_bias, has_res):
+def _constexprs(plan: LinearPlan, K, dtype, has_norm, has_bias, has_res, has_nw=False):
     c = plan.config
     return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=plan.split_k, HAS_NORM=has_norm,
                 HAS_BIAS=has_bias, HAS_RES=has_res, DOT_F32=interpreting() or dtype == torch.float32,
-                EVEN_K=K % c.block_k == 0, SUM_UNROLL=sum_unroll(c))
+                EVEN_K=K % c.block_k == 0, SUM_UNROLL=sum_unroll(c), HAS_NW=has_nw)
 
 
 def _workspace(plan: LinearPlan, M: int, N: int, device, norm: bool):
@@ -344,7 +358,7 @@ def _workspace(plan: LinearPlan, M: int, N: int, device, norm: bool):
     return part, ss
 
 
-def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=None, scratch=None):
+def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=None, scratch=None, norm_weight=None):
     """One launch of :func:`_linear_kernel` into ``out`` (a fresh ``[M, N]`` when None), which it returns."""
     M, K = x.shape
     N = weight.shape[0]
@@ -355,7 +369,8 @@ def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=
     part, ss = scratch if scratch is not None else _workspace(plan, M, N, x.device, rms_eps is not None)
     count = arrival_counters(x.device, plan.counters)
     args = (x, weight, bias if bias is not None else x,
-            residual if residual is not None else out, out, part, ss, count, M, N, K, x.stride(0), weight.stride(0),
+            residual if residual is not None else out, out, part, ss, count,
+            norm_weight if norm_weight is not None else x, M, N, K, x.stride(0), weight.stride(0),
             residual.stride(0) if residual is not None else out.stride(0), out.stride(0), plan.k_split,
             float(rms_eps or 0.0))
     if launcher is not None:
@@ -363,7 +378,7 @@ def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=
     else:
         c = plan.config
         _linear_kernel[plan.grid](*args, **_constexprs(plan, K, x.dtype, rms_eps is not None, bias is not None,
-                                                       residual is not None),
+                                                       residual is not None, norm_weight is not None),
                                   num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
@@ -376,8 +391,8 @@ class _LinearPlanLaunch:
     """linear for one static signature: validated, planned, kernel bound once (its workspaces one set per CUDA
     stream, a fresh set inside a graph capture)."""
 
-    def __init__(self, x, weight, bias, rms_eps, residual, out, plan):
-        _validate(x, weight, bias, rms_eps, residual, out, plan)
+    def __init__(self, x, weight, bias, rms_eps, norm_weight, residual, out, plan):
+        _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight)
         dev = self.device = x.device
         M, K = x.shape
         N = weight.shape[0]
@@ -391,24 +406,25 @@ class _LinearPlanLaunch:
         c = p.config
         norm = rms_eps is not None
         self._launcher = KernelLauncher(
-            _linear_kernel, _constexprs(p, K, x.dtype, norm, bias is not None, residual is not None),
+            _linear_kernel, _constexprs(p, K, x.dtype, norm, bias is not None, residual is not None,
+                                        norm_weight is not None),
             num_warps=c.num_warps, num_stages=c.num_stages)
         self._scratch = StreamScratch(lambda: _workspace(p, M, N, dev, norm))
 
-    def run(self, x, weight, bias, residual, out):
+    def run(self, x, weight, bias, norm_weight, residual, out):
         needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, weight, bias, residual))
+            t is not None and t.requires_grad for t in (x, weight, bias, norm_weight, residual))
         if not self.kernel or needs_grad:  # the kernel has no backward
-            return _composed(x, weight, bias, self.rms_eps, residual, out)
+            return _composed(x, weight, bias, self.rms_eps, norm_weight, residual, out)
         return _launch(x, weight, bias, self.rms_eps, residual, out, self.plan, launcher=self._launcher,
-                       scratch=self._scratch.get(self.device) if x.shape[0] else None)
+                       scratch=self._scratch.get(self.device) if x.shape[0] else None, norm_weight=norm_weight)
 
 
 _LINEAR_PLANS = PlanCache("linear", _LinearPlanLaunch, maxsize=256)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, rms_eps: float | None = None,
-           residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
            plan: LinearPlan | None = None) -> torch.Tensor:
     """``rms?(x) @ weight^T + bias + residual`` for decode row counts, in one launch.
 
@@ -418,7 +434,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         bias: optional ``[N]`` in ``x``'s dtype or fp32.
         rms_eps: when given, the rows are RMS-normalised over K (``x / sqrt(mean(x^2) + rms_eps)``) before the
             product. An RMSNorm's weight ``g`` goes into ``weight``'s columns (``weight * g``, once, at load):
-            ``rmsnorm(x, g) @ W^T == rms(x) @ (W * g)^T``.
+            ``rmsnorm(x, g) @ W^T == rms(x) @ (W * g)^T``, or, where other products read ``weight`` unnormalised,
+            in ``norm_weight``.
+        norm_weight: optional ``[K]`` in ``x``'s dtype or fp32 (with ``rms_eps``): the normalised rows times it.
         residual: optional ``[M, N]`` in ``x``'s dtype (last dimension contiguous), added to the product.
         out: optional ``[M, N]`` destination in ``x``'s dtype (any row stride, last dimension contiguous: a
             slice of a wider buffer), not aliasing ``x`` or ``weight``; it may be ``residual`` (added in place).
@@ -436,42 +454,43 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if eager():
         try:
-            key = (signature(x, weight, bias, residual, out), scalars(rms_eps), plan,
+            key = (signature(x, weight, bias, norm_weight, residual, out), scalars(rms_eps), plan,
                    out is not None and residual is not None and out.data_ptr() == residual.data_ptr())
             hash(key)
         except (AttributeError, TypeError):  # not tensors / unhashable options: validation says which
-            _validate(x, weight, bias, rms_eps, residual, out, plan)
+            _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight)
             raise
-        return _LINEAR_PLANS.get(key, x, weight, bias, rms_eps, residual, out, plan).run(x, weight, bias, residual,
-                                                                                         out)
-    _validate(x, weight, bias, rms_eps, residual, out, plan)
+        return _LINEAR_PLANS.get(key, x, weight, bias, rms_eps, norm_weight, residual, out, plan).run(
+            x, weight, bias, norm_weight, residual, out)
+    _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight)
     M, K = x.shape
     N = weight.shape[0]
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                 for t in (x, weight, bias, norm_weight, residual))
     if plan is None and _kernel_device(x.device):  # a pure function of ints: traced through uncached
         plan = plan_linear.__wrapped__(M, N, K, x.dtype, arch_of(x.device), num_sms(x.device))
     if needs_grad or plan is None or not plan.kernel:
-        return _composed(x, weight, bias, rms_eps, residual, out)
+        return _composed(x, weight, bias, rms_eps, norm_weight, residual, out)
     eps = None if rms_eps is None else float(rms_eps)
     if out is None:
-        return _linear_op(x, weight, bias, residual, plan.as_ints(), eps)
-    _linear_out_op(x, weight, bias, residual, out, plan.as_ints(), eps)
+        return _linear_op(x, weight, bias, norm_weight, residual, plan.as_ints(), eps)
+    _linear_out_op(x, weight, bias, norm_weight, residual, out, plan.as_ints(), eps)
     return out
 
 
 # Opaque to torch.compile: programs hand work to each other through counters and workspaces.
 @torch.library.custom_op("tritree::linear", mutates_args=())
-def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-               plan: list[int], rms_eps: float | None) -> torch.Tensor:
-    return _launch(x, weight, bias, rms_eps, residual, None, LinearPlan.from_ints(plan))
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
+               residual: torch.Tensor | None, plan: list[int], rms_eps: float | None) -> torch.Tensor:
+    return _launch(x, weight, bias, rms_eps, residual, None, LinearPlan.from_ints(plan), norm_weight=norm_weight)
 
 
 @_linear_op.register_fake
-def _(x, weight, bias, residual, plan, rms_eps):
+def _(x, weight, bias, norm_weight, residual, plan, rms_eps):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
 @torch.library.custom_op("tritree::linear_out", mutates_args=("out",))
-def _linear_out_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                   out: torch.Tensor, plan: list[int], rms_eps: float | None) -> None:
-    _launch(x, weight, bias, rms_eps, residual, out, LinearPlan.from_ints(plan))
+def _linear_out_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
+                   residual: torch.Tensor | None, out: torch.Tensor, plan: list[int], rms_eps: float | None) -> None:
+    _launch(x, weight, bias, rms_eps, residual, out, LinearPlan.from_ints(plan), norm_weight=norm_weight)
