@@ -19,11 +19,13 @@ projection, after ``o_proj`` and after the MLP; the cache then holds the rank's 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .. import dist
 from ..kernels import draft_attention, kv_write_
+from ..kernels.linear import linear as fused_linear
 from .config import DFlashConfig
-from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm, swiglu
+from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm
 
 
 def layer_prefix(i: int) -> str:
@@ -87,6 +89,24 @@ def _reduced_linear(x, w, b, cfg, tp):
     if not _sharded(cfg, tp):
         return linear(x, w, b)
     y = dist.all_reduce_(tp, linear(x, w))
+    return y if b is None else y + b.to(y.dtype)
+
+
+def _normed_linear(x2, w, b, g, eps):
+    """``rmsnorm(x2, g) w^T + b`` in one :func:`tritree.kernels.linear` (the norm's weight given to the op: ``w`` is
+    also read unnormalised elsewhere, e.g. ``k_proj`` and ``v_proj`` by :func:`context_kv`)."""
+    return fused_linear(x2, w.to(x2.dtype), None if b is None else b.to(x2.dtype), rms_eps=eps,
+                        norm_weight=g.to(x2.dtype))
+
+
+def _residual_linear(x2, w, b, residual, cfg: DFlashConfig, tp):
+    """``residual + x2 w^T + b`` in one :func:`tritree.kernels.linear`; under tensor parallelism (``w`` holds this
+    rank's input columns) rank 0 adds the residual to its partial product, the all-reduce sums them and the
+    (replicated) bias is added once after."""
+    w = w.to(x2.dtype)
+    if not _sharded(cfg, tp):
+        return fused_linear(x2, w, None if b is None else b.to(x2.dtype), residual=residual)
+    y = dist.all_reduce_(tp, fused_linear(x2, w, residual=residual if tp.rank == 0 else None))
     return y if b is None else y + b.to(y.dtype)
 
 
@@ -164,23 +184,30 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
                                    window=cfg.windows[i])
     cos, sin = _rope(cfg, positions, x.dtype)
     cos, sin = cos[:, :, None], sin[:, :, None]
+    eps = cfg.rms_norm_eps
+    x2 = x.reshape(B * S, -1)
     for i in range(cfg.num_hidden_layers):
+        # Per layer: q, k and v each with the input norm in the launch (kernels.linear), the per-head q / k norms
+        # and rotations, attention, o_proj with the residual add, gate and up each with the post-attention norm,
+        # SiLU-and-mul, down with the residual add.
         p = layer_prefix(i)
-        h = rms_norm(x, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
         a = p + "self_attn."
-        q = rms_norm(linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias")).view(B, S, Hq, D),
-                     params[a + "q_norm.weight"], cfg.rms_norm_eps)
-        k = rms_norm(linear(h, params[a + "k_proj.weight"], params.get(a + "k_proj.bias")).view(B, S, Hkv, D),
-                     params[a + "k_norm.weight"], cfg.rms_norm_eps)
-        v = linear(h, params[a + "v_proj.weight"], params.get(a + "v_proj.bias")).view(B, S, Hkv, D)
+        g = params[p + "input_layernorm.weight"]
+        q = rms_norm(_normed_linear(x2, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"), g, eps)
+                     .view(B, S, Hq, D), params[a + "q_norm.weight"], eps)
+        k = rms_norm(_normed_linear(x2, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"), g, eps)
+                     .view(B, S, Hkv, D), params[a + "k_norm.weight"], eps)
+        v = _normed_linear(x2, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"), g, eps).view(B, S, Hkv, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attend(i, q, k, v)
-        x = x + _reduced_linear(o.reshape(B, S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"),
-                                cfg, tp)
-        h = rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        mlp = swiglu(h, params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"],
-                     params[p + "mlp.down_proj.weight"])
-        x = x + (dist.all_reduce_(tp, mlp) if _sharded(cfg, tp) else mlp)
+        x2 = _residual_linear(o.reshape(B * S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"),
+                              x2, cfg, tp)
+        g = params[p + "post_attention_layernorm.weight"]
+        m = p + "mlp."
+        gate = _normed_linear(x2, params[m + "gate_proj.weight"], None, g, eps)
+        up = _normed_linear(x2, params[m + "up_proj.weight"], None, g, eps)
+        x2 = _residual_linear(F.silu(gate) * up, params[m + "down_proj.weight"], None, x2, cfg, tp)
+    x = x2.view(B, S, -1)
     return rms_norm(x, params["norm.weight"], cfg.rms_norm_eps)
 
 
