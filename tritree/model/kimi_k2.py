@@ -97,7 +97,9 @@ def param_shapes(cfg: KimiK2Config, experts: str = "dense") -> dict[str, tuple]:
     """Every parameter's shape (local heads), with stacked experts; ``q_proj`` instead of the
     ``q_a`` / ``q_b`` pair when ``q_lora_rank`` is None; the attention biases with ``attention_bias``.
     ``experts``: the routed experts' layout, ``"dense"`` or ``"int4"`` (the module docstring; int32 / bf16
-    tensors, the hidden and intermediate sizes multiples of 32)."""
+    tensors, the hidden and intermediate sizes multiples of 32). These are the checkpoint's tensors;
+    :func:`to_kernel_layout_` then fuses some of them (``QKV_A_KEY``, ``Q_B_KEY``, ``SHARED_GATE_UP_KEY``, the
+    experts' ``"mma"`` layout)."""
     if experts not in EXPERT_LAYOUTS:
         raise ValueError(f"experts must be one of {EXPERT_LAYOUTS}, got {experts!r}")
     H, Hd = cfg.heads, cfg.hidden_size
