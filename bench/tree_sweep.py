@@ -17,7 +17,8 @@ import time
 import torch
 
 from tritree import accept_tree, build_tree
-from tritree.kernels.tree import _interpreting, _search_device, topk_per_depth
+from tritree.kernels._launch import interpreting
+from tritree.kernels.tree import _search_device, topk_per_depth
 from tritree.roofline import append_jsonl
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -64,7 +65,7 @@ def main(argv=None):
         K = min(budget, V)
         total = timer([lambda x=x: build_tree(x, budget, root) for x in logits])
         topk = search = float("nan")
-        if dev == "cuda" or _interpreting():
+        if dev == "cuda" or interpreting():
             topk = timer([lambda x=x: topk_per_depth(x, K, kernel=True) for x in logits])
             tables = [topk_per_depth(x, K, kernel=True) for x in logits]
             search = timer([lambda t=t: _search_device(t[0], t[1], root, budget) for t in tables])

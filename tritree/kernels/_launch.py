@@ -33,6 +33,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def uses_kernel(device: torch.device) -> bool:
+    """Whether an op on ``device`` runs its Triton kernel (every op asks this, nothing else): on CUDA devices, and on
+    any device under Triton's interpreter (the CPU tests run the kernels' code); otherwise its PyTorch reference."""
+    return device.type == "cuda" or interpreting()
+
+
 def eager() -> bool:
     """Whether the ops take their plan path (not traced by torch.compile)."""
     return not torch.compiler.is_compiling()

@@ -13,9 +13,8 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, scalars, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, scalars, signature, uses_kernel
 from .configs import num_sms
-from .tree import _interpreting
 
 # --------------------------------------------------------------------------------------------------
 # Acceptance
@@ -188,7 +187,7 @@ def target_picks(target_logits, *, temperature=0.0, top_k=None, top_p=None, seed
         return torch.argmax(target_logits, dim=-1).to(torch.int32)  # first maximum: lowest id on ties
     logits2d = target_logits.reshape(B * T, Vv)
     thresh = _filter_threshold(logits2d, temperature, top_k, top_p)
-    if target_logits.device.type != "cuda" and not _interpreting():  # CPU path: torch's own generator
+    if not uses_kernel(target_logits.device):  # CPU path: torch's own generator
         g = torch.Generator().manual_seed((int(seed) * 1000003 + int(step)) & 0x7FFFFFFFFFFF)  # int(tensor) on the CPU
         u = torch.rand(logits2d.shape, generator=g).clamp(1e-20, 1 - 1e-7)
         score = torch.where(logits2d.float() >= thresh[:, None], logits2d.float() / temperature - torch.log(-torch.log(u)),
@@ -264,7 +263,7 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
         picks = target_picks(target_logits, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, step=step)
         B, T = tokens.shape
         dev = tokens.device
-        if dev.type != "cuda" and not _interpreting():
+        if not uses_kernel(dev):
             return (*accept_tree_reference(tokens, parents, tree_lens, picks), picks)
         accept_idx = torch.empty(B, T, dtype=torch.int32, device=dev)
         accept_len = torch.empty(B, dtype=torch.int32, device=dev)
@@ -333,7 +332,7 @@ class _AcceptPlan:
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         self.B, self.T = tokens.shape
         self.device = tokens.device
-        self.reference = self.device.type != "cuda" and not _interpreting()
+        self.reference = not uses_kernel(self.device)
         self.greedy = temperature == 0.0
         B, T, Vv = target_logits.shape
         if self.greedy:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, interpreting, scalars, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, interpreting, scalars, signature, uses_kernel
 from ._splitkv import (
     LOG2E,
     MergePlan,
@@ -374,7 +374,7 @@ class DraftAttentionPlan:
         self.shape, self.dtype, self.device = (B, S, Hq, D), q.dtype, q.device
         self.sm_scale, self.window = float(sm_scale), window
         self.signature = signature(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk)
-        self.reference = q.device.type == "cpu" and not interpreting()
+        self.reference = not uses_kernel(q.device)
         if self.reference:
             return
         self.config, self.num_splits = _choose(q, k_cache, page_table, window, config, num_splits)
@@ -457,7 +457,7 @@ def draft_attention(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, *, 
     """
     if not eager():
         _validate(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk, sm_scale, window)
-        if q.device.type == "cpu" and not interpreting():
+        if not uses_kernel(q.device):
             out, lse = draft_attention_reference(q, k_cache, v_cache, page_table, ctx_lens, k_blk, v_blk,
                                                  sm_scale=sm_scale, window=window, return_lse=True)
             return (out.to(q.dtype), lse.float()) if return_lse else out.to(q.dtype)

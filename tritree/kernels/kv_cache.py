@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, eager, full_lengths, interpreting, signature
+from ._launch import KernelLauncher, PlanCache, eager, full_lengths, signature, uses_kernel
 from ._splitkv import pdl_capable
 
 KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8)
@@ -102,10 +102,6 @@ def _check_table(page_table, kv_lens, B_expected, device):
     V.check_shape("page_table", page_table, (B, page_table.shape[1]), "[B, max_pages]")
     V.check_shape("kv_lens", kv_lens, (B,), "[B]")
     return B
-
-
-def _use_kernel(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" or interpreting()
 
 
 def _block_e(E: int) -> int:
@@ -193,7 +189,7 @@ def kv_write_(kv, page_table, kv_lens, new, tree_lens=None, *, stacked=False):
                                                                                      tree_lens)
         return kv
     pool, B, T = _validate_write(kv, page_table, kv_lens, new, tree_lens, stacked)
-    if not _use_kernel(kv):
+    if not uses_kernel(kv.device):
         return kv_write_reference(kv, page_table, kv_lens, new, tree_lens, stacked=stacked)
     if tree_lens is None:
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=kv.device)
@@ -235,7 +231,7 @@ class _WritePlan:
         pool, B, T = _validate_write(kv, page_table, kv_lens, new, tree_lens, stacked)
         self.pool_geometry = (pool.num_pages, pool.page_size)
         self.B, self.T, self.stacked = B, T, bool(stacked)
-        self.kernel = _use_kernel(kv)
+        self.kernel = uses_kernel(kv.device)
         if not self.kernel:
             return
         lead = 3 if stacked else 2
@@ -405,7 +401,7 @@ def kv_commit_(kv, page_table, kv_lens, accept_idx, accept_len, *, stacked=False
         return _COMMIT_PLANS.get(key, kv, page_table, kv_lens, accept_idx, accept_len, stacked).run(
             kv, page_table, kv_lens, accept_idx, accept_len)
     _validate_commit(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
-    if not _use_kernel(kv):
+    if not uses_kernel(kv.device):
         return kv_commit_reference(kv, page_table, kv_lens, accept_idx, accept_len, stacked=stacked)
     if kv.device.type == "cuda":
         return _kv_commit_op(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
@@ -436,7 +432,7 @@ class _CommitPlan:
         pool = _validate_commit(kv, page_table, kv_lens, accept_idx, accept_len, stacked)
         self.geometry = (pool.num_pages, pool.page_size)
         self.stacked = bool(stacked)
-        self.kernel = _use_kernel(kv)
+        self.kernel = uses_kernel(kv.device)
         B, T = accept_idx.shape
         self.B, self.layers = B, pool.layers
         if not self.kernel:
@@ -580,7 +576,7 @@ def kv_gather(kv, page_table, kv_lens, max_len: int | None = None, *, stacked=Fa
         S = V.check_int("max_len", max_len, 0)
     if V.values_checkable(kv_lens, page_table):
         V.check_paged_lengths(page_table, pool.num_pages, pool.page_size, kv_lens, torch.zeros(B, dtype=torch.int64))
-    if not _use_kernel(kv):
+    if not uses_kernel(kv.device):
         return kv_gather_reference(kv, page_table, kv_lens, S, stacked=stacked)
     out = torch.empty(pool.layers, B, S, pool.row, dtype=kv.dtype, device=kv.device)
     if B and S:

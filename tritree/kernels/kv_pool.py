@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from .kv_cache import _check_table, _pool, _use_kernel
+from ._launch import uses_kernel
+from .kv_cache import _check_table, _pool
 
 # --------------------------------------------------------------------------------------------------
 # Page copies (defragmentation)
@@ -39,7 +40,7 @@ def _copy_pages(src4: torch.Tensor, dst4: torch.Tensor, src_pages: list[int], ds
     dev = src4.device
     sp = torch.tensor(src_pages, dtype=torch.int32, device=dev)
     dp = torch.tensor(dst_pages, dtype=torch.int32, device=dev)
-    if not _use_kernel(src4):
+    if not uses_kernel(src4.device):
         dst4[:, dp.long()] = src4[:, sp.long()]
         return
     page_elems = src4.shape[2] * src4.shape[3]

@@ -40,7 +40,17 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, StreamScratch, arrival_counters, eager, interpreting, scalars, signature
+from ._launch import (
+    KernelLauncher,
+    PlanCache,
+    StreamScratch,
+    arrival_counters,
+    eager,
+    interpreting,
+    scalars,
+    signature,
+    uses_kernel,
+)
 from .configs import arch_of, num_sms
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -383,10 +393,6 @@ def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=
     return out
 
 
-def _kernel_device(device: torch.device) -> bool:
-    return device.type == "cuda" or interpreting()
-
-
 class _LinearPlanLaunch:
     """linear for one static signature: validated, planned, kernel bound once (its workspaces one set per CUDA
     stream, a fresh set inside a graph capture)."""
@@ -398,7 +404,7 @@ class _LinearPlanLaunch:
         N = weight.shape[0]
         self.rms_eps = rms_eps
         self.plan = plan if plan is not None else (
-            plan_linear(M, N, K, x.dtype, arch_of(dev), num_sms(dev)) if _kernel_device(dev) else None)
+            plan_linear(M, N, K, x.dtype, arch_of(dev), num_sms(dev)) if uses_kernel(dev) else None)
         self.kernel = self.plan is not None and self.plan.kernel
         if not self.kernel:
             return
@@ -467,7 +473,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     N = weight.shape[0]
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (x, weight, bias, norm_weight, residual))
-    if plan is None and _kernel_device(x.device):  # a pure function of ints: traced through uncached
+    if plan is None and uses_kernel(x.device):  # a pure function of ints: traced through uncached
         plan = plan_linear.__wrapped__(M, N, K, x.dtype, arch_of(x.device), num_sms(x.device))
     if needs_grad or plan is None or not plan.kernel:
         return _composed(x, weight, bias, rms_eps, norm_weight, residual, out)

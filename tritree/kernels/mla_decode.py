@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, eager, full_lengths, interpreting, signature
+from ._launch import KernelLauncher, PlanCache, eager, full_lengths, interpreting, signature, uses_kernel
 from .configs import arch_of
 from .kv_cache import _pool, _row_offsets, kv_write_reference, write_signals
 
@@ -317,10 +317,6 @@ def _validate_output(o, w_uv, out):
 # Launch
 # --------------------------------------------------------------------------------------------------
 
-def _uses_kernel(device: torch.device) -> bool:
-    return device.type == "cuda" or interpreting()
-
-
 def _constexprs(plan: MlaPlan, dtype, query: bool, R: int, C: int, page_size: int, signal: bool) -> dict:
     c = plan.config
     return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, QUERY=query, R=R,
@@ -363,7 +359,7 @@ class _QueryPlan:
                                              tree_lens, T, eps, out)
         self.geometry = (pool.num_pages, pool.page_size)
         self.T, self.eps = T, eps
-        self.kernel = _uses_kernel(q.device)
+        self.kernel = uses_kernel(q.device)
         if not self.kernel:
             return
         M, H, _ = q.shape
@@ -410,7 +406,7 @@ class _OutputPlan:
 
     def __init__(self, o, w_uv, out):
         _validate_output(o, w_uv, out)
-        self.kernel = _uses_kernel(o.device)
+        self.kernel = uses_kernel(o.device)
         if not self.kernel:
             return
         M, H, C = o.shape
@@ -474,7 +470,7 @@ def mla_query_(q: torch.Tensor, latent: torch.Tensor, w_uk: torch.Tensor, norm_w
     M, H, _ = q.shape
     if out is None:
         out = q.new_empty(M, H, w_uk.shape[2] + cos.shape[1])
-    if not _uses_kernel(q.device):
+    if not uses_kernel(q.device):
         out.copy_(mla_query_reference(q, latent, w_uk, norm_weight, cos, sin, kv, page_table, kv_lens, tree_lens,
                                       rows_per_request=rows_per_request, eps=eps, dtype=_ref_dtype(q)))
         return out
@@ -506,7 +502,7 @@ def mla_output(o: torch.Tensor, w_uv: torch.Tensor, *, out: torch.Tensor | None 
         return _OUTPUT_PLANS.get(key, o, w_uv, out).run(o, w_uv, out)
     _validate_output(o, w_uv, out)
     M, H, _ = o.shape
-    if not _uses_kernel(o.device):
+    if not uses_kernel(o.device):
         return mla_output_reference(o, w_uv, dtype=_ref_dtype(o))
     plan = plan_mla.__wrapped__(M, w_uv.shape[1], arch_of(o.device), False)
     if out is None:

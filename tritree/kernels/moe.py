@@ -10,16 +10,12 @@ the fused W4A16 version is future work.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ._launch import interpreting, uses_kernel
 
 
 def moe_reference(x, topk_idx, topk_w, w_gate, w_up, w_down):
@@ -116,7 +112,7 @@ def routed_experts(x, topk_idx, topk_w, w_gate, w_up, w_down, *, block_m: int = 
     dropped the down kernel's atomic accumulation into its zero-initialised output (seen on the H200:
     the compiled model lost its routed experts), so the launch stays out of its sight."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, topk_w, w_gate, w_up, w_down))
-    if needs_grad or (x.device.type != "cuda" and not _interpreting()):  # the kernels have no backward
+    if needs_grad or not uses_kernel(x.device):  # the kernels have no backward
         return moe_reference(x, topk_idx, topk_w, w_gate, w_up, w_down)
     if x.device.type == "cuda":
         return _routed_experts_op(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, block_n, block_k, num_warps)
@@ -160,7 +156,7 @@ def _routed_experts_launch(x, topk_idx, topk_w, w_gate, w_up, w_down, block_m, b
     block_expert = block_expert.to(torch.int32)
     hbuf = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
     out = torch.zeros(N, Hd, dtype=torch.float32, device=x.device)
-    upcast = _interpreting() and x.dtype == torch.bfloat16
+    upcast = interpreting() and x.dtype == torch.bfloat16
     ieee = x.dtype == torch.float32
     xc = x.contiguous()
     _gate_up_kernel[(nb, triton.cdiv(I, block_n))](

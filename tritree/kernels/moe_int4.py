@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -48,15 +47,12 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
+from ._launch import interpreting, uses_kernel
 from ._moe_align import align_routing, min_blocks
 from .configs import arch_of, num_sms
 
 GROUP = 32  # input columns per scale (compressed-tensors group size of the K2.x routed experts)
 ACT_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -692,7 +688,7 @@ def routed_experts_int4(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.T
     else:
         _check_block_bound(plan, N * k, E)
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or topk_w.requires_grad)
-    if needs_grad or (x.device.type != "cuda" and not _interpreting()):  # the kernels have no backward
+    if needs_grad or not uses_kernel(x.device):  # the kernels have no backward
         return _reference_into(x, topk_idx, topk_w, experts, out)
     if out is None:
         out = torch.empty_like(x)
@@ -785,7 +781,7 @@ def _launch(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale, out
     else:
         hbuf = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
     acc = torch.zeros(N, H, dtype=torch.float32, device=x.device)
-    upcast = _interpreting()
+    upcast = interpreting()
     out_scale = BF16_OUT_SCALE if x.dtype == torch.bfloat16 and not upcast else 1.0
     xc = nibble_order(x, gbk)  # contiguous tiles of the activations in the order the weight tiles come out
     _gate_up_int4_kernel[(plan.num_blocks, triton.cdiv(I, gbn // 2), plan.gate_up_split)](

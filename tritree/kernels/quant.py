@@ -11,18 +11,12 @@ The kernels decode the raw bits themselves (FP8 is read as uint8), so they also 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from . import _validate as V
-
-
-def _use_kernel(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
-
+from ._launch import uses_kernel
 
 # --------------------------------------------------------------------------------------------------
 # INT4 pack-quantized
@@ -60,7 +54,7 @@ def dequant_int4(packed: torch.Tensor, scale: torch.Tensor, *, group: int = 32, 
                          f"got {tuple(scale.shape)}")
     if shape is not None and tuple(int(x) for x in shape) != (out_f, cols):
         raise ValueError(f"weight_shape {tuple(int(x) for x in shape)} does not match the packed {(out_f, cols)}")
-    if not _use_kernel(packed):
+    if not uses_kernel(packed.device):
         return dequant_int4_reference(packed, scale, group, dtype)
     out = torch.empty(out_f, cols, dtype=dtype, device=packed.device)
     block = min(1024, triton.next_power_of_2(cols))
@@ -106,7 +100,7 @@ def dequant_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, *, block: int = 1
         raise ValueError(f"weight_scale_inv must have shape {want} for {block}x{block} blocks of {tuple(weight.shape)}, "
                          f"got {tuple(scale_inv.shape)}")
     bits = weight.view(torch.uint8)
-    if not _use_kernel(weight):
+    if not uses_kernel(weight.device):
         return dequant_fp8_reference(bits.view(torch.float8_e4m3fn), scale_inv, block, dtype)
     out = torch.empty(o, i, dtype=dtype, device=weight.device)
     blk = min(1024, triton.next_power_of_2(i))

@@ -45,7 +45,17 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, StreamScratch, arrival_counters, eager, interpreting, scalars, signature
+from ._launch import (
+    KernelLauncher,
+    PlanCache,
+    StreamScratch,
+    arrival_counters,
+    eager,
+    interpreting,
+    scalars,
+    signature,
+    uses_kernel,
+)
 from .configs import arch_of, num_sms
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -601,7 +611,7 @@ class _RoutePlanLaunch:
         dev = self.device = x.device
         N, H = x.shape
         E = weight.shape[0]
-        self.reference = dev.type != "cuda" and not interpreting()
+        self.reference = not uses_kernel(dev)
         if self.reference:
             return
         self.plan = plan if plan is not None else plan_moe_route(N, H, E, x.dtype, weight.dtype, top_k, n_group,
@@ -680,7 +690,7 @@ def moe_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     _validate(x, weight, bias, top_k, n_group, topk_group, norm_topk_prob, scaling, expert_offset, tree_lens,
               rows_per_request, logits_out, plan)
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    if needs_grad or (x.device.type != "cuda" and not interpreting()):
+    if needs_grad or not uses_kernel(x.device):
         return moe_route_reference(x, weight, bias, top_k=top_k, n_group=n_group, topk_group=topk_group,
                                    norm_topk_prob=norm_topk_prob, scaling=scaling, expert_offset=expert_offset,
                                    tree_lens=tree_lens, rows_per_request=rows_per_request, logits_out=logits_out,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -31,7 +30,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, scalars, signature
+from ._launch import KernelLauncher, PlanCache, StreamScratch, eager, scalars, signature, uses_kernel
 from .configs import num_sms
 
 
@@ -44,10 +43,6 @@ class Tree(NamedTuple):
     scores: torch.Tensor     # [B, T] float32 log-probability of the path (root 0, padding -inf)
     tree_lens: torch.Tensor  # [B] int32 valid nodes, root included
     tree_mask: torch.Tensor  # [B, T, ceil(T/32)] int32 ancestor bits
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -663,7 +658,7 @@ class _BuildTreePlan:
         _validate_build(draft_logits, budget, root_tokens)
         self.budget = budget
         dev = draft_logits.device
-        self.reference = dev.type != "cuda" and not _interpreting()
+        self.reference = not uses_kernel(dev)
         if self.reference:
             return
         B, D, Vv = draft_logits.shape
@@ -711,7 +706,7 @@ def build_tree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tenso
             raise
         return _BUILD_PLANS.get(key, draft_logits, budget, root_tokens).run(draft_logits, root_tokens)
     _validate_build(draft_logits, budget, root_tokens)
-    if draft_logits.device.type != "cuda" and not _interpreting():
+    if not uses_kernel(draft_logits.device):
         t = build_tree_reference(draft_logits, budget, root_tokens)
         return Tree(*(x.to(draft_logits.device) for x in t))
     return Tree(*_build_tree_op(draft_logits, budget, root_tokens))

@@ -29,6 +29,7 @@ from ._launch import (
     rebased,
     scalars,
     signature,
+    uses_kernel,
 )
 from ._splitkv import (
     LOG2E,
@@ -298,7 +299,7 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
        the split programs write and the merge reads); fp32 otherwise.
     """
     M = T * H
-    if device.type == "cpu" and not interpreting():
+    if not uses_kernel(device):
         cfg = config or AttnConfig(32, 32, 4, 1)
         return VerifyLaunch("reference", cfg, 1, torch.float32, False)
     kv_fp8 = kv_dtype == KV_FP8
@@ -344,7 +345,7 @@ def _tma_layout(kv: torch.Tensor) -> bool:
     num_pages, P, D = kv.shape
     return (kv.stride(2) == 1 and kv.stride(0) == P * kv.stride(1) and (kv.stride(1) * kv.element_size()) % 16 == 0
             and (kv.storage_offset() * kv.element_size()) % 16 == 0 and num_pages * P < 2**31
-            and (kv.is_cuda or interpreting()))
+            and uses_kernel(kv.device))
 
 
 def _gluon_layout(q: torch.Tensor, kv: torch.Tensor) -> bool:
