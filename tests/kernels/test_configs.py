@@ -51,3 +51,18 @@ def test_pages_smaller_than_the_tiles_take_the_small_pages_table(P):
 def test_unknown_architecture_is_a_value_error():
     with pytest.raises(ValueError, match="no config table for architecture 'sm_75'"):
         lookup(VERIFY_MLA_CONFIGS, "sm_75", 64)
+
+
+def test_every_op_table_goes_through_the_one_lookup():
+    """Every op's table has the architectures arch_of names, and an architecture it lacks is the same error."""
+    import importlib
+
+    tables = {"verify_mla": VERIFY_MLA_CONFIGS}
+    for mod, name in (("draft_attention", "DRAFT_ATTN_CONFIGS"), ("router", "ROUTER_CONFIGS"),
+                      ("linear", "LINEAR_CONFIGS"), ("mla_decode", "MLA_CONFIGS"), ("moe_int4", "INT4_MOE_CONFIGS")):
+        tables[mod] = getattr(importlib.import_module(f"tritree.kernels.{mod}"), name)
+    for op, table in tables.items():
+        for arch in ("sm_90", "sm_120", "sm_80", "cpu"):
+            assert lookup(table, arch, 1) is not None, op
+        with pytest.raises(ValueError, match="no config table for architecture 'sm_75'"):
+            lookup(table, "sm_75", 1)

@@ -99,7 +99,9 @@ def test_plan_and_splits():
         assert p.k_split % c.block_k == 0 and p.split_k * p.k_split >= K and (p.split_k - 1) * p.k_split < K
         assert p.split_k <= max(1, k_tiles) and p.grid == (p.row_blocks, p.col_tiles, p.split_k)
         assert LinearConfig(*p.as_ints()[1:7]) == c and L.LinearPlan.from_ints(p.as_ints()) == p
-    assert row_bound("sm_90") == 32 and row_bound("sm_75") == row_bound("sm_80")
+    assert row_bound("sm_90") == 32
+    with pytest.raises(ValueError, match="no config table for architecture 'sm_75'"):
+        row_bound("sm_75")
     assert not plan_linear(33, 64, 64, torch.bfloat16, "sm_90", 132).kernel  # cuBLAS past the bound
     big = plan_linear(300, 64, 64, torch.bfloat16, "sm_90", 132, LinearConfig(64, 64, 64, 4, 3))
     assert big.kernel and big.row_blocks == 5  # a given config runs the kernel at any row count

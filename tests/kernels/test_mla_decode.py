@@ -145,7 +145,8 @@ def test_plans():
     assert p.grid(8) == (8 * 16 * 1 + 5, 1, 1) and MD.MlaPlan.from_ints(p.as_ints()) == p
     q = MD.plan_mla(65, 128, "sm_90", False)
     assert q.latent_programs == 0 and q.row_blocks == 2 and q.grid(8) == (8 * 4 * 2, 1, 1)
-    assert MD.config_for("sm_75", 1) is MD.MLA_CONFIGS["sm_80"][32]
+    with pytest.raises(ValueError, match="no config table for architecture 'sm_75'"):
+        MD.config_for("sm_75", 1)
 
 
 @pytest.mark.gpu

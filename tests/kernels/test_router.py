@@ -306,8 +306,9 @@ def test_plan_and_splits():
         assert c.block_t % q.sel_rows == 0 and q.sel_rows * lanes <= max(c.sel_lanes, lanes)
         assert RoutePlan.from_ints(q.as_ints()) == q
     assert plan_moe_route(8192, 7168, 384, torch.bfloat16, torch.bfloat16, 8, 1, 1, "sm_90", 132).split_k == 1
-    # Unknown architectures take sm_80's table.
-    assert R.config_for("sm_75", 1) is ROUTER_CONFIGS["sm_80"][16]
+    # An architecture the table lacks: the error every op's lookup gives.
+    with pytest.raises(ValueError, match="no config table for architecture 'sm_75'"):
+        R.config_for("sm_75", 1)
     assert R.config_for("sm_120", 17) is ROUTER_CONFIGS["sm_120"][256]
     assert R.config_for("sm_120", 100_000) is ROUTER_CONFIGS["sm_120"][1 << 30]
 

@@ -149,14 +149,23 @@ def _cuda_arch(index: int) -> str:
     return "sm_80"
 
 
-def lookup(table: dict[str, dict[int, AttnConfig]], arch: str, rows: int, page_size: int | None = None,
-           kv_fp8: bool = False) -> AttnConfig:
-    """The config of ``arch`` for ``rows`` packed query rows. ``kv_fp8``: the ``"<arch>:fp8"`` table
-    where there is one (fp8 pools). With ``page_size``: pages smaller than a config's tiles (TMA
-    tiles and hoisted page ids need whole pages; pointer loads then take one page id per row, a
-    different compile) send the lookup to the ``"<arch>:small_pages"`` table where there is one."""
+def arch_table(table: dict[str, dict], arch: str) -> dict:
+    """``table[arch]``: one op's configs by row bound on ``arch``. Every op's rule for an architecture its table
+    lacks: a ``ValueError`` naming the known ones (:func:`arch_of` names sm_90, sm_120, sm_80 and cpu, which every
+    table has; another name comes from ``TRITREE_ARCH``)."""
     if arch not in table:
-        raise ValueError(f"no config table for architecture {arch!r}; known: {sorted(table)}")
+        known = sorted(k for k in table if ":" not in k)
+        raise ValueError(f"no config table for architecture {arch!r} (TRITREE_ARCH?); known: {known}")
+    return table[arch]
+
+
+def lookup(table: dict[str, dict], arch: str, rows: int, page_size: int | None = None, kv_fp8: bool = False):
+    """Every op's config lookup: ``table`` maps an architecture to ``{row bound: config}``; the config of the first
+    bound >= ``rows`` (else the largest bound's). Verify and draft attention: ``rows`` packed query rows;
+    ``kv_fp8``: the ``"<arch>:fp8"`` table where there is one (fp8 pools); with ``page_size``, pages smaller than a
+    config's tiles (TMA tiles and hoisted page ids need whole pages; pointer loads then take one page id per row, a
+    different compile) send the lookup to the ``"<arch>:small_pages"`` table where there is one."""
+    arch_table(table, arch)
     cfg = _bucket(table[f"{arch}:fp8" if kv_fp8 and f"{arch}:fp8" in table else arch], rows)
     small = f"{arch}:small_pages"
     if page_size is not None and page_size < cfg.block_n and small in table:

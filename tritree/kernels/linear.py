@@ -51,7 +51,7 @@ from ._launch import (
     signature,
     uses_kernel,
 )
-from .configs import arch_of, num_sms
+from .configs import arch_of, arch_table, lookup, num_sms
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SUM_REGISTERS = 64  # fp32 registers a thread of a tile's reducer fills with partial tiles in flight
@@ -258,19 +258,14 @@ class LinearPlan:
         return cls(bool(v[0]), LinearConfig(*v[1:7]), *v[7:11])
 
 
-def _table(arch: str) -> dict[int, LinearConfig]:
-    return LINEAR_CONFIGS[arch if arch in LINEAR_CONFIGS else "sm_80"]  # an unknown architecture: sm_80's
-
-
 def row_bound(arch: str) -> int:
     """The most rows the kernel serves on ``arch`` (its table's largest bucket); more run the composed ops."""
-    return max(_table(arch))
+    return max(arch_table(LINEAR_CONFIGS, arch))
 
 
 def config_for(arch: str, M: int) -> LinearConfig:
-    """The table's config for ``M`` rows (the largest bucket's past it)."""
-    table = _table(arch)
-    return next((table[b] for b in sorted(table) if M <= b), table[max(table)])
+    """The table's config for ``M`` rows (the largest bucket's past it; :func:`tritree.kernels.configs.lookup`)."""
+    return lookup(LINEAR_CONFIGS, arch, M)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -37,7 +37,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _validate as V
 from ._launch import KernelLauncher, PlanCache, eager, full_lengths, interpreting, signature, uses_kernel
-from .configs import arch_of
+from .configs import arch_of, lookup
 from .kv_cache import _pool, _row_offsets, kv_write_reference, write_signals
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -243,9 +243,8 @@ class MlaPlan:
 
 
 def config_for(arch: str, M: int) -> MlaConfig:
-    """The table's config for ``M`` rows (unknown architectures take sm_80's)."""
-    table = MLA_CONFIGS[arch if arch in MLA_CONFIGS else "sm_80"]
-    return next((table[b] for b in sorted(table) if M <= b), table[max(table)])
+    """The table's config for ``M`` rows (:func:`tritree.kernels.configs.lookup`)."""
+    return lookup(MLA_CONFIGS, arch, M)
 
 
 @functools.lru_cache(maxsize=256)

@@ -49,7 +49,7 @@ import triton.language as tl
 from . import _validate as V
 from ._launch import interpreting, uses_kernel
 from ._moe_align import align_routing, min_blocks
-from .configs import arch_of, num_sms
+from .configs import arch_of, lookup, num_sms
 
 GROUP = 32  # input columns per scale (compressed-tensors group size of the K2.x routed experts)
 ACT_DTYPES = (torch.bfloat16, torch.float16)
@@ -598,8 +598,7 @@ def plan_int4_moe(N: int, topk: int, E: int, H: int, I: int, arch: str, sms: int
     rows = -(-(A * E // G) // used) if G > E else -(-A // used)
     rows = max(1, rows)
     if config is None:
-        table = INT4_MOE_CONFIGS[arch if arch in INT4_MOE_CONFIGS else "sm_80"]
-        config = next((table[b] for b in sorted(table) if rows <= b), table[max(table)])
+        config = lookup(INT4_MOE_CONFIGS, arch, rows)
     bm = config.block_m
     blocks_used = max(1, used * -(-rows // bm))  # expected blocks that own rows
     gbn, gbk = config.gate_up[:2]

@@ -56,7 +56,7 @@ from ._launch import (
     signature,
     uses_kernel,
 )
-from .configs import arch_of, num_sms
+from .configs import arch_of, lookup, num_sms
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 NORM_EPS = 1e-20  # added to the sum of the selected weights (DeepSeek-V3's, transformers')
@@ -448,9 +448,8 @@ def _sel_lanes(E: int, top_k: int, n_group: int, block_e: int, expert_tiles: int
 
 
 def config_for(arch: str, N: int) -> RouterConfig:
-    """The table's config for ``N`` rows (unknown architectures take sm_80's, as the other tables do)."""
-    table = ROUTER_CONFIGS[arch if arch in ROUTER_CONFIGS else "sm_80"]
-    return next((table[b] for b in sorted(table) if N <= b), table[max(table)])
+    """The table's config for ``N`` rows (:func:`tritree.kernels.configs.lookup`)."""
+    return lookup(ROUTER_CONFIGS, arch, N)
 
 
 @functools.lru_cache(maxsize=1024)
