@@ -37,17 +37,15 @@ from .configs import AttnConfig, arch_of, lookup, num_sms
 DRAFT_ATTN_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),
-        # Page ids loaded ahead of their tiles, 3 stages: S=8, L=46000, P=64 69.9 us vs 96.2 us for
-        # 64x64x4x2 without (H200; bench/RESULTS.md, section "draft_attention"); the compiled K2.6-DFlash
-        # step 3.24 ms vs 3.35 ms.
+        # Page ids loaded ahead of their tiles, 3 stages: faster than 64x64x4x2 without them at K2.6-DFlash
+        # shapes (H200; bench/RESULTS.md, section "draft_attention").
         1 << 30: AttnConfig(64, 64, 4, 3, hoist_pages=True),
     },
     "sm_120": {
         16: AttnConfig(16, 64, 4, 2),
-        # Page ids hoisted, 32x64 tiles, 3 stages: 77,824 B, 202 registers for sm_120, no spill. Under
-        # DISABLE_MMA_V3=1 on the H200 (2026-11-30, K2.6-DFlash heads, B=1, L=46000, us, against
-        # 32x32x8x2): S=16 440.3 vs 1039.8, S=16 window 4096 56.9 vs 89.6, S=8 245.1 vs 574.9. (64x64x8x1
-        # was ahead with the window only: 46.7 at S=16.)
+        # Page ids hoisted, 32x64 tiles, 3 stages: 77,824 B, 202 registers for sm_120, no spill; in emulation
+        # (DISABLE_MMA_V3=1 on the H200) 2.3x faster than 32x32x8x2 at K2.6-DFlash shapes, and ahead of 64x64x8x1
+        # except with a sliding window (bench/RESULTS.md, section "sm_120").
         1 << 30: AttnConfig(32, 64, 8, 3, hoist_pages=True),
     },
     "sm_80": {
