@@ -52,6 +52,9 @@ def test_slice_is_rank_0_of_tp8_and_its_step_runs(tiny, experts):
     assert tparams["lm_head.weight"].shape[0] == 96 // 8 and tcfg.heads == 1
     assert tparams["model.layers.1.mlp.shared_experts.down_proj.weight"].shape[1] == 32 // 8
     dwant = local_draft_shapes(BD.kimi_k26_dflash(target_layer_ids=(0, 1)), rank)
+    for k in [k for k in dwant if k.endswith(".mlp.gate_proj.weight")]:  # as the Engine holds them: gate|up rows
+        gate, _ = dwant.pop(k), dwant.pop(k.replace("gate_proj", "up_proj"))
+        dwant[k.replace("gate_proj", "gate_up_proj")] = (2 * gate[0], gate[1])
     assert {k: tuple(v.shape) for k, v in dp.items()} == dwant and dcfg.tp_world == 8
     assert state["dkv"].shape[-2] == dcfg.num_key_value_heads == 1
     before = state["kv_lens"].clone()

@@ -40,6 +40,7 @@ from .engine import (
     draft_phase_,
     tree_phase,
 )
+from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
 from .model.kimi_k2 import to_kernel_layout_
 from .roofline import append_jsonl, profile_text
@@ -94,7 +95,7 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     # shapes and cost, other values).
     dfull = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
     tparams = to_kernel_layout_(_random_params(shapes, device, dtype), device)  # as the Engine holds them
-    dparams = _random_params(local_draft_shapes(dfull, group), device, dtype)
+    dparams = dflash.to_kernel_layout_(_random_params(local_draft_shapes(dfull, group), device, dtype))
     dcfg = shard_draft_config(dfull, group)
     T = budget + 1
     accepted = min(5, T)  # ~5 tokens accepted last step: the draft's pending context

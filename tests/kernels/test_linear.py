@@ -36,20 +36,20 @@ def _poison_workspaces():
                 t.fill_(float("nan"))
 
 
-def _check(x, w, eps, b, r, out=None, plan=None, nw=None):
+def _check(x, w, eps, b, r, out=None, plan=None, nw=None, act=None):
     """linear with a poisoned destination and workspaces against the float64 reference (scaled by the sizes of
     the terms), every element written."""
-    M, N = x.shape[0], w.shape[0]
-    ref = linear_reference(x, w, b, rms_eps=eps, norm_weight=nw, residual=r).double()
+    M, N = x.shape[0], w.shape[0] // (2 if act else 1)
+    ref = linear_reference(x, w, b, rms_eps=eps, norm_weight=nw, act=act, residual=r).double()
     if out is None:
         out = torch.full((M, N + 3), float("nan"), dtype=x.dtype, device=x.device)[:, :N]  # a strided destination
     else:
         out.fill_(float("nan"))
-    linear(x, w, b, rms_eps=eps, norm_weight=nw, residual=r, out=out, plan=plan)  # plans and warms
+    linear(x, w, b, rms_eps=eps, norm_weight=nw, act=act, residual=r, out=out, plan=plan)  # plans and warms
     _poison_workspaces()
     if r is None or out.data_ptr() != r.data_ptr():
         out.fill_(float("nan"))
-    y = linear(x, w, b, rms_eps=eps, norm_weight=nw, residual=r, out=out, plan=plan)
+    y = linear(x, w, b, rms_eps=eps, norm_weight=nw, act=act, residual=r, out=out, plan=plan)
     assert y.data_ptr() == out.data_ptr() and y.dtype == x.dtype
     assert not torch.isnan(y).any()
     scale = 1.0 + (ref.abs().max().item() if M else 0.0)
@@ -62,14 +62,16 @@ def _check(x, w, eps, b, r, out=None, plan=None, nw=None):
 @given(M=st.integers(0, 70), N=st.integers(1, 100), K=st.integers(1, 200),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), norm=st.booleans(), bias=st.booleans(),
        residual=st.booleans(), row_pad=st.sampled_from([0, 5]), norm_weight=st.sampled_from([None, "x", "fp32"]),
-       seed=st.integers(0, 2**16))
-def test_matches_reference(M, N, K, dtype, norm, bias, residual, row_pad, norm_weight, seed):
+       act=st.sampled_from([None, "silu_mul"]), seed=st.integers(0, 2**16))
+def test_matches_reference(M, N, K, dtype, norm, bias, residual, row_pad, norm_weight, act, seed):
     x, w, eps, b, r = _inputs(M, N, K, dtype, seed, norm, bias, residual, row_pad)
+    if act:  # gate | up: 2N weight rows (and biases) for N output columns; the same x (drawn first)
+        x, w, eps, b, _ = _inputs(M, 2 * N, K, dtype, seed, norm, bias, False, row_pad)
     nw = None
     if norm and norm_weight is not None:  # the RMSNorm's weight given to the op (not folded into w)
         nw = (1 + 0.5 * torch.randn(K, generator=torch.Generator().manual_seed(seed + 1)))
         nw = nw.to(dtype if norm_weight == "x" else torch.float32).to(DEVICE)
-    _check(x, w, eps, b, r, nw=nw)
+    _check(x, w, eps, b, r, nw=nw, act=act)
 
 
 def test_every_grid_path():
@@ -81,6 +83,9 @@ def test_every_grid_path():
         x, w, eps, b, r = _inputs(M, N, K, torch.float32, 1, True, True, True)
         _check(x, w, eps, b, r, plan=plan)
         _check(x, w, eps, b, r, plan=plan, nw=torch.linspace(0.5, 1.5, K, device=DEVICE))
+        # gate | up rows and silu(gate) * up: 2N weight rows, N output columns (the residual's)
+        _, wg, _, bg, _ = _inputs(M, 2 * N, K, torch.float32, 2, True, True)
+        _check(x, wg, eps, bg, r, plan=plan_linear(M, 2 * N, K, torch.float32, "cpu", 4, cfg), act="silu_mul")
         _check(x, w, None, None, r, out=r.clone(), plan=plan)
         ref = linear_reference(x, w, b, rms_eps=eps, residual=r).double()
         inplace = r.clone()
@@ -148,9 +153,13 @@ def test_bad_inputs_name_the_argument():
         (dict(norm_weight=torch.ones(16, device=DEVICE)), "norm_weight needs rms_eps"),
         (dict(rms_eps=1e-6, norm_weight=torch.ones(8, device=DEVICE)), "norm_weight"),
         (dict(rms_eps=1e-6, norm_weight=torch.ones(16, device=DEVICE, dtype=torch.float16)), "norm_weight"),
+        (dict(act="gelu"), "act must be one of"),
+        (dict(act="silu_mul", weight=w[:7]), "even count"),
+        (dict(act="silu_mul", residual=r), "residual must have shape"),
     ]
     for kw, name in cases:
-        args = dict(x=x, weight=w, bias=None, rms_eps=None, norm_weight=None, residual=None, out=None, plan=None)
+        args = dict(x=x, weight=w, bias=None, rms_eps=None, norm_weight=None, act=None, residual=None, out=None,
+                    plan=None)
         args.update(kw)
         with pytest.raises((ValueError, TypeError), match=name):
             linear(args.pop("x"), args.pop("weight"), args.pop("bias"), **args)
@@ -166,8 +175,9 @@ def test_fake_impl_and_compile():
     with FakeTensorMode() as mode:
         fx = mode.from_tensor(torch.randn(3, 16))
         fw = mode.from_tensor(torch.randn(8, 16))
-        y = torch.ops.tritree.linear(fx, fw, None, None, None, plan.as_ints(), 1e-6)
-    assert y.shape == (3, 8)
+        y = torch.ops.tritree.linear(fx, fw, None, None, None, plan.as_ints(), 1e-6, False)
+        h = torch.ops.tritree.linear(fx, fw, None, None, None, plan.as_ints(), 1e-6, True)
+    assert y.shape == (3, 8) and h.shape == (3, 4)
     x, w, eps, b, r = _inputs(5, 24, 40, torch.float32, 3, True, True, True)
     f = torch.compile(lambda x: linear(x, w, b, rms_eps=eps, residual=r), backend="aot_eager", fullgraph=True)
     assert torch.allclose(f(x), linear(x, w, b, rms_eps=eps, residual=r), rtol=0, atol=1e-5)

@@ -414,7 +414,7 @@ def moe_block_reports(archs=None) -> list[CompileReport]:
 def linear_reports(archs=None) -> list[CompileReport]:
     """The skinny linear (``linear._linear_kernel``) for every GPU config of ``linear.LINEAR_CONFIGS``, bf16 and
     fp16 (fp32 rows run the composed ops on a GPU), one K split and several, with the RMSNorm prologue (and its
-    weight), the bias and the residual and without them."""
+    weight), the bias, the SiLU-and-mul epilogue and the residual and without them."""
     from .linear import LINEAR_CONFIGS, _linear_kernel, sum_unroll
 
     reports = []
@@ -422,7 +422,7 @@ def linear_reports(archs=None) -> list[CompileReport]:
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
         for cfg in dict.fromkeys(table.values()):
-            for dtype, split, fused in (("bf16", 1, False), ("bf16", 4, True), ("bf16", 4, False), ("fp16", 4, True)):
+            for dtype, split, fused in (("bf16", 1, False), ("bf16", 4, True), ("bf16", 4, False), ("fp16", 1, True)):
                 sig = {"X": "*" + dtype, "W": "*" + dtype, "Bias": "*" + dtype, "Res": "*" + dtype,
                        "Out": "*" + dtype, "Part": "*fp32", "SumSq": "*fp32", "Count": "*i32", "NormW": "*" + dtype,
                        "M": "i32", "N": "i32",
@@ -430,9 +430,9 @@ def linear_reports(archs=None) -> list[CompileReport]:
                        "k_split": "i32", "eps": "fp32"}
                 consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
                               HAS_NORM=fused, HAS_BIAS=fused, HAS_RES=fused, DOT_F32=False, EVEN_K=True,
-                              SUM_UNROLL=sum_unroll(cfg), HAS_NW=fused)
+                              SUM_UNROLL=sum_unroll(cfg), HAS_NW=fused, GLU=fused)
                 label = (f"BM{cfg.block_m} BN{cfg.block_n} BK{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} {dtype} "
-                         f"split{'1' if split == 1 else 'N'}{' norm(weight) bias res' if fused else ''}")
+                         f"split{'1' if split == 1 else 'N'}{' norm(weight) bias silu_mul res' if fused else ''}")
                 reports.append(audit(_linear_kernel, sig, consts, arch, cfg.num_warps, cfg.num_stages,
                                      ("X", "W", "Bias", "Res", "Out", "Part", "SumSq", "K", "stride_x", "stride_w",
                                       "stride_r", "stride_o", "k_split"), label))

@@ -61,7 +61,11 @@ SUM_REGISTERS = 64  # fp32 registers a thread of a tile's reducer fills with par
 # Reference
 # --------------------------------------------------------------------------------------------------
 
-def linear_reference(x, weight, bias=None, *, rms_eps=None, norm_weight=None, residual=None, dtype=torch.float64):
+ACTS = (None, "silu_mul")
+
+
+def linear_reference(x, weight, bias=None, *, rms_eps=None, norm_weight=None, act=None, residual=None,
+                     dtype=torch.float64):
     """:func:`linear`'s semantics in ``dtype`` (float64 in tests), returned in ``x``'s dtype."""
     xf = x.to(dtype)
     if rms_eps is not None:
@@ -71,17 +75,23 @@ def linear_reference(x, weight, bias=None, *, rms_eps=None, norm_weight=None, re
     y = xf @ weight.to(dtype).t()
     if bias is not None:
         y = y + bias.to(dtype)
+    if act == "silu_mul":
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
     if residual is not None:
         y = y + residual.to(dtype)
     return y.to(x.dtype)
 
 
-def _composed(x, weight, bias, rms_eps, norm_weight, residual, out):
+def _composed(x, weight, bias, rms_eps, norm_weight, residual, out, glu=False):
     """The op as PyTorch ops in ``x``'s dtype (CPU, autograd, and rows past :func:`row_bound`): ``F.rms_norm`` and
     ``F.linear`` (cuBLAS on a GPU)."""
     g = None if norm_weight is None else norm_weight.to(x.dtype)
     xn = x if rms_eps is None else F.rms_norm(x, (x.shape[-1],), g, rms_eps)
     y = F.linear(xn, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    if glu:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
     if residual is not None:
         y = y + residual
     if out is None:
@@ -95,14 +105,34 @@ def _composed(x, weight, bias, rms_eps, norm_weight, residual, out):
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _epilogue(acc, ss, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, stride_o,
-              HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    """A finished ``[BLOCK_N, BLOCK_M]`` tile (fp32 sums, ``ss``: the rows' sums of squares) to ``Out``."""
+def _weight_rows(pn, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """``(weight rows of column tile pn [BLOCK_N], their mask)``; with ``GLU`` its first half are gate rows
+    ``pn BLOCK_N / 2 + i`` and its second half the up rows ``N`` further (``W [2N, K]``)."""
+    i = tl.arange(0, BLOCK_N)
+    if GLU:
+        j = pn * (BLOCK_N // 2) + i % (BLOCK_N // 2)
+        return j + (i // (BLOCK_N // 2)) * N, j < N
+    return pn * BLOCK_N + i, pn * BLOCK_N + i < N
+
+
+@triton.jit
+def _epilogue(acc, ss, rows, wrows, wrow_ok, pn, M, N, K, eps, Bias, Res, Out, stride_r, stride_o,
+              HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr):
+    """A finished ``[BLOCK_N, BLOCK_M]`` tile of weight rows ``wrows`` (fp32 sums, ``ss``: the rows' sums of
+    squares) to ``Out``; with ``GLU``, ``silu(gate half) * up half``: ``BLOCK_N / 2`` output columns."""
+    BLOCK_N: tl.constexpr = acc.shape[0]
+    BLOCK_M: tl.constexpr = acc.shape[1]
     if HAS_NORM:
         acc = acc * tl.rsqrt(ss / K + eps)[None, :]
-    ok = (cols < N)[:, None] & (rows < M)[None, :]
     if HAS_BIAS:
-        acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[:, None]
+        acc += tl.load(Bias + wrows, mask=wrow_ok, other=0.0).to(tl.float32)[:, None]
+    if GLU:
+        gate, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N // 2, BLOCK_M]), (1, 2, 0)))
+        acc = gate * tl.sigmoid(gate) * up
+        cols = pn * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    else:
+        cols = wrows
+    ok = (cols < N)[:, None] & (rows < M)[None, :]
     r64 = rows.to(tl.int64)[None, :]
     if HAS_RES:
         acc += tl.load(Res + r64 * stride_r + cols[:, None], mask=ok, other=0.0).to(tl.float32)
@@ -113,21 +143,22 @@ def _epilogue(acc, ss, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, strid
 def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, stride_x, stride_w, stride_r, stride_o,
                    k_split, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                   DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, SUM_UNROLL: tl.constexpr,
-                   HAS_NW: tl.constexpr = False):
+                   DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, SUM_UNROLL: tl.constexpr, HAS_NW: tl.constexpr,
+                   GLU: tl.constexpr):
     """Grid ``(row blocks, column tiles, SPLIT_K)``; see the module. ``X [M, K]``, ``W [N, K]``, ``Res`` and ``Out
     [M, N]`` by row strides (last dimension contiguous); ``Bias [N]``; ``Part [SPLIT_K, M, N]`` and
     ``SumSq [SPLIT_K, column tiles, M]`` fp32 (``SPLIT_K > 1``); ``Count``: int32 counters at 0, one a tile.
     ``k_split``: columns of K a split (whole ``BLOCK_K`` tiles). ``DOT_F32``: an IEEE fp32 dot (fp32 inputs, and
-    the interpreter). ``HAS_NW``: the rows times ``NormW [K]`` by column (after their sums of squares)."""
+    the interpreter). ``HAS_NW``: the rows times ``NormW [K]`` by column (after their sums of squares). ``GLU``:
+    ``W [2N, K]`` (gate rows, then up rows), ``Out [M, N] = silu(gate) * up`` (``Bias [2N]``, ``Part [SPLIT_K, M,
+    2N]``)."""
     pm = tl.program_id(0)
     pn = tl.program_id(1)
     ks = tl.program_id(2)
     n_pn = tl.num_programs(1)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols, col_ok = _weight_rows(pn, N, BLOCK_N, GLU)  # the tile's weight rows
     row_ok = rows < M
-    col_ok = cols < N
     kk = tl.arange(0, BLOCK_K)
     lo = ks * k_split
     hi = tl.minimum(K, lo + k_split)
@@ -157,12 +188,14 @@ def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, str
         px += BLOCK_K
         pw += BLOCK_K
     if SPLIT_K == 1:
-        _epilogue(acc, ss, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, stride_o, HAS_NORM, HAS_BIAS, HAS_RES)
+        _epilogue(acc, ss, rows, cols, col_ok, pn, M, N, K, eps, Bias, Res, Out, stride_r, stride_o, HAS_NORM,
+                  HAS_BIAS, HAS_RES, GLU)
     else:
-        MN = tl.cast(M, tl.int64) * N
+        NW = 2 * N if GLU else N  # weight rows
+        MN = tl.cast(M, tl.int64) * NW
         r64 = rows.to(tl.int64)[None, :]
         ok = col_ok[:, None] & row_ok[None, :]
-        part = Part + r64 * N + cols[:, None]
+        part = Part + r64 * NW + cols[:, None]
         tl.store(part + ks.to(tl.int64) * MN, acc, mask=ok)
         sq = SumSq + pn * M + rows
         if HAS_NORM:
@@ -179,8 +212,8 @@ def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, str
                     tot += tl.load(part + s * MN, mask=ok & live[None, :], other=0.0, cache_modifier=".cg")
                     if HAS_NORM:
                         sst += tl.load(sq + s * n_pn * M, mask=row_ok & live, other=0.0, cache_modifier=".cg")
-            _epilogue(tot, sst, rows, cols, M, N, K, eps, Bias, Res, Out, stride_r, stride_o, HAS_NORM, HAS_BIAS,
-                      HAS_RES)
+            _epilogue(tot, sst, rows, cols, col_ok, pn, M, N, K, eps, Bias, Res, Out, stride_r, stride_o, HAS_NORM,
+                      HAS_BIAS, HAS_RES, GLU)
             tl.store(count, 0)  # for the next launch
 
 
@@ -292,7 +325,7 @@ def plan_linear(M: int, N: int, K: int, dtype: torch.dtype, arch: str, sms: int,
 # Validation
 # --------------------------------------------------------------------------------------------------
 
-def _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight=None) -> None:
+def _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight=None, act=None) -> None:
     V.check_tensor("x", x, ndim=2, dtypes=DTYPES)
     dev = x.device
     V.check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=dev)
@@ -308,7 +341,14 @@ def _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight=None) -
             raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
     if bias is not None:
         V.check_tensor("bias", bias, ndim=1, dtypes=(x.dtype, torch.float32), device=dev)
-        V.check_shape("bias", bias, (N,), "[N]")
+        V.check_shape("bias", bias, (N,), "[N] (weight's rows)")
+    if act not in ACTS:
+        raise ValueError(f"act must be one of {ACTS}, got {act!r}")
+    if act == "silu_mul":
+        if N % 2:
+            raise ValueError(f"act='silu_mul' needs weight's rows to be gate rows then as many up rows (an even "
+                             f"count), got {N}")
+        N //= 2
     if rms_eps is not None:
         V.check_float("rms_eps", rms_eps, lo=0.0)
     if norm_weight is not None:
@@ -319,7 +359,7 @@ def _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight=None) -
     for name, t in (("residual", residual), ("out", out)):
         if t is not None:
             V.check_tensor(name, t, ndim=2, dtypes=(x.dtype,), device=dev)
-            V.check_shape(name, t, (M, N), "[M, N]")
+            V.check_shape(name, t, (M, N), "[M, N] (N: weight's rows, half of them with act='silu_mul')")
             if t.stride(1) != 1:
                 raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
     if (out is not None and not torch.compiler.is_compiling()  # traced: no data pointers
@@ -329,7 +369,7 @@ def _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight=None) -
         if not isinstance(plan, LinearPlan):
             raise TypeError(f"plan must be a LinearPlan, got {type(plan).__name__}")
         c = plan.config
-        ok = (plan.row_blocks * c.block_m >= M and plan.col_tiles * c.block_n >= N and plan.split_k >= 1
+        ok = (plan.row_blocks * c.block_m >= M and plan.col_tiles * c.block_n >= weight.shape[0] and plan.split_k >= 1
               and plan.split_k * plan.k_split >= K and plan.k_split % c.block_k == 0
               and min(c.block_m, c.block_n, c.block_k) >= 16)
         if not ok:
@@ -346,11 +386,11 @@ def sum_unroll(config: LinearConfig) -> int:
     return max(1, min(8, SUM_REGISTERS // max(1, per_thread)))
 
 
-def _constexprs(plan: LinearPlan, K, dtype, has_norm, has_bias, has_res, has_nw=False):
+def _constexprs(plan: LinearPlan, K, dtype, has_norm, has_bias, has_res, has_nw=False, glu=False):
     c = plan.config
     return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=plan.split_k, HAS_NORM=has_norm,
                 HAS_BIAS=has_bias, HAS_RES=has_res, DOT_F32=interpreting() or dtype == torch.float32,
-                EVEN_K=K % c.block_k == 0, SUM_UNROLL=sum_unroll(c), HAS_NW=has_nw)
+                EVEN_K=K % c.block_k == 0, SUM_UNROLL=sum_unroll(c), HAS_NW=has_nw, GLU=glu)
 
 
 def _workspace(plan: LinearPlan, M: int, N: int, device, norm: bool):
@@ -363,19 +403,20 @@ def _workspace(plan: LinearPlan, M: int, N: int, device, norm: bool):
     return part, ss
 
 
-def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=None, scratch=None, norm_weight=None):
+def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=None, scratch=None, norm_weight=None,
+            glu=False):
     """One launch of :func:`_linear_kernel` into ``out`` (a fresh ``[M, N]`` when None), which it returns."""
     M, K = x.shape
-    N = weight.shape[0]
+    N = weight.shape[0]  # weight rows (the workspaces'); the output's columns are half of them with glu
     if out is None:
-        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+        out = torch.empty(M, N // 2 if glu else N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
     part, ss = scratch if scratch is not None else _workspace(plan, M, N, x.device, rms_eps is not None)
     count = arrival_counters(x.device, plan.counters)
     args = (x, weight, bias if bias is not None else x,
             residual if residual is not None else out, out, part, ss, count,
-            norm_weight if norm_weight is not None else x, M, N, K, x.stride(0), weight.stride(0),
+            norm_weight if norm_weight is not None else x, M, N // 2 if glu else N, K, x.stride(0), weight.stride(0),
             residual.stride(0) if residual is not None else out.stride(0), out.stride(0), plan.k_split,
             float(rms_eps or 0.0))
     if launcher is not None:
@@ -383,7 +424,7 @@ def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=
     else:
         c = plan.config
         _linear_kernel[plan.grid](*args, **_constexprs(plan, K, x.dtype, rms_eps is not None, bias is not None,
-                                                       residual is not None, norm_weight is not None),
+                                                       residual is not None, norm_weight is not None, glu),
                                   num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
@@ -392,12 +433,13 @@ class _LinearPlanLaunch:
     """linear for one static signature: validated, planned, kernel bound once (its workspaces one set per CUDA
     stream, a fresh set inside a graph capture)."""
 
-    def __init__(self, x, weight, bias, rms_eps, norm_weight, residual, out, plan):
-        _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight)
+    def __init__(self, x, weight, bias, rms_eps, norm_weight, act, residual, out, plan):
+        _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight, act)
         dev = self.device = x.device
         M, K = x.shape
         N = weight.shape[0]
         self.rms_eps = rms_eps
+        self.glu = act == "silu_mul"
         self.plan = plan if plan is not None else (
             plan_linear(M, N, K, x.dtype, arch_of(dev), num_sms(dev)) if uses_kernel(dev) else None)
         self.kernel = self.plan is not None and self.plan.kernel
@@ -408,7 +450,7 @@ class _LinearPlanLaunch:
         norm = rms_eps is not None
         self._launcher = KernelLauncher(
             _linear_kernel, _constexprs(p, K, x.dtype, norm, bias is not None, residual is not None,
-                                        norm_weight is not None),
+                                        norm_weight is not None, self.glu),
             num_warps=c.num_warps, num_stages=c.num_stages)
         self._scratch = StreamScratch(lambda: _workspace(p, M, N, dev, norm))
 
@@ -416,18 +458,19 @@ class _LinearPlanLaunch:
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, bias, norm_weight, residual))
         if not self.kernel or needs_grad:  # the kernel has no backward
-            return _composed(x, weight, bias, self.rms_eps, norm_weight, residual, out)
+            return _composed(x, weight, bias, self.rms_eps, norm_weight, residual, out, self.glu)
         return _launch(x, weight, bias, self.rms_eps, residual, out, self.plan, launcher=self._launcher,
-                       scratch=self._scratch.get(self.device) if x.shape[0] else None, norm_weight=norm_weight)
+                       scratch=self._scratch.get(self.device) if x.shape[0] else None, norm_weight=norm_weight,
+                       glu=self.glu)
 
 
 _LINEAR_PLANS = PlanCache("linear", _LinearPlanLaunch, maxsize=256)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, rms_eps: float | None = None,
-           norm_weight: torch.Tensor | None = None, residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           plan: LinearPlan | None = None) -> torch.Tensor:
-    """``rms?(x) @ weight^T + bias + residual`` for decode row counts, in one launch.
+           norm_weight: torch.Tensor | None = None, act: str | None = None, residual: torch.Tensor | None = None,
+           out: torch.Tensor | None = None, plan: LinearPlan | None = None) -> torch.Tensor:
+    """``act(rms?(x) @ weight^T + bias) + residual`` for decode row counts, in one launch.
 
     Args:
         x: ``[M, K]`` bf16/fp16/fp32 rows (any row stride, last dimension contiguous).
@@ -438,6 +481,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             ``rmsnorm(x, g) @ W^T == rms(x) @ (W * g)^T``, or, where other products read ``weight`` unnormalised,
             in ``norm_weight``.
         norm_weight: optional ``[K]`` in ``x``'s dtype or fp32 (with ``rms_eps``): the normalised rows times it.
+        act: None, or ``"silu_mul"``: ``weight [2N, K]`` holds gate rows then up rows (``bias [2N]`` likewise) and
+            the output is ``silu(gate) * up``, ``[M, N]`` (a SwiGLU's first half in one launch).
         residual: optional ``[M, N]`` in ``x``'s dtype (last dimension contiguous), added to the product.
         out: optional ``[M, N]`` destination in ``x``'s dtype (any row stride, last dimension contiguous: a
             slice of a wider buffer), not aliasing ``x`` or ``weight``; it may be ``residual`` (added in place).
@@ -455,43 +500,46 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if eager():
         try:
-            key = (signature(x, weight, bias, norm_weight, residual, out), scalars(rms_eps), plan,
+            key = (signature(x, weight, bias, norm_weight, residual, out), scalars(rms_eps, act), plan,
                    out is not None and residual is not None and out.data_ptr() == residual.data_ptr())
             hash(key)
         except (AttributeError, TypeError):  # not tensors / unhashable options: validation says which
-            _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight)
+            _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight, act)
             raise
-        return _LINEAR_PLANS.get(key, x, weight, bias, rms_eps, norm_weight, residual, out, plan).run(
+        return _LINEAR_PLANS.get(key, x, weight, bias, rms_eps, norm_weight, act, residual, out, plan).run(
             x, weight, bias, norm_weight, residual, out)
-    _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight)
+    _validate(x, weight, bias, rms_eps, residual, out, plan, norm_weight, act)
     M, K = x.shape
     N = weight.shape[0]
+    glu = act == "silu_mul"
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (x, weight, bias, norm_weight, residual))
     if plan is None and uses_kernel(x.device):  # a pure function of ints: traced through uncached
         plan = plan_linear.__wrapped__(M, N, K, x.dtype, arch_of(x.device), num_sms(x.device))
     if needs_grad or plan is None or not plan.kernel:
-        return _composed(x, weight, bias, rms_eps, norm_weight, residual, out)
+        return _composed(x, weight, bias, rms_eps, norm_weight, residual, out, glu)
     eps = None if rms_eps is None else float(rms_eps)
     if out is None:
-        return _linear_op(x, weight, bias, norm_weight, residual, plan.as_ints(), eps)
-    _linear_out_op(x, weight, bias, norm_weight, residual, out, plan.as_ints(), eps)
+        return _linear_op(x, weight, bias, norm_weight, residual, plan.as_ints(), eps, glu)
+    _linear_out_op(x, weight, bias, norm_weight, residual, out, plan.as_ints(), eps, glu)
     return out
 
 
 # Opaque to torch.compile: programs hand work to each other through counters and workspaces.
 @torch.library.custom_op("tritree::linear", mutates_args=())
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
-               residual: torch.Tensor | None, plan: list[int], rms_eps: float | None) -> torch.Tensor:
-    return _launch(x, weight, bias, rms_eps, residual, None, LinearPlan.from_ints(plan), norm_weight=norm_weight)
+               residual: torch.Tensor | None, plan: list[int], rms_eps: float | None, glu: bool) -> torch.Tensor:
+    return _launch(x, weight, bias, rms_eps, residual, None, LinearPlan.from_ints(plan), norm_weight=norm_weight,
+                   glu=glu)
 
 
 @_linear_op.register_fake
-def _(x, weight, bias, norm_weight, residual, plan, rms_eps):
-    return x.new_empty(x.shape[0], weight.shape[0])
+def _(x, weight, bias, norm_weight, residual, plan, rms_eps, glu):
+    return x.new_empty(x.shape[0], weight.shape[0] // 2 if glu else weight.shape[0])
 
 
 @torch.library.custom_op("tritree::linear_out", mutates_args=("out",))
 def _linear_out_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
-                   residual: torch.Tensor | None, out: torch.Tensor, plan: list[int], rms_eps: float | None) -> None:
-    _launch(x, weight, bias, rms_eps, residual, out, LinearPlan.from_ints(plan), norm_weight=norm_weight)
+                   residual: torch.Tensor | None, out: torch.Tensor, plan: list[int], rms_eps: float | None,
+                   glu: bool) -> None:
+    _launch(x, weight, bias, rms_eps, residual, out, LinearPlan.from_ints(plan), norm_weight=norm_weight, glu=glu)

@@ -2,7 +2,8 @@
 
 Parameters are keyed by the z-lab checkpoint names (``fc.weight``, ``hidden_norm.weight``,
 ``norm.weight``, ``layers.i.self_attn.q_proj.weight`` ...); the draft has no embedding or lm_head of
-its own and takes the target's.
+its own and takes the target's. :func:`to_kernel_layout_` (the Engine and ``bench decode`` call it once after
+loading) concatenates each layer's gate and up rows (``GATE_UP_KEY``); the functions take either form.
 
 The draft cache holds every draft layer's context keys and values in one stacked pool
 ``kv: [layers, num_pages, P, 2, Hkv, D]`` (index 0 = K, 1 = V) with a page table and lengths, so one
@@ -19,7 +20,6 @@ projection, after ``o_proj`` and after the MLP; the cache then holds the rank's 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import dist
 from ..kernels import draft_attention, kv_write_
@@ -30,6 +30,31 @@ from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, r
 
 def layer_prefix(i: int) -> str:
     return f"layers.{i}."
+
+
+# A layer's gate and up rows in one tensor ``[2 I, hidden]`` after :func:`to_kernel_layout_` (one launch of
+# :func:`tritree.kernels.linear` computes ``silu(gate) * up`` with the norm in it), replacing ``mlp.gate_proj.weight``
+# and ``mlp.up_proj.weight``.
+GATE_UP_KEY = "mlp.gate_up_proj.weight"
+
+
+def to_kernel_layout_(params: dict) -> dict:
+    """Every layer's ``mlp.gate_proj`` and ``mlp.up_proj`` rows concatenated into ``GATE_UP_KEY`` (in place, no
+    second copy kept); after loading (and sharding), before the first forward. Idempotent; the functions take
+    either form."""
+    for k in [k for k in params if k.endswith(".mlp.gate_proj.weight")]:
+        p = k[:-len("gate_proj.weight")]
+        params[p + "gate_up_proj.weight"] = torch.cat([params.pop(k), params.pop(p + "up_proj.weight")])
+    return params
+
+
+def _gate_up(params, p: str) -> torch.Tensor:
+    """Layer prefix ``p``'s ``[gate; up]`` rows (concatenated here when the params were not passed through
+    :func:`to_kernel_layout_`)."""
+    w = params.get(p + GATE_UP_KEY)
+    if w is None:
+        w = torch.cat([params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"]])
+    return w
 
 
 def param_shapes(cfg: DFlashConfig) -> dict[str, tuple]:
@@ -92,11 +117,11 @@ def _reduced_linear(x, w, b, cfg, tp):
     return y if b is None else y + b.to(y.dtype)
 
 
-def _normed_linear(x2, w, b, g, eps):
-    """``rmsnorm(x2, g) w^T + b`` in one :func:`tritree.kernels.linear` (the norm's weight given to the op: ``w`` is
-    also read unnormalised elsewhere, e.g. ``k_proj`` and ``v_proj`` by :func:`context_kv`)."""
+def _normed_linear(x2, w, b, g, eps, act=None):
+    """``act(rmsnorm(x2, g) w^T + b)`` in one :func:`tritree.kernels.linear` (the norm's weight given to the op: ``w``
+    is also read unnormalised elsewhere, e.g. ``k_proj`` and ``v_proj`` by :func:`context_kv`)."""
     return fused_linear(x2, w.to(x2.dtype), None if b is None else b.to(x2.dtype), rms_eps=eps,
-                        norm_weight=g.to(x2.dtype))
+                        norm_weight=g.to(x2.dtype), act=act)
 
 
 def _residual_linear(x2, w, b, residual, cfg: DFlashConfig, tp):
@@ -188,8 +213,8 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
     x2 = x.reshape(B * S, -1)
     for i in range(cfg.num_hidden_layers):
         # Per layer: q, k and v each with the input norm in the launch (kernels.linear), the per-head q / k norms
-        # and rotations, attention, o_proj with the residual add, gate and up each with the post-attention norm,
-        # SiLU-and-mul, down with the residual add.
+        # and rotations, attention, o_proj with the residual add, gate|up with the post-attention norm and
+        # SiLU-and-mul in one launch, down with the residual add.
         p = layer_prefix(i)
         a = p + "self_attn."
         g = params[p + "input_layernorm.weight"]
@@ -203,10 +228,8 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
         x2 = _residual_linear(o.reshape(B * S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"),
                               x2, cfg, tp)
         g = params[p + "post_attention_layernorm.weight"]
-        m = p + "mlp."
-        gate = _normed_linear(x2, params[m + "gate_proj.weight"], None, g, eps)
-        up = _normed_linear(x2, params[m + "up_proj.weight"], None, g, eps)
-        x2 = _residual_linear(F.silu(gate) * up, params[m + "down_proj.weight"], None, x2, cfg, tp)
+        h = _normed_linear(x2, _gate_up(params, p), None, g, eps, act="silu_mul")
+        x2 = _residual_linear(h, params[p + "mlp.down_proj.weight"], None, x2, cfg, tp)
     x = x2.view(B, S, -1)
     return rms_norm(x, params["norm.weight"], cfg.rms_norm_eps)
 
