@@ -56,3 +56,35 @@ def test_gluon_verify_kernels_compile_for_sm90():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("gluon sm_90") == 44, res.stdout
     assert res.stdout.count("wait before first load True") == 24, res.stdout
+
+
+def test_linear_norm_keeps_the_operand_pipeline_whole_on_sm90():
+    """With the row norm, the skinny linear's x tile is pipelined in as many shared-memory buffers as the weight tile
+    on sm_90 (its only consumer is the asynchronous wgmma): read by registers too, Triton gave it one buffer fewer
+    and the next tiles' copies raced the wgmma still reading it (wrong outputs at some K splits on an H100)."""
+    import os
+    import subprocess
+    import sys
+
+    code = r"""
+import re
+import torch
+from tritree.kernels.aot import compile_kernel
+from tritree.kernels.linear import LINEAR_CONFIGS, _constexprs, _linear_kernel, plan_linear
+cfg = LINEAR_CONFIGS["sm_90"][32]
+plan = plan_linear(1, 2112, 7168, torch.bfloat16, "sm_90", 132)
+sig = {n: "*bf16" for n in ("X", "W", "Bias", "Res", "Out")}
+sig.update(Part="*fp32", SumSq="*fp32", Count="*i32", NormW="*bf16")
+sig.update({n: "i32" for n in ("M", "N", "K", "stride_x", "stride_w", "stride_r", "stride_o", "k_split")}, eps="fp32")
+consts = _constexprs(plan, 7168, torch.bfloat16, True, False, False)
+k = compile_kernel(_linear_kernel, sig, consts, "sm_90", cfg.num_warps, cfg.num_stages,
+                   ("X", "W", "Out", "Part", "SumSq", "K", "stride_x", "stride_w", "stride_o", "k_split"))
+print(re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x(\d+)x(\d+)xbf16", k.asm["ttgir"]))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    allocs = eval(res.stdout.strip().splitlines()[-1])  # [(stages, rows, cols)] of x's and the weight's buffers
+    x = [a for a in allocs if a[1] == "16"]
+    w = [a for a in allocs if a[1] == "64"]
+    assert x and w and x[0][0] == w[0][0], allocs

@@ -174,13 +174,22 @@ def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, str
             k_ok = (k0 + kk) < hi
             xt = tl.load(px, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(pw, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if HAS_NORM:  # read beside the product: the operand itself is multiplied as loaded
-            xf = xt.to(tl.float32)
-            ss += tl.sum(xf * xf, 1)
-            if HAS_NW:  # the norm's weight by column (1 / rms, a factor of the row, comes after the sum)
-                kc = k0 + kk
-                g = tl.load(NormW + kc, mask=kc < hi, other=0.0).to(tl.float32)
-                xt = (xf * g[None, :]).to(xt.dtype)
+        if HAS_NORM:
+            # The rows' sums of squares from a load of their own (the operand is multiplied as loaded; the norm's
+            # 1 / rms, a factor of the row, comes after the sum). Read from the MMA's operand tile, that tile had two
+            # consumers, the MMA's shared-memory operand and these register loads, and Triton 3.6 then pipelined it
+            # in one buffer fewer than the weight tile on sm_90: the next tiles' copies overwrote x under the
+            # asynchronous wgmma still reading it. (".cg": a load the compiler does not merge with the operand's.)
+            if EVEN_K:
+                xs = tl.load(px, mask=row_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+            else:
+                xs = tl.load(px, mask=row_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+                xs = xs.to(tl.float32)
+            ss += tl.sum(xs * xs, 1)
+        if HAS_NW:  # the norm's weight by column
+            kc = k0 + kk
+            g = tl.load(NormW + kc, mask=kc < hi, other=0.0).to(tl.float32)
+            xt = (xt.to(tl.float32) * g[None, :]).to(xt.dtype)
         if DOT_F32:
             acc = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
         else:
@@ -242,12 +251,12 @@ class LinearConfig:
 # run. The weight tile [BLOCK_N, BLOCK_K] is the MMA's wide side; BLOCK_M covers the rows. sm_90, measured on an
 # H100 (bench/RESULTS.md, "Skinny linear"): blocks of 16 rows (two row blocks at 17-32 rows) and a K split for one
 # program an SM were the fastest of twelve configs at 1 and 17 rows; beyond 32 rows cuBLAS wins. sm_120 and sm_80
-# (not measured) the same tile; on sm_120 in 8 warps (with 4, triton 3.9's build of the one-split kernel keeps an
-# 8-byte stack). Bounded by the ahead-of-time audit (tests/kernels/test_aot_audit.py: sm_120 101,376 B of shared
-# memory, no spills; triton 3.6 and 3.9).
+# (not measured) the same rows and columns; on sm_120 in 8 warps and K tiles of 64 (with 4 warps, or K tiles of
+# 128 and every epilogue, triton 3.9's builds keep an 8-32 byte stack). Bounded by the ahead-of-time audit
+# (tests/kernels/test_aot_audit.py: sm_120 101,376 B of shared memory, no spills; triton 3.6 and 3.9).
 LINEAR_CONFIGS: dict[str, dict[int, LinearConfig]] = {
     "sm_90": {32: LinearConfig(16, 64, 128, 4, 4, programs_per_sm=1)},
-    "sm_120": {32: LinearConfig(16, 64, 128, 8, 4, programs_per_sm=1)},
+    "sm_120": {32: LinearConfig(16, 64, 64, 8, 4, programs_per_sm=1)},
     "sm_80": {32: LinearConfig(16, 64, 128, 4, 3, programs_per_sm=1)},
     # Interpreter: few, large programs; a few splits (num_sms() is 4 there) so the tests exercise the reduction.
     "cpu": {256: LinearConfig(32, 32, 32, 4, 1)},
