@@ -343,7 +343,9 @@ def _output_args(o, w_uv, out, plan):
             out.stride(0), Vd, 0, 0, 0, 0, 0, 1, 1, 1, plan.col_tiles, plan.row_blocks, 0.0)
 
 
-def _launch_query(args, plan, H, constexprs, launcher=None):
+def _launch_kernel(args, plan, H, constexprs, launcher=None):
+    """One launch of :func:`_mla_kernel` for either op (``args``: :func:`_query_args` or :func:`_output_args`),
+    through a bound ``launcher`` or else the JIT with ``constexprs``."""
     if launcher is not None:
         launcher(plan.grid(H), *args)
     else:
@@ -382,7 +384,7 @@ class _QueryPlan:
             return out
         if tree_lens is None:
             tree_lens = full_lengths(self.B, self.T, q.device)
-        _launch_query(_query_args(q, latent, w_uk, norm_weight, cos, sin, kv, page_table, kv_lens, tree_lens, self.T,
+        _launch_kernel(_query_args(q, latent, w_uk, norm_weight, cos, sin, kv, page_table, kv_lens, tree_lens, self.T,
                                   self.eps, out, self.plan), self.plan, H, None, self._launcher)
         return out
 
@@ -421,7 +423,7 @@ class _OutputPlan:
             out.copy_(mla_output_reference(o, w_uv, dtype=_ref_dtype(o)))
             return out
         if M:
-            _launch_query(_output_args(o, w_uv, out, self.plan), self.plan, H, None, self._launcher)
+            _launch_kernel(_output_args(o, w_uv, out, self.plan), self.plan, H, None, self._launcher)
         return out
 
 
@@ -521,7 +523,7 @@ def _mla_query_op(q: torch.Tensor, latent: torch.Tensor, w_uk: torch.Tensor, nor
         return
     cx = _constexprs(p, q.dtype, True, cos.shape[1], w_uk.shape[2], _pool(kv, False).page_size,
                      write_signals(q.device))
-    _launch_query(_query_args(q, latent, w_uk, norm_weight, cos, sin, kv, page_table, kv_lens, tree_lens,
+    _launch_kernel(_query_args(q, latent, w_uk, norm_weight, cos, sin, kv, page_table, kv_lens, tree_lens,
                               rows_per_request, eps, out, p), p, q.shape[1], cx)
 
 
@@ -531,7 +533,7 @@ def _mla_output_op(o: torch.Tensor, w_uv: torch.Tensor, plan: list[int]) -> torc
     M, H, C = o.shape
     out = o.new_empty(M, H * w_uv.shape[1])
     if M:
-        _launch_query(_output_args(o, w_uv, out, p), p, H, _constexprs(p, o.dtype, False, 2, C, 1, False))
+        _launch_kernel(_output_args(o, w_uv, out, p), p, H, _constexprs(p, o.dtype, False, 2, C, 1, False))
     return out
 
 
