@@ -87,4 +87,7 @@ print(re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x(\d+)x(\d+)xbf16", k
     allocs = eval(res.stdout.strip().splitlines()[-1])  # [(stages, rows, cols)] of x's and the weight's buffers
     x = [a for a in allocs if a[1] == "16"]
     w = [a for a in allocs if a[1] == "64"]
-    assert x and w and x[0][0] == w[0][0], allocs
+    from tritree.kernels.linear import LINEAR_CONFIGS
+
+    stages = str(LINEAR_CONFIGS["sm_90"][32].num_stages)
+    assert x and w and x[0][0] == w[0][0] == stages, allocs  # both pipelined in every stage

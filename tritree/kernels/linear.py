@@ -165,7 +165,17 @@ def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, str
     px = X + rows.to(tl.int64)[:, None] * stride_x + (lo + kk)[None, :]
     pw = W + cols.to(tl.int64)[:, None] * stride_w + (lo + kk)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    ss2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # squares by column, summed over K tiles, then reduced
+    if HAS_NORM:
+        # The rows' sums of squares from loads of their own, one tile ahead in registers (the operand is multiplied
+        # as loaded; the norm's 1 / rms, a factor of the row, comes after the sum). Read from the MMA's operand
+        # tile, that tile had two consumers, the MMA's shared-memory operand and these register loads, and Triton
+        # 3.6 then pipelined it in one buffer fewer than the weight tile on sm_90: the next tiles' copies overwrote
+        # x under the asynchronous wgmma still reading it. The pipeliner leaves loads that feed no dot in place, so
+        # the next tile is loaded here by hand, its latency under this tile's MMA (".cg": a load the compiler does
+        # not merge with the operand's). Squares are summed by column and reduced once after the loop. (Two tiles
+        # ahead, triton 3.6 stops pipelining the operands: tests/kernels/test_aot_audit.py checks the buffers.)
+        xs_1 = tl.load(px, mask=row_ok[:, None] & ((lo + kk) < hi)[None, :], other=0.0, cache_modifier=".cg")
     for k0 in range(lo, hi, BLOCK_K):
         if EVEN_K:
             xt = tl.load(px, mask=row_ok[:, None], other=0.0)
@@ -175,17 +185,10 @@ def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, str
             xt = tl.load(px, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(pw, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if HAS_NORM:
-            # The rows' sums of squares from a load of their own (the operand is multiplied as loaded; the norm's
-            # 1 / rms, a factor of the row, comes after the sum). Read from the MMA's operand tile, that tile had two
-            # consumers, the MMA's shared-memory operand and these register loads, and Triton 3.6 then pipelined it
-            # in one buffer fewer than the weight tile on sm_90: the next tiles' copies overwrote x under the
-            # asynchronous wgmma still reading it. (".cg": a load the compiler does not merge with the operand's.)
-            if EVEN_K:
-                xs = tl.load(px, mask=row_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-            else:
-                xs = tl.load(px, mask=row_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
-                xs = xs.to(tl.float32)
-            ss += tl.sum(xs * xs, 1)
+            xs = xs_1.to(tl.float32)
+            nxt = (k0 + BLOCK_K + kk) < hi
+            xs_1 = tl.load(px + BLOCK_K, mask=row_ok[:, None] & nxt[None, :], other=0.0, cache_modifier=".cg")
+            ss2 += xs * xs
         if HAS_NW:  # the norm's weight by column
             kc = k0 + kk
             g = tl.load(NormW + kc, mask=kc < hi, other=0.0).to(tl.float32)
@@ -196,6 +199,7 @@ def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, str
             acc = tl.dot(wt, tl.trans(xt), acc)
         px += BLOCK_K
         pw += BLOCK_K
+    ss = tl.sum(ss2, 1)
     if SPLIT_K == 1:
         _epilogue(acc, ss, rows, cols, col_ok, pn, M, N, K, eps, Bias, Res, Out, stride_r, stride_o, HAS_NORM,
                   HAS_BIAS, HAS_RES, GLU)
