@@ -63,7 +63,7 @@ def make_walk(experts: Int4Experts, plan: Int4MoePlan):
     sink = torch.zeros(plan.num_blocks * max(2 * I, H), dtype=torch.int32, device=experts.w13_packed.device)
 
     def fn(x, topk_idx, topk_w, out):
-        _, block_expert, _, _ = align_routing(topk_idx, E, plan.block_m, plan.num_blocks)
+        _, block_expert, _, _, _ = align_routing(topk_idx, E, plan.block_m, plan.num_blocks)
         walk(experts.w13_packed, experts.w13_scale, block_expert, plan.config.gate_up, sink)
         walk(experts.w2_packed, experts.w2_scale, block_expert, plan.config.down, sink)
     return fn

@@ -115,14 +115,14 @@ def test_align_routing_blocks():
     idx = torch.tensor([[3, 0], [3, 9], [3, 1], [-1, 3], [3, 3]])
     A = idx.numel()
     nb = min_blocks(A, E, bm)
-    sorted_idx, be, bs, bend = (t.tolist() for t in align_routing(idx.to(DEVICE), E, bm, nb))
+    sorted_idx, be, bs, bend, used = (t.tolist() for t in align_routing(idx.to(DEVICE), E, bm, nb))
     flat = idx.reshape(-1).tolist()
     assert sorted(sorted_idx) == list(range(A))  # a permutation of the assignments
     groups = [sorted_idx[:1], sorted_idx[1:2], sorted_idx[2:8], sorted_idx[8:]]
     assert [sorted(g) for g in groups] == [[1], [5], [0, 2, 4, 7, 8, 9], [3, 6]]  # 0, 1, 3 (x6), then 9 and -1
     owned = [(be[b], bs[b], min(bs[b] + bm, bend[b])) for b in range(nb) if be[b] < E]
     assert owned == [(0, 0, 1), (1, 1, 2), (3, 2, 6), (3, 6, 8)]
-    assert all(e == E for e in be[len(owned):])
+    assert used == [len(owned)] and all(e == E for e in be[len(owned):])
     for e, lo, hi in owned:
         assert all(flat[a] == e for a in sorted_idx[lo:hi])
 
@@ -152,7 +152,8 @@ def test_align_routing_any_load(A, E, bm, seed):
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(-2, E + 2, (A, 1), generator=g)
     nb = min_blocks(A, E, bm)
-    sorted_idx, be, bs, bend = (t.cpu() for t in align_routing(idx.to(DEVICE), E, bm, nb))
+    sorted_idx, be, bs, bend, used = (t.cpu() for t in align_routing(idx.to(DEVICE), E, bm, nb))
+    assert int(used) == int((be < E).sum()) and bool((be[: int(used)] < E).all())
     assert torch.equal(sorted_idx.sort().values, torch.arange(A, dtype=torch.int32))
     flat = idx.reshape(-1)
     key = torch.where((flat >= 0) & (flat < E), flat, E)

@@ -92,7 +92,17 @@ def test_plan_splits_divide_the_k_tiles(N, topk, E, H, I, sms):
     assert p.block_m in (8, 16)
     for split, tiles in ((p.gate_up_split, H // 128), (p.down_split, I // 128)):
         assert 1 <= split <= M.MAX_SPLIT and tiles % split == 0 and (tiles // split) % 2 == 0
+    assert 1 <= p.down_cols and (H // (16 * M.WARPS)) % p.down_cols == 0
+    assert p.down_cols * I // 128 // p.down_split <= M.DOWN_TILES or p.down_cols == 1
     assert M.Int4MmaPlan.from_ints(p.as_ints()) == p
+    M.check_plan(p, H, I, N * topk, E)
+
+
+def test_check_plan_rejects_column_groups_that_do_not_divide():
+    p = M.plan_int4_mma(17, 8, 384, 7168, 256, 132, 384)
+    assert p.down_cols > 1  # I = 256: a column tile is 2 K tiles, so a program streams several
+    with pytest.raises(ValueError, match="down_cols"):
+        M.check_plan(M.Int4MmaPlan(p.block_m, p.num_blocks, 1, 1, 3), 7168, 256, 17 * 8, 384)
 
 
 def test_kernel_layout_on_the_cpu_and_reference_path():
@@ -113,8 +123,8 @@ def test_kernel_layout_on_the_cpu_and_reference_path():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N,topk,E,H,I", [(1, 8, 8, 512, 256), (5, 4, 16, 256, 512), (17, 8, 16, 512, 256),
                                            (40, 6, 8, 768, 256), (3, 8, 384, 1024, 256), (9, 8, 48, 512, 1024)])
-@pytest.mark.parametrize("bm,gsplit,dsplit", [(None, None, None), (8, 2, 1), (16, 1, 2), (8, 4, 2)])
-def test_mma_layer_matches_reference(dtype, N, topk, E, H, I, bm, gsplit, dsplit):
+@pytest.mark.parametrize("bm,gsplit,dsplit,dcols", [(None, None, None, None), (8, 2, 1, 2), (16, 1, 2, 4), (8, 4, 2, 1)])
+def test_mma_layer_matches_reference(dtype, N, topk, E, H, I, bm, gsplit, dsplit, dcols):
     ex = _experts(E, H, I, N * 7 + E, "cuda").to_layout("mma")
     g = torch.Generator().manual_seed(N)
     x = torch.randn(N, H, generator=g).to(dtype).cuda()
@@ -128,7 +138,8 @@ def test_mma_layer_matches_reference(dtype, N, topk, E, H, I, bm, gsplit, dsplit
         gs = gsplit if (H // 128) % gsplit == 0 and (H // 128 // gsplit) % 2 == 0 else 1
         ds = dsplit if (I // 128) % dsplit == 0 and (I // 128 // dsplit) % 2 == 0 else 1
         from tritree.kernels.moe_int4 import min_blocks
-        plan = M.Int4MmaPlan(bm, min_blocks(N * topk, E, bm), gs, ds)
+        dc = dcols if (H // 64) % dcols == 0 else 1
+        plan = M.Int4MmaPlan(bm, min_blocks(N * topk, E, bm), gs, ds, dc)
         assert auto.num_blocks >= 1
     out = torch.full((N, H), float("nan"), dtype=dtype, device="cuda")
     routed_experts_int4(x, idx, w, ex, out=out, plan=plan)
@@ -160,6 +171,22 @@ def test_mma_skewed_rows_and_graph_replay():
     torch.cuda.synchronize()
     ref = moe_int4_reference(x, idx, w, ex)
     assert ((out.double() - ref).norm() / ref.norm()).item() < TOL[torch.bfloat16]
+
+
+@mma_gpu
+@pytest.mark.parametrize("dcols", [1, 4])
+def test_mma_no_local_expert_writes_zeros(dcols):
+    """Every token routed to other ranks: no block owns rows, block 0's programs still arrive and the output is
+    written (zeros), in column groups of one and of several tiles."""
+    E, H, I, N = 8, 512, 256, 6
+    ex = _experts(E, H, I, 5, "cuda").to_layout("mma")
+    x = torch.randn(N, H, device="cuda").to(torch.bfloat16)
+    idx = torch.full((N, 2), E + 1, device="cuda", dtype=torch.int32)
+    out = torch.full_like(x, float("nan"))
+    from tritree.kernels.moe_int4 import min_blocks
+    routed_experts_int4(x, idx, torch.rand(N, 2, device="cuda"), ex, out=out,
+                        plan=M.Int4MmaPlan(8, min_blocks(N * 2, E, 8), 1, 1, dcols))
+    assert torch.equal(out, torch.zeros_like(out))
 
 
 @mma_gpu

@@ -16,11 +16,11 @@ def min_blocks(assignments: int, E: int, block_m: int) -> int:
 
 
 @triton.jit
-def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Scratch, A, E, num_blocks,
+def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Used, Scratch, A, E, num_blocks,
                   BLOCK_M: tl.constexpr, NB: tl.constexpr, CHUNK_A: tl.constexpr, CHUNK_B: tl.constexpr):
     """One program (see :func:`align_routing`). ``Scratch [4 NB]`` int32: cursors, then the cumulative
     blocks, first rows and ends of the experts. Buckets: ``[0, E)`` the local experts, ``E`` another rank's,
-    ``NB - 1`` (> E) the lanes past ``A``."""
+    ``NB - 1`` (> E) the lanes past ``A``. ``Used [1]``: the blocks that own rows."""
     bins = tl.arange(0, NB)
     counts = tl.zeros([NB], dtype=tl.int32)
     for a0 in range(0, A, CHUNK_A):
@@ -33,6 +33,7 @@ def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Scratch, A,
     local = tl.where(bins < E, counts, 0)
     blocks = (local + BLOCK_M - 1) // BLOCK_M
     cum_blocks = tl.cumsum(blocks, 0)
+    tl.store(Used, tl.sum(blocks, 0))
     tl.store(Scratch + NB + bins, cum_blocks - blocks)
     tl.store(Scratch + 2 * NB + bins, ends - counts)
     tl.store(Scratch + 3 * NB + bins, ends)
@@ -63,18 +64,20 @@ def align_routing(topk_idx: torch.Tensor, E: int, block_m: int, num_blocks: int)
 
     ``topk_idx [N, k]`` int32/int64 -> ``(sorted_idx [N k] int32`` assignment ids ``t k + j`` grouped by
     expert in expert order (ids outside ``[0, E)`` last, in no block; the order inside a group is not
-    specified), ``block_expert, block_start, block_end [num_blocks] int32)``: block ``b`` owns sorted rows
-    ``[block_start, min(block_start + block_m, block_end))`` of expert ``block_expert``; blocks past the
-    last used one have ``block_expert == E``. ``num_blocks`` must be at least :func:`min_blocks`."""
+    specified), ``block_expert, block_start, block_end [num_blocks] int32, used [1] int32)``: block ``b`` owns
+    sorted rows ``[block_start, min(block_start + block_m, block_end))`` of expert ``block_expert``; the first
+    ``used`` blocks own rows, those past them have ``block_expert == E``. ``num_blocks`` must be at least
+    :func:`min_blocks`."""
     flat = topk_idx.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     A, dev = flat.numel(), flat.device
     nb = triton.next_power_of_2(E + 2)
     sorted_idx = torch.empty(A, dtype=torch.int32, device=dev)
-    meta = torch.empty(3, num_blocks, dtype=torch.int32, device=dev)
+    meta = torch.empty(3 * num_blocks + 1, dtype=torch.int32, device=dev)
+    expert, start, end, used = meta[:num_blocks], meta[num_blocks:2 * num_blocks], meta[2 * num_blocks:-1], meta[-1:]
     scratch = torch.empty(4 * nb, dtype=torch.int32, device=dev)
-    _align_kernel[(1,)](flat, sorted_idx, meta[0], meta[1], meta[2], scratch, A, E, num_blocks,
+    _align_kernel[(1,)](flat, sorted_idx, expert, start, end, used, scratch, A, E, num_blocks,
                         BLOCK_M=block_m, NB=nb, CHUNK_A=1024 if not interpreting() else 256,
                         CHUNK_B=max(1, min(64, 16384 // nb)), num_warps=8 if not interpreting() else 1)
-    return sorted_idx, meta[0], meta[1], meta[2]
+    return sorted_idx, expert, start, end, used

@@ -300,10 +300,14 @@ def _routed_gate_up(X, Wp, Ws, e64, m0, xrows, I, lo, hi, stride_x, stride_we, s
 
 
 @gluon.jit
-def _routed_down(Hbuf, Wp, Ws, e64, m0, hrows, lo, hi, stride_h, stride_we, stride_wm, stride_se, stride_sm,
-                 BM: gl.constexpr, WARPS: gl.constexpr, DTYPE: gl.constexpr):
-    """``h Wd^T`` of INT4 expert ``e64``'s m-tiles ``m0 .. m0 + WARPS`` over K tiles ``lo .. hi`` (an even count),
-    h rows ``hrows`` (:func:`mma_order`); fp32 ``[16 WARPS, BM]`` times ``1 / OUT_SCALE``."""
+def _routed_down(Hbuf, Wp, Ws, Acc, TopkW, BlockStart, BlockEnd, SortedIdx, b, e64, c0, lo, per, Hd, stride_h,
+                 stride_we, stride_wm, stride_se, stride_sm, stride_a, TOPK: gl.constexpr, BM: gl.constexpr,
+                 WARPS: gl.constexpr, CT: gl.constexpr, DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
+    """Routed block ``b`` (INT4 expert ``e64``) against output column tiles ``c0 .. c0 + CT`` of ``16 WARPS``
+    columns, K tiles ``lo .. lo + per`` (an even count) of each: ``Acc += topk_w h Wd^T`` by atomics. The tiles
+    of all ``CT`` column tiles are one stream, two an iteration in two register sets (the next tile's loads in
+    flight while the current one computes, across column tiles too); the first weight tile is in flight before
+    the block's rows are read."""
     w_l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 8, 4, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
     w_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 2], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
     s_l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
@@ -311,20 +315,47 @@ def _routed_down(Hbuf, Wp, Ws, e64, m0, hrows, lo, hi, stride_h, stride_we, stri
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    pw, ps = _w_pointers(Wp, Ws, e64, m0, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
-    ph = _x_pointers(Hbuf, hrows, stride_h, x_l3)
-    acc = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+    pw, ps = _w_pointers(Wp, Ws, e64, c0 * WARPS, stride_we, stride_wm, stride_se, stride_sm, w_l4, s_l5, WARPS)
+    dw = WARPS * stride_wm  # a column tile further: words, scales
+    ds = WARPS * stride_sm
     w_a, s0_a, s8_a = _w_tile(pw, ps, lo, True, w_l5, WARPS)
+    start, end, rc, _ = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)), BM)
+    rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+    ok = rows < end
+    a = gl.load(SortedIdx + gl.minimum(rows, end - 1))
+    wt = gl.expand_dims(gl.load(TopkW + a, mask=ok, other=0.0).to(gl.float32) * OUT_SCALE, 0)
+    cols = gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
+    dst = Acc + gl.expand_dims((a // TOPK).to(gl.int64) * stride_a, 0) + gl.expand_dims(c0 * (16 * WARPS) + cols, 1)
+    ph = _x_pointers(Hbuf, rc, stride_h, x_l3)
     h_a = gl.load(ph + lo * 128)
-    for t in range(lo, hi, 2):
-        w_b, s0_b, s8_b = _w_tile(pw, ps, t + 1, True, w_l5, WARPS)
+    acc = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+    n = CT * per
+    for j in range(0, n, 2):
+        t = lo + j % per
+        more = j + 2 < n
+        tn = lo + (j + 2) % per
+        if CT == 1:  # one column tile: the pointers stay
+            w_b, s0_b, s8_b = _w_tile(pw, ps, t + 1, True, w_l5, WARPS)
+        else:
+            ci = j // per  # the column tile of tiles j and j + 1
+            cn = (j + 2) // per
+            w_b, s0_b, s8_b = _w_tile(pw + ci * dw, ps + ci * ds, t + 1, True, w_l5, WARPS)
         h_b = gl.load(ph + (t + 1) * 128)
         acc = mma_v2(_a_operand(w_a, s0_a, s8_a, a_op, DTYPE, WARPS), _b_operand(h_a, b_op, BM), acc)
-        more = t + 2 < hi
-        w_a, s0_a, s8_a = _w_tile(pw, ps, t + 2, more, w_l5, WARPS)
-        h_a = gl.load(ph + (t + 2) * 128, mask=more)
+        if CT == 1:
+            w_a, s0_a, s8_a = _w_tile(pw, ps, tn, more, w_l5, WARPS)
+        else:
+            w_a, s0_a, s8_a = _w_tile(pw + cn * dw, ps + cn * ds, tn, more, w_l5, WARPS)
+        h_a = gl.load(ph + tn * 128, mask=more)
         acc = mma_v2(_a_operand(w_b, s0_b, s8_b, a_op, DTYPE, WARPS), _b_operand(h_b, b_op, BM), acc)
-    return acc
+        if CT > 1:
+            if cn != ci:  # the column tile's sums are whole
+                mask = gl.expand_dims(ok, 0) & gl.expand_dims((c0 + ci) * (16 * WARPS) + cols < Hd, 1)
+                gl.atomic_add(dst + ci * (16 * WARPS), acc * wt, mask=mask, sem="relaxed")
+                acc = gl.zeros([16 * WARPS, BM], gl.float32, layout=mma)
+    if CT == 1:
+        mask = gl.expand_dims(ok, 0) & gl.expand_dims(c0 * (16 * WARPS) + cols < Hd, 1)
+        gl.atomic_add(dst, acc * wt, mask=mask, sem="relaxed")
 
 
 @gluon.jit
@@ -431,63 +462,63 @@ def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, BlockExpert, Block
 
 
 @gluon.jit
-def _down_mma_kernel(Hbuf, Wp, Ws, Sd, Acc, Out, TopkW, Count, BlockExpert, BlockStart, BlockEnd, SortedIdx,
+def _down_mma_kernel(Hbuf, Wp, Ws, Sd, Acc, Out, TopkW, Count, Used, BlockExpert, BlockStart, BlockEnd, SortedIdx,
                      N, E, Hd, I, Is, NB, SDS, stride_h, stride_we, stride_wm, stride_se, stride_sm, stride_sd, stride_a,
                      stride_o, TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
-                     DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
-    """Grid ``(NB + SDS, Hd / (16 WARPS), SPLIT)``: ``Acc [N, Hd]`` fp32 (initialised by the caller) ``+=`` output
-    columns ``16 WARPS c .. + 16 WARPS`` by atomics, then the column tile's last program to arrive (counter ``c``,
-    left at 0) writes them to ``Out [N, Hd]`` in its dtype.
+                     CT: gl.constexpr, DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
+    """Grid ``(NB + SDS, Hd / (16 WARPS CT), SPLIT)``: ``Acc [N, Hd]`` fp32 (initialised by the caller) ``+=``
+    output column tiles ``CT c .. CT c + CT`` of ``16 WARPS`` columns by atomics, then the column group's last
+    program to arrive (counter ``c``, left at 0) writes them to ``Out [N, Hd]`` in its dtype.
 
     Program ``b < NB``: ``topk_w h Wd^T`` of routed block ``b`` (``Wp``/``Ws``: :func:`repack_mma` of ``w2``;
-    split ``z`` of its ``I / 128`` K tiles). Program ``b >= NB`` (``z = 0`` only): split ``b - NB`` of ``SDS`` of
-    ``h Sd^T``, the shared expert ``Sd [Hd, Is]`` (h rows ``N TOPK + token``), every token in blocks of ``BM``.
-    ``Hbuf``: h in :func:`mma_order`. Each routed split's K tiles must be even in number."""
+    split ``z`` of its ``I / 128`` K tiles); the blocks past the ``Used[0]`` that own rows exit at once, without
+    arriving (block 0 arrives always). Program ``b >= NB``: split ``b - NB`` of ``SDS`` of ``h Sd^T`` (``z = 0``
+    only; every split arrives), the shared expert ``Sd [Hd, Is]`` (h rows ``N TOPK + token``), every token in
+    blocks of ``BM``. ``Hbuf``: h in :func:`mma_order`. Each routed split's K tiles must be even in number."""
     x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     cast_l: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])
     b = gl.program_id(0)
     c = gl.program_id(1)
     z = gl.program_id(2)
-    cols = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
-    col_ok = gl.expand_dims(cols < Hd, 1)
+    live = gl.minimum(gl.maximum(gl.load(Used), 1), NB)  # routed programs that arrive, a split each
     if b < NB:
-        e = gl.load(BlockExpert + b)
-        if e < E:
-            start, end, rc, _ = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)),
-                                       BM)
-            per = I // 128 // SPLIT
-            acc = _routed_down(Hbuf, Wp, Ws, e.to(gl.int64), c * WARPS, rc, z * per, z * per + per, stride_h,
-                               stride_we, stride_wm, stride_se, stride_sm, BM, WARPS, DTYPE)
-            rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-            ok = rows < end
-            a = gl.load(SortedIdx + gl.minimum(rows, end - 1))
-            wt = gl.load(TopkW + a, mask=ok, other=0.0).to(gl.float32) * OUT_SCALE
-            dst = Acc + gl.expand_dims((a // TOPK).to(gl.int64) * stride_a, 0) + gl.expand_dims(cols, 1)
-            gl.atomic_add(dst, acc * gl.expand_dims(wt, 0), mask=gl.expand_dims(ok, 0) & col_ok, sem="relaxed")
+        if b < live:
+            e = gl.load(BlockExpert + b)
+            if e < E:
+                per = I // 128 // SPLIT
+                _routed_down(Hbuf, Wp, Ws, Acc, TopkW, BlockStart, BlockEnd, SortedIdx, b, e.to(gl.int64), c * CT,
+                             z * per, per, Hd, stride_h, stride_we, stride_wm, stride_se, stride_sm, stride_a, TOPK, BM,
+                             WARPS, CT, DTYPE, OUT_SCALE)
     else:
         if z == 0:
             ks = b - NB
-            wr = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, gl.BlockedLayout(
-                [1, 8], [2, 16], [WARPS, 1], [1, 0])))
             per_s = Is // 128 // SDS
-            for n0 in range(0, N, BM):  # every row block against the same weight rows: re-read from L1 / L2
-                hr = N * TOPK + gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))),
-                                           N - 1)
-                acc = _dense_product(Hbuf, Sd, hr, wr, ks * per_s, ks * per_s + per_s, stride_h, stride_sd, BM, WARPS)
-                rows = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-                dst = Acc + gl.expand_dims(rows.to(gl.int64) * stride_a, 0) + gl.expand_dims(cols, 1)
-                gl.atomic_add(dst, acc, mask=gl.expand_dims(rows < N, 0) & col_ok, sem="relaxed")
-    _cta_barrier()  # every thread's sums added before the arrival is released
-    if gl.atomic_add(Count + c, 1, sem="acq_rel") == gl.num_programs(0) * gl.num_programs(2) - 1:
-        oc = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(0, cast_l))
-        for r0 in range(0, N, CAST_ROWS):
-            orow = r0 + gl.arange(0, CAST_ROWS, layout=gl.SliceLayout(1, cast_l))
-            m = gl.expand_dims(orow < N, 1) & gl.expand_dims(oc < Hd, 0)
-            r64 = gl.expand_dims(orow.to(gl.int64), 1)
-            v = gl.load(Acc + r64 * stride_a + gl.expand_dims(oc, 0), mask=m, other=0.0, cache_modifier=".cg")
-            gl.store(Out + r64 * stride_o + gl.expand_dims(oc, 0), v.to(Out.dtype.element_ty), mask=m)
-        gl.store(Count + c, 0)  # for the next launch
+            for ci in range(CT):
+                cols = (c * CT + ci) * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
+                wr = (c * CT + ci) * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, gl.BlockedLayout(
+                    [1, 8], [2, 16], [WARPS, 1], [1, 0])))
+                for n0 in range(0, N, BM):  # every row block against the same weight rows: re-read from L1 / L2
+                    hr = N * TOPK + gl.minimum(
+                        n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))), N - 1)
+                    acc = _dense_product(Hbuf, Sd, hr, wr, ks * per_s, ks * per_s + per_s, stride_h, stride_sd, BM,
+                                         WARPS)
+                    rows = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+                    dst = Acc + gl.expand_dims(rows.to(gl.int64) * stride_a, 0) + gl.expand_dims(cols, 1)
+                    gl.atomic_add(dst, acc, mask=gl.expand_dims(rows < N, 0) & gl.expand_dims(cols < Hd, 1),
+                                  sem="relaxed")
+    if (b >= NB) | (b < live):
+        _cta_barrier()  # every thread's sums added before the arrival is released
+        if gl.atomic_add(Count + c, 1, sem="acq_rel") == (live + SDS) * SPLIT - 1:
+            for ci in range(CT):
+                oc = (c * CT + ci) * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(0, cast_l))
+                for r0 in range(0, N, CAST_ROWS):
+                    orow = r0 + gl.arange(0, CAST_ROWS, layout=gl.SliceLayout(1, cast_l))
+                    m = gl.expand_dims(orow < N, 1) & gl.expand_dims(oc < Hd, 0)
+                    r64 = gl.expand_dims(orow.to(gl.int64), 1)
+                    v = gl.load(Acc + r64 * stride_a + gl.expand_dims(oc, 0), mask=m, other=0.0, cache_modifier=".cg")
+                    gl.store(Out + r64 * stride_o + gl.expand_dims(oc, 0), v.to(Out.dtype.element_ty), mask=m)
+            gl.store(Count + c, 0)  # for the next launch
 
 
 # --------------------------------------------------------------------------------------------------
@@ -500,6 +531,7 @@ WARPS = 4
 # Higher targets split more and were slower at N = 9-33 (bench/RESULTS.md, "INT4 routed experts").
 WARPS_PER_SM = 8
 MAX_SPLIT = 8
+DOWN_TILES = 16  # K tiles of 128 a down program streams at most (over its column tiles): EP8's I = 2048 in one
 
 
 def launch_options(block_m: int, dtype: torch.dtype) -> dict:
@@ -522,15 +554,18 @@ class Int4MmaPlan:
     block_m: sorted rows a block (8 or 16: one or two ``mma.sync`` N tiles).
     num_blocks: the align's block bound (``moe_int4.min_blocks``).
     gate_up_split / down_split: K splits (each an even number of 128-column tiles).
+    down_cols: output column tiles (of ``16 WARPS``) a down program streams one after the other (a divisor of
+    ``H / (16 WARPS)``): with a small ``I`` a column tile is a few KB of weights.
     """
 
     block_m: int
     num_blocks: int
     gate_up_split: int
     down_split: int
+    down_cols: int = 1
 
     def as_ints(self) -> list[int]:
-        return [self.block_m, self.num_blocks, self.gate_up_split, self.down_split]
+        return [self.block_m, self.num_blocks, self.gate_up_split, self.down_split, self.down_cols]
 
     @classmethod
     def from_ints(cls, v) -> "Int4MmaPlan":
@@ -551,6 +586,9 @@ def check_plan(plan: Int4MmaPlan, H: int, I: int, assignments: int, E: int) -> N
         if split < 1 or tiles % split or (tiles // split) % 2:
             raise ValueError(f"plan.{name} = {split} must divide the {tiles} K tiles of {KT} columns into parts of "
                              f"an even number of tiles")
+    col_tiles = H // (16 * WARPS)
+    if plan.down_cols < 1 or col_tiles % plan.down_cols:
+        raise ValueError(f"plan.down_cols = {plan.down_cols} must divide the {col_tiles} output column tiles")
 
 
 def _split(warps: int, tiles: int, target: int) -> int:
@@ -578,8 +616,23 @@ def plan_int4_mma(N: int, topk: int, E: int, H: int, I: int, sms: int, global_ex
     bm = block_m or (8 if rows <= 8 else 16)
     blocks = used * -(-rows // bm)
     target = WARPS_PER_SM * sms
-    return Int4MmaPlan(bm, min_blocks(A, E, bm), _split(blocks * I // 16, H // KT, target),
-                       _split(blocks * H // 16, I // KT, target))
+    down_split = _split(blocks * H // 16, I // KT, target)
+    return Int4MmaPlan(bm, min_blocks(A, E, bm), _split(blocks * I // 16, H // KT, target), down_split,
+                       _down_cols(blocks * down_split, H // (16 * WARPS), I // KT // down_split, target))
+
+
+def _down_cols(programs: int, col_tiles: int, tiles: int, target: int) -> int:
+    """Column tiles a down program streams: the most (a divisor of ``col_tiles``) that keep ``programs`` (blocks
+    times splits) at ``target`` warps and a program at ``DOWN_TILES`` K tiles. A program's fixed part (the
+    block's rows, the arrival) is paid once for its tiles."""
+    best = 1
+    for ct in range(2, col_tiles + 1):
+        if col_tiles % ct:
+            continue
+        if ct * tiles > DOWN_TILES or programs * (col_tiles // ct) * WARPS < target:
+            break
+        best = ct
+    return best
 
 
 def _least_split(tiles: int, programs: int, target: int) -> int:
@@ -614,7 +667,7 @@ def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaP
     if N == 0:
         return
     bm = plan.block_m
-    sorted_idx, block_expert, block_start, block_end = align_routing(topk_idx, E, bm, plan.num_blocks)
+    sorted_idx, block_expert, block_start, block_end, used = align_routing(topk_idx, E, bm, plan.num_blocks)
     sw13, sd, (ss, sds), gs = shared if shared is not None else (xm, xm, (0, 0), None)  # none without shared
     Is = sd.shape[1] if shared is not None else 0
     sb = -(-N // bm) if shared is not None else 0
@@ -634,11 +687,12 @@ def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaP
     tw = topk_w.reshape(-1)
     if tw.dtype != torch.float32 or not tw.is_contiguous():
         tw = tw.float().contiguous()
-    _down_mma_kernel[(plan.num_blocks + sds, H // (16 * WARPS), dsplit)](
-        hbuf, w2, s2, sd, acc, out, tw, count, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
-        plan.num_blocks, max(sds, 1), hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1),
+    ct = plan.down_cols
+    _down_mma_kernel[(plan.num_blocks + sds, H // (16 * WARPS) // ct, dsplit)](
+        hbuf, w2, s2, sd, acc, out, tw, count, used, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
+        plan.num_blocks, sds, hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1),
         sd.stride(0), acc.stride(0), out.stride(0),
-        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, xm.dtype))
+        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, CT=ct, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, xm.dtype))
 
 
 def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> None:

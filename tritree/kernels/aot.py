@@ -327,17 +327,18 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
             continue
         for dtype, bm, split in itertools.product(("bf16", "fp16"), (8, 16), (1, 2)):
             act = "*" + dtype
-            for fn, sig in (
+            for fn, sig, ct in (
                 (M._gate_up_mma_kernel, {"X": act, "Wp": "*i32", "Ws": "*bf16", "Sw": act, "Hbuf": act,
                                          "Gacc": act if split == 1 else "*fp32", "Gs": "*fp32", "Count": "*i32", **idx,
                                          "NB": "i32", "SS": "i32", "stride_x": "i32", **w, "stride_sw": "i32",
-                                         "stride_h": "i32", "stride_g": "i32", "stride_gs": "i32"}),
-                (M._down_mma_kernel, {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Sd": act, "Acc": "*fp32",
-                                      "Out": act, "TopkW": "*fp32", "Count": "*i32", **idx, "NB": "i32", "SDS": "i32",
-                                      "stride_h": "i32", **w, "stride_sd": "i32", "stride_a": "i32",
-                                      "stride_o": "i32"}),
+                                         "stride_h": "i32", "stride_g": "i32", "stride_gs": "i32"}, None),
+                *((M._down_mma_kernel, {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Sd": act, "Acc": "*fp32",
+                                        "Out": act, "TopkW": "*fp32", "Count": "*i32", "Used": "*i32", **idx,
+                                        "NB": "i32", "SDS": "i32", "stride_h": "i32", **w, "stride_sd": "i32",
+                                        "stride_a": "i32", "stride_o": "i32"}, ct) for ct in (1, 8)),
             ):
-                cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
+                cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, **({} if ct is None else {"CT": ct}),
+                          DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
                           OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
                 divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
                 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
@@ -346,8 +347,8 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
                                    target=GPUTarget("cuda", CAPABILITY[arch], 32),
                                    options=M.launch_options(bm, torch.bfloat16 if dtype == "bf16" else torch.float16))
                 use = resource_usage(k.asm["cubin"])
-                reports.append(CompileReport(fn.__name__, arch, f"BM{bm} w{M.WARPS} split{split} {dtype}",
-                                             int(k.metadata.shared), use.get("REG", 0),
+                label = f"BM{bm} w{M.WARPS} split{split}{'' if ct is None else f' cols{ct}'} {dtype}"
+                reports.append(CompileReport(fn.__name__, arch, label, int(k.metadata.shared), use.get("REG", 0),
                                              use.get("LOCAL", 0) + use.get("STACK", 0)))
     return reports
 

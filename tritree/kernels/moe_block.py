@@ -10,8 +10,10 @@ sm_120 GPU with experts in the ``"mma"`` layout (:func:`tritree.kernels.kernel_l
 3. the routing align (:func:`tritree.kernels._moe_align.align_routing`);
 4. gate_up: the routed experts' blocks and, as a second class of programs in the same grid, the shared expert
    over every token (its bf16/fp16 weights ``[gate; up]`` concatenated, ``[2 Is, H]``);
-5. down: both classes again, summed by atomics into the accumulator; the last program of each column tile
-   writes the new hidden state in the residual's dtype.
+5. down: both classes again, summed by atomics into the accumulator (a routed program streams several output
+   column tiles when the experts are narrow: ``Int4MmaPlan.down_cols``); the last program of each column group
+   to arrive writes the new hidden state in the residual's dtype (the blocks that own no rows exit without
+   arriving: the align counts those that do).
 
 A shared expert too large for its programs' row-block re-reads (:data:`SHARED_REREAD_BYTES`: a whole K2.6 shared
 expert on one GPU; the tensor-parallel slice of a rank stays in the grids) runs instead as two cuBLAS GEMMs with
@@ -145,7 +147,7 @@ class MoeBlockPlan:
         from ._moe_int4_mma import Int4MmaPlan
 
         v = [int(a) for a in v]
-        return cls(RoutePlan.from_ints(v[:12]), Int4MmaPlan.from_ints(v[12:16]), (v[16], v[17]))
+        return cls(RoutePlan.from_ints(v[:12]), Int4MmaPlan.from_ints(v[12:17]), (v[17], v[18]))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -768,7 +768,7 @@ def _launch(x, topk_idx, topk_w, w13_packed, w13_scale, w2_packed, w2_scale, out
     E, I2, _ = w13_packed.shape
     I, k = I2 // 2, topk_idx.shape[1]
     cfg = plan.config
-    sorted_idx, block_expert, block_start, block_end = align_routing(topk_idx, E, cfg.block_m, plan.num_blocks)
+    sorted_idx, block_expert, block_start, block_end, _ = align_routing(topk_idx, E, cfg.block_m, plan.num_blocks)
     gbn, gbk, gw, gs = cfg.gate_up
     dbn, dbk, dw, ds = cfg.down
     I_pad = -(-I // dbk) * dbk  # h in whole K tiles of the down kernel (zero padding)
