@@ -9,7 +9,7 @@ Graph-timed over input sets rotated past the L2 (``tritree.roofline``), in one r
   reported), a device copy of the same bytes, and an empty kernel (one graph node's cost);
 * ``verify_mla`` at T=8, H=8 over context lengths (the slope is the streaming rate, the intercept the
   fixed cost: launch, Q, partials, merge);
-* at ``--ctx``: the plain Gluon attention kernel alone (``_verify_gluon_launch``) and the split merge alone.
+* at ``--ctx``: the plain Gluon attention kernel alone (``VerifyPlan.split_kernel``) and the split merge alone.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ import triton.language as tl  # noqa: E402
 
 from bench.verify_sweep import SM_SCALE, build_sets  # noqa: E402
 from tritree import verify_mla  # noqa: E402
-from tritree.kernels import _verify_gluon_launch as GL  # noqa: E402
-from tritree.kernels._splitkv import choose_num_splits, combine_splits, split_destinations  # noqa: E402
-from tritree.kernels.configs import num_sms  # noqa: E402
+from tritree.kernels._splitkv import choose_num_splits, combine_splits  # noqa: E402
+from tritree.kernels.configs import AttnConfig, num_sms  # noqa: E402
+from tritree.kernels.verify import VerifyPlan  # noqa: E402
+from tritree.kernels.verify import gluon_launch as GL  # noqa: E402
 from tritree.roofline import cached_ceilings, graph_time_us, rotation_count, versions  # noqa: E402
 
 
@@ -107,14 +108,14 @@ def main():
                 s["tree_lens"] = torch.full((B,), T, dtype=torch.int32, device="cuda")
             splits = choose_num_splits(batch=B, row_blocks=1, max_keys=sets[0]["page_table"].shape[1] * P,
                                        block_n=64, sms=sms, programs_per_sm=1, whole_waves=True)
-            # the plain kernel's destinations as verify_mla makes them: bf16 partials over TMA
-            scr = [split_destinations(o[0], o[1], splits, T * H, GL.partials_narrow_for("gluon", P)) for o in outs]
+            # the plain kernel as verify_mla plans it (bf16 partials over TMA), one plan (and partials) a set
+            cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon")
+            args = [(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"]) for s in sets]
+            plans = [VerifyPlan(*a, sm_scale=SM_SCALE, config=cfg, num_splits=splits) for a in args]
+            assert plans[0].launch.route == "gluon", plans[0].launch
+            scr = [p.split_kernel(*a) for p, a in zip(plans, args)]  # each plan's partials
 
-            def main_only(s, sc):
-                GL.launch_verify_gluon(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], s["tree_lens"],
-                                       *sc, SM_SCALE, splits)
-
-            t_main = graph_time_us([lambda s=s, sc=sc: main_only(s, sc) for s, sc in zip(sets, scr)])
+            t_main = graph_time_us([lambda p=p, a=a: p.split_kernel(*a) for p, a in zip(plans, args)])
             t_merge = graph_time_us([lambda sc=sc, o=o: combine_splits(sc[0], sc[1], o[0], o[1])
                                      for sc, o in zip(scr, outs)])
             line += f" | {splits} splits: attention kernel alone {t_main:.1f} us, merge alone {t_merge:.1f} us"

@@ -4,7 +4,7 @@
     python bench/timeline.py ...
 
 Runs the table's Gluon kernel for the shape (the plain one, or the warp-specialised one, whose consumer
-partition stamps; B = 1, P = 64) with ``TIMELINE``: every program stamps its start, Q landed, prefix loop
+partition stamps; B = 1, P = 64) through ``VerifyPlan`` with its ``timeline`` flag (the kernel's ``TIMELINE``): every program stamps its start, Q landed, prefix loop
 done, masked tail done and its partial stored, over its first five lse partial slots (so the lse of that launch is wrong; nothing
 else reads it). Prints, per case, the kernel's span (first start to last stamp) and, over programs,
 the median and maximum of: start skew (start - first start), Q, prefix loop, tail, store; then the
@@ -27,10 +27,9 @@ import sys
 import torch
 import triton
 
-from tritree.kernels import _verify_gluon_launch as VG
-from tritree.kernels._splitkv import choose_num_splits, split_destinations
-from tritree.kernels.configs import VERIFY_MLA_CONFIGS, lookup, num_sms
-from tritree.kernels.verify_mla import _narrow_num_splits
+from tritree.kernels.configs import lookup
+from tritree.kernels.verify import VERIFY_MLA_CONFIGS, VerifyPlan
+from tritree.kernels.verify import gluon_launch as VG
 from tritree.roofline import rotation_count
 
 try:
@@ -43,40 +42,36 @@ PARTS = ("skew", "Q", "prefix", "tail", "store")
 
 
 def _setup(T: int, H: int, L: int, warm: bool):
-    """Input sets, the table's config, the split counts and a launcher of one stamped call."""
+    """Input sets, the table's config, the split counts and the stamped (and unstamped) plans of one call."""
     P = 64
     sets = build_sets(1, T, H, L, P, 1 if warm else rotation_count((L + T) * 576 * 2), torch.bfloat16, "cuda")
     s = sets[0]
     cfg = lookup(VERIFY_MLA_CONFIGS, "sm_90", T * H, page_size=P)
     if not cfg.kernel.startswith("gluon"):
         raise SystemExit(f"T={T},H={H}: the table runs {cfg.kernel!r}, which has no timeline")
-    M = T * H
-    split_args = dict(batch=1, row_blocks=triton.cdiv(M, VG.BLOCK_M), max_keys=s["page_table"].shape[1] * P,
-                      block_n=VG.BLOCK_N, sms=num_sms(s["q"].device))
-    narrow_splits = _narrow_num_splits(cfg, M, split_args)  # as verify_mla chooses the splits
-    narrow = narrow_splits is not None
-    splits = narrow_splits if narrow else choose_num_splits(**split_args, whole_waves=True)
-    row_blocks = triton.cdiv(M, VG.BLOCK_M)
-    # the narrow last row block (flattened grid) has programs only for its own splits
-    last_splits = VG.narrow_splits_for(splits, 1, row_blocks, num_sms(s["q"].device)) if narrow else splits
     tree_lens = torch.full((1,), T, dtype=torch.int32, device="cuda")
+    for x in sets:
+        x["tree_lens"] = tree_lens
 
-    def destinations():
-        out = torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty(1, T, H, dtype=torch.float32, device="cuda")
-        # partials in the dtype verify_mla gives this kernel (bf16: partials_narrow_for)
-        return (out, lse) + split_destinations(out, lse, splits, M, VG.partials_narrow_for(cfg.kernel, P))
+    def args(x):
+        return x["q"], x["kv"], x["page_table"], x["kv_lens"], x["tree_mask"], x["tree_lens"]
 
-    def launch(s, dst_o, dst_l, o_strides, l_strides, timeline=True):
-        args = (s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
-                l_strides, SM_SCALE, splits)
-        if cfg.kernel.startswith("gluon-ws"):  # stamped by the consumer partition
-            VG.launch_verify_gluon_ws(*args, timeline=timeline)
-        else:
-            VG.launch_verify_gluon(*args, timeline=timeline)
+    # the launch verify_mla plans for the shape (its kernel, split count and partials), stamped or not
+    plans = {t: VerifyPlan(*args(s), sm_scale=SM_SCALE, config=cfg, timeline=t) for t in (0, 1, 2)}
+    g = plans[1]._gluon
+    if plans[1].launch.route != cfg.kernel or g.num_splits < 2:
+        raise SystemExit(f"T={T},H={H}: {plans[1].launch} (the stamps need the Gluon kernel and several splits)")
+    row_blocks = triton.cdiv(T * H, VG.BLOCK_M)
+    narrow = bool(dict(g.constexprs).get("NARROW_ROWS"))
+    # the narrow last row block (flattened grid) has programs only for its own splits
+    last_splits = g.narrow_splits if narrow else g.num_splits
 
-    info = dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=splits, sets=len(sets), narrow=narrow)
-    return sets, info, row_blocks, last_splits, destinations, launch
+    def launch(x, timeline=1):
+        """One call's split kernel (stamped with ``timeline``); returns its partials ``(o, lse)``."""
+        return plans[timeline].split_kernel(*args(x))
+
+    info = dict(T=T, H=H, L=L, kernel=cfg.kernel, splits=g.num_splits, sets=len(sets), narrow=narrow)
+    return sets, info, row_blocks, last_splits, launch
 
 
 def _stamps(dst_l, row_blocks: int, last_splits: int) -> torch.Tensor:
@@ -105,20 +100,19 @@ def _summary(st: torch.Tensor, last_splits: int) -> dict:
 
 
 def timeline_case(T: int, H: int, L: int, reps: int = 3, warm: bool = False) -> dict:
-    sets, info, row_blocks, last_splits, destinations, launch = _setup(T, H, L, warm)
-    _, _, dst_o, dst_l, o_strides, l_strides = destinations()
+    sets, info, row_blocks, last_splits, launch = _setup(T, H, L, warm)
     # the last launch is read (the first compiles); with rotating sets, every set is launched at least once
     for i in range(max(reps, len(sets) + 1)):
-        launch(sets[(i + 1) % len(sets)], dst_o, dst_l, o_strides, l_strides)  # the last: the set launched longest ago
+        _, dst_l = launch(sets[(i + 1) % len(sets)])  # the last: the set launched longest ago
     torch.cuda.synchronize()
     return info | _summary(_stamps(dst_l, row_blocks, last_splits), last_splits)
 
 
 def graph_timeline_case(T: int, H: int, L: int, calls: int = 12, clock: bool = False, idle_us: float = 0.0) -> dict:
     """The stamped calls as the graph-timed sweep runs them: ``calls`` calls (kernel, then the split merge)
-    over the rotating sets, back to back in one CUDA graph, each with its own partial buffers, so that every
-    call's stamps survive the replay. Per call: the kernel's span; between calls: the time from one kernel's
-    last stamp to the next kernel's first (the merge and two launches); and the period, first start to first
+    over the rotating sets, back to back in one CUDA graph, each with its own partial buffers (a captured call
+    gets its own from its plan), so that every call's stamps survive the replay. Per call: the kernel's span;
+    between calls: the time from one kernel's last stamp to the next kernel's first (the merge and two launches); and the period, first start to first
     start, which is what the graph-timed rows measure. Also graph-timed as the sweep times it (no stamps
     read), and the same calls unstamped (the shipped kernel), which tells whether the stamps cost anything.
     ``clock`` (ws kernel): each program also stamps the SM clock (``TIMELINE=2``), and the result has the
@@ -128,21 +122,23 @@ def graph_timeline_case(T: int, H: int, L: int, calls: int = 12, clock: bool = F
     from tritree.kernels._splitkv import combine_splits
     from tritree.roofline import graph_time_us
 
-    sets, info, row_blocks, last_splits, destinations, launch = _setup(T, H, L, False)
-    dsts = [destinations() for _ in range(calls)]
+    sets, info, row_blocks, last_splits, launch = _setup(T, H, L, False)
+    outs = [(torch.empty(1, T, H, 512, dtype=torch.bfloat16, device="cuda"),
+             torch.empty(1, T, H, dtype=torch.float32, device="cuda")) for _ in range(calls)]
+    partials = [None] * calls
 
     def call(i, stamped=True):
-        out, lse, dst_o, dst_l, o_strides, l_strides = dsts[i]
-        launch(sets[i % len(sets)], dst_o, dst_l, o_strides, l_strides, timeline=(2 if clock else 1) if stamped else 0)
-        if info["splits"] > 1:
-            combine_splits(dst_o, dst_l, out, lse)  # merges the stamps as lse: garbage out, as the sweep's cost
+        dst = launch(sets[i % len(sets)], timeline=(2 if clock else 1) if stamped else 0)
+        if stamped:
+            partials[i] = dst  # the captured call's own partials: its stamps after the replay
+        combine_splits(dst[0], dst[1], *outs[i])  # merges the stamps as lse: garbage out, as the sweep's cost
         if idle_us > 0:
             torch.cuda._sleep(int(idle_us * 1980))  # ~cycles at the H200's top clock
 
     unstamped_us = graph_time_us([lambda i=i: call(i, False) for i in range(calls)])
     period_timed = graph_time_us([lambda i=i: call(i) for i in range(calls)])  # leaves the last replay's stamps
     torch.cuda.synchronize()
-    raw = [_stamps(d[3], row_blocks, last_splits) for d in dsts]
+    raw = [_stamps(d[1], row_blocks, last_splits) for d in partials]
     base = int(raw[0][:, 0].min())
     rel = [(r - base) % (1 << 32) for r in raw]  # ns from the first call's first start
     starts = [int(r[:, 0].min()) for r in rel]

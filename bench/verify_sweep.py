@@ -192,7 +192,7 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, tr
 
 def parse_config(text: str) -> AttnConfig:
     """``BM,BN,warps,stages[,programs_per_sm[,tma[,split_scores]]][,KERNEL]`` (KERNEL: a non-numeric last
-    field, ``gluon`` / ``gluon-ws`` / ``triton``: :class:`AttnConfig` ``kernel``), e.g. ``64,64,8,2,1,1,1,gluon-ws``."""
+    field, ``gluon`` / ``gluon-ws`` / ``gluon-mma`` / ``triton``: :class:`AttnConfig` ``kernel``), e.g. ``64,64,8,2,1,1,1,gluon-ws``."""
     parts = [p.strip() for p in text.split(",")]
     kernel = "triton"
     if not parts[-1].isdigit():

@@ -143,14 +143,15 @@ def test_kernels_do_not_import_aot():
 
 
 def _gluon_modules() -> set[str]:
-    return {m for m in _modules() if m.rpartition(".")[2].startswith(("_verify_gluon", "_gluon"))}
+    return {m for m in _modules() if m.rpartition(".")[2].startswith("_gluon") or _within(m, "tritree.kernels.verify")}
 
 
 def test_gluon_kernels_do_not_import_aot():
-    """The Gluon verify kernels and their launcher (``_gluon_common``, ``_verify_gluon_*``) in particular:
-    ``aot`` compiles them, they do not import it."""
+    """The verify family (``kernels.verify``: its Gluon kernels and their launcher) and ``_gluon_common`` in
+    particular: ``aot`` compiles them, they do not import it."""
     gluon = _gluon_modules()
-    assert {"tritree.kernels._verify_gluon_launch", "tritree.kernels._verify_gluon_ws"} <= gluon
+    assert {"tritree.kernels.verify.gluon_launch", "tritree.kernels.verify.gluon_ws",
+            "tritree.kernels._gluon_common"} <= gluon
     assert _violations(lambda m: m in gluon, lambda d: d != AOT) == []
 
 

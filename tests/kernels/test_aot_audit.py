@@ -46,7 +46,7 @@ def test_gluon_verify_kernels_compile_for_sm90():
     import subprocess
     import sys
 
-    from tritree.kernels import _verify_gluon_launch as L
+    from tritree.kernels.verify import gluon_launch as L
 
     if not L.GLUON_AVAILABLE:
         pytest.skip(f"this triton has no Gluon: {L._IMPORT_ERROR!r}")

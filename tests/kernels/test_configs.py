@@ -3,7 +3,7 @@
 import pytest
 
 from tritree.kernels.configs import lookup
-from tritree.kernels.verify_mla import VERIFY_MLA_CONFIGS
+from tritree.kernels.verify import VERIFY_MLA_CONFIGS
 
 
 def test_sm90_buckets_and_small_pages():

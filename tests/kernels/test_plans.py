@@ -13,7 +13,7 @@ from tritree.testing import random_verify_inputs
 
 from ..conftest import DEVICE, HAS_GPU
 
-vm = importlib.import_module("tritree.kernels.verify_mla")
+vm = importlib.import_module("tritree.kernels.verify.launcher")
 da = importlib.import_module("tritree.kernels.draft_attention")
 kvc = importlib.import_module("tritree.kernels.kv_cache")
 tree = importlib.import_module("tritree.kernels.tree")

@@ -1,9 +1,10 @@
-"""The Hopper Gluon verify kernels: the plain one (``_verify_gluon_plain``) and the warp-specialised one
-(``_verify_gluon_ws``), launched through ``_verify_gluon_launch``.
+"""The Hopper Gluon verify kernels: the plain one (``verify.gluon_plain``) and the warp-specialised one
+(``verify.gluon_ws``), launched through the production launcher (``verify.launcher.VerifyPlan``, the kernel
+picked by its ``config``).
 
-On the CPU: the static launch rules (``plan_verify_gluon``: grid, the narrow block's split count, the
-constexprs and launch options of a shape; ``descriptors_for``; which kernel and split count ``verify_mla``
-picks for a shape on an H200). On an sm_90 GPU: the launches ``verify_mla`` makes (pages of 1, 16, 64 and
+On the CPU: the static launch rules (``verify.gluon_launch.plan_verify_gluon``: grid, the narrow block's split
+count, the constexprs and launch options of a shape; ``descriptors_for``; which kernel and split count
+``verify_mla`` picks for a shape on an H200). On an sm_90 GPU: the launches ``verify_mla`` makes (pages of 1, 16, 64 and
 128; one split and several; a narrow last row block; masked pairs; wide copies; partials by TMA; row
 gathers) against the float64 reference, bf16, the output, lse and split partials poisoned with NaN before
 the launch and every element checked written."""
@@ -13,8 +14,10 @@ import math
 import pytest
 import torch
 
-from tritree.kernels import _verify_gluon_launch as L
-from tritree.kernels._splitkv import combine_splits, split_destinations
+from tritree import verify_mla
+from tritree.kernels.configs import AttnConfig
+from tritree.kernels.verify import VerifyPlan, policy
+from tritree.kernels.verify import gluon_launch as L
 
 from ..conftest import HAS_GPU
 from .test_verify_mla import SM_SCALE, assert_matches_reference, make_case, page_layout_case, poison_unused_slots
@@ -120,12 +123,6 @@ def test_plan_row_gathers(P):
         assert c["TMA_STORE"] and g.partials_desc and g.partials_16bit
 
 
-def test_plan_partials_by_tma_only_into_contiguous_partials():
-    g = plan(T=65, H=8, splits=15, contiguous_partials=False)
-    assert not cx(g)["TMA_STORE"] and not g.partials_desc
-    assert cx(g)["MASKED_PAIRS"] and g.grid == (132, 1, 1)
-
-
 @pytest.mark.parametrize("P", [64, 128])
 def test_plan_plain_kernel_over_tma(P):
     """The plain kernel (up to 64 rows): grid ``(row blocks, splits, B)``, the 3-D latent box, bf16 partials
@@ -152,9 +149,8 @@ def test_plan_plain_kernel_row_gathers(P):
     assert plan("gluon", T=8, H=8, P=P, splits=1).partials_16bit  # one split: the bf16 output itself
 
 
-def test_plan_plain_kernel_9_box_fallback(monkeypatch):
-    monkeypatch.setattr(L, "USE_TMA3D", False)
-    g = plan("gluon", T=8, H=8, splits=2)
+def test_plan_plain_kernel_9_box_fallback():
+    g = plan("gluon", T=8, H=8, splits=2, tma3d=False)
     assert not g.tma3d and not cx(g)["TMA3D"] and cx(g)["COALESCED_STORE"]
 
 
@@ -203,33 +199,33 @@ def test_descriptors_for():
     assert d[0].shape == [10, 576] and all(x is d[0] for x in d)
 
 
-def test_page_size_check():
-    """Page sizes the kernels take: powers of two below 64 (gathers) and multiples of 64 (TMA)."""
-    if not L.GLUON_AVAILABLE:
-        pytest.skip("no Gluon")
-    q = torch.zeros(1, 1, 1, 576, dtype=torch.bfloat16)
-    for P in (1, 2, 4, 8, 16, 32, 64, 128):
-        L._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1)
-    for P in (3, 48, 96):
-        with pytest.raises(ValueError):
-            L._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1)
-    with pytest.raises(TypeError):
-        L._check(q.half(), torch.zeros(4, 64, 576, dtype=torch.bfloat16), 1)
+def test_policy_sends_the_hopper_kernels_what_they_serve(monkeypatch):
+    """Which calls an explicit Hopper Gluon config runs its kernel for on an H200: bf16 at every page size the
+    kernels take (powers of two below 64 by row gathers, multiples of 64 by TMA) with aligned rows; fp16, an
+    unaligned layout or a GPU they do not run on: the Triton kernel with the config's tiles."""
+    for kernel in ("gluon", "gluon-ws"):
+        cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel=kernel)
+        for P in (1, 2, 4, 8, 16, 32, 64, 128):
+            assert h200_launch(monkeypatch, T=8, H=8, P=P, config=cfg).route == kernel
+        assert h200_launch(monkeypatch, T=8, H=8, P=64, config=cfg, q_dtype=torch.float16).route == "triton"
+        assert h200_launch(monkeypatch, T=8, H=8, P=64, config=cfg, layout=False).route == "triton"
+        assert h200_launch(monkeypatch, T=8, H=8, P=64, config=cfg, major=12).route == "triton"
 
 
-def h200_launch(monkeypatch, *, B=1, T, H, P, L_keys=46_000):
-    """``verify_mla``'s launch decision (``plan_launch``) for bf16 inputs on an H200 (sm_90, 132 SMs)."""
-    import importlib
-
+def h200_launch(monkeypatch, *, B=1, T, H, P, L_keys=46_000, config=None, q_dtype=torch.bfloat16, layout=True,
+                major=9):
+    """``verify_mla``'s launch decision (``plan_launch``) on an H200 (sm_90, 132 SMs; ``major``: another GPU
+    with the sm_90 table), bf16 pool, ``q_dtype`` queries (the pool's too where it is 16-bit), rows aligned
+    for the Gluon kernels unless ``layout`` is False."""
     if not L.GLUON_AVAILABLE:
         pytest.skip(f"this triton has no Gluon: {L._IMPORT_ERROR!r}")
-    vm = importlib.import_module("tritree.kernels.verify_mla")
     monkeypatch.setenv("TRITREE_ARCH", "sm_90")
-    monkeypatch.setattr(vm, "num_sms", lambda device: H200_SMS)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(policy, "num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
     max_pages = (L_keys + T + P - 1) // P + 1
-    return vm.plan_launch(device=torch.device("cuda"), q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, batch=B, T=T,
-                          H=H, head_dim=576, page_size=P, max_pages=max_pages, gluon_layout=True, tma_layout=True)
+    return policy.plan_launch(device=torch.device("cuda"), q_dtype=q_dtype, kv_dtype=q_dtype, batch=B, T=T, H=H,
+                              head_dim=576, page_size=P, max_pages=max_pages, gluon_layout=layout,
+                              tma_layout=layout, config=config)
 
 
 @pytest.mark.parametrize("B,T,H,P,route,splits,grid", [
@@ -262,44 +258,40 @@ def test_verify_mla_launches_on_h200(B, T, H, P, route, splits, grid, monkeypatc
 
 # ---- GPU: the kernels against the reference -----------------------------------------------------
 
-def run_kernel(case, kernel, num_splits, *, contiguous_partials=True):
-    """``out, lse`` of one launch of ``kernel`` (``"gluon"``: ``launch_verify_gluon``; ``"gluon-ws"``:
-    ``launch_verify_gluon_ws``; ``"gluon-mma"``: ``launch_verify_gluon_mma``) into verify_mla's destinations (``split_destinations`` with the partials'
-    dtype of ``partials_narrow_for``), then the merge. Output, lse and partials poisoned with NaN first;
-    every partial row of every split checked written. ``contiguous_partials=False``: the partials as a
-    strided view (the staged store instead of TMA boxes)."""
+GLUON_CONFIGS = {"gluon": AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
+                 "gluon-ws": AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
+                 "gluon-mma": AttnConfig(32, 32, 8, 2, kernel="gluon-mma")}
+
+
+def run_kernel(case, kernel, num_splits):
+    """``out, lse`` of one call of ``kernel`` with ``num_splits`` splits through the production launcher
+    (``VerifyPlan`` with that kernel's config: the split kernel into the plan's partials, then its merge),
+    the plan checked to run that kernel. Output, lse and the plan's partials poisoned with NaN first; every
+    partial row of every split checked written."""
     q, kv = case["q"], case["kv"]
     B, T, H, _ = q.shape
-    rows = T * H
+    args = (q, kv, case["page_table"], case["kv_lens"], case["tree_mask"], case["tree_lens"])
+    plan = VerifyPlan(*args, sm_scale=SM_SCALE, config=GLUON_CONFIGS[kernel], num_splits=num_splits)
+    assert plan.launch.route == kernel and plan.launch.num_splits == num_splits, plan.launch
     out = torch.full((B, T, H, 512), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((B, T, H), float("nan"), dtype=torch.float32, device=q.device)
-    tree_lens = case["tree_lens"]
-    if tree_lens is None:
-        tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
-    narrow = L.partials_narrow_for(kernel, kv.shape[1])
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, rows, narrow)
     if num_splits > 1:
-        if not contiguous_partials:
-            dst_o = torch.empty(B, num_splits, rows, 1024, dtype=dst_o.dtype, device=q.device)[..., :512]
-            o_strides = (dst_o.stride(0), 0, dst_o.stride(2), dst_o.stride(1))
+        dst_o, dst_l = plan.split_kernel(*args)  # the plan's partials (this stream's), poisoned below
+        assert dst_o.dtype == plan.launch.partials_dtype
+        assert dst_o.dtype == (q.dtype if L.partials_narrow_for(kernel, kv.shape[1]) else torch.float32)
         dst_o.fill_(float("nan"))
         dst_l.fill_(float("nan"))
-        assert dst_o.dtype == (q.dtype if narrow else torch.float32)
-    launch = {"gluon-ws": L.launch_verify_gluon_ws, "gluon-mma": L.launch_verify_gluon_mma}.get(kernel,
-                                                                                                 L.launch_verify_gluon)
-    launch(q, kv, case["page_table"], case["kv_lens"], case["tree_mask"], tree_lens, dst_o, dst_l, o_strides,
-           l_strides, SM_SCALE, num_splits)
+    plan.run(*args, out=out, lse=lse)
     if num_splits > 1:
         torch.cuda.synchronize()
         assert not torch.isnan(dst_o).any(), "some partial outputs were not written"
         assert not torch.isnan(dst_l).any(), "some partial lse were not written"
-        combine_splits(dst_o, dst_l, out, lse)
     torch.cuda.synchronize()
     return out, lse
 
 
-def check(case, kernel, num_splits, **kw):
-    out, lse = run_kernel(case, kernel, num_splits, **kw)
+def check(case, kernel, num_splits):
+    out, lse = run_kernel(case, kernel, num_splits)
     assert_matches_reference(case, out, lse, torch.bfloat16)
 
 
@@ -361,27 +353,14 @@ def test_ws_launches_of_verify_mla(T, H, P, kv_lens):
     """The ws kernel at verify_mla's split count for the shape on this GPU (the narrow block's own count
     where it has one), one split, and a few more splits than programs fit (the narrow block's surplus
     slots written empty), with the unused pool slots NaN."""
-    import importlib
-
-    vm = importlib.import_module("tritree.kernels.verify_mla")
     case = poison_unused_slots(make_case(2, T, H, P, kv_lens, [T, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                          seed=T + H + P))
     q, kv, pt = case["q"], case["kv"], case["page_table"]
-    launch = vm.plan_launch(device=q.device, q_dtype=q.dtype, kv_dtype=kv.dtype, batch=2, T=T, H=H, head_dim=576,
+    launch = policy.plan_launch(device=q.device, q_dtype=q.dtype, kv_dtype=kv.dtype, batch=2, T=T, H=H, head_dim=576,
                             page_size=P, max_pages=pt.shape[1], gluon_layout=True, tma_layout=True)
     assert launch.route == "gluon-ws"
     for splits in sorted({launch.num_splits, 1, 9}):
         check(case, "gluon-ws", splits)
-
-
-@sm90
-@pytest.mark.parametrize("T,H,P", [(65, 8, 64), (64, 8, 64), (17, 8, 64), (65, 8, 1)])
-def test_ws_partials_staged_into_strided_partials(T, H, P):
-    """Partials that are not one contiguous ``[B, splits, rows, 512]`` tensor: stored by the threads from the
-    staged rows instead of TMA boxes."""
-    case = poison_unused_slots(make_case(2, T, H, P, [20_000 + 45, 1_000 + 5], [T, T // 2 + 1], ("random", "chain"),
-                                         torch.bfloat16, seed=T + P + 1))
-    check(case, "gluon-ws", 8, contiguous_partials=False)
 
 
 @sm90
@@ -417,8 +396,11 @@ def test_gluon_many_splits_with_empty_chunks(num_splits, kernel, T):
 
 @sm90
 def test_gluon_9_box_fallback(monkeypatch):
-    """The plain kernel's 9-boxes-per-tile TMA path (used if the driver refuses the 3-D descriptor)."""
-    monkeypatch.setattr(L, "USE_TMA3D", False)
+    """The plain kernel's 9-boxes-per-tile TMA path (the launcher's plans after a driver refused the 3-D
+    descriptor)."""
+    from tritree.kernels.verify import launcher
+
+    monkeypatch.setattr(launcher, "_TMA3D_REFUSED", True)
     case = make_case(1, 8, 8, 64, [5 * 64 + 10], None, ("random",), torch.bfloat16, seed=3)
     check(case, "gluon", 1)
     check(case, "gluon", 2)
@@ -487,11 +469,12 @@ def test_gluon_gather_many_splits_with_empty_chunks(num_splits, kernel, P):
 
 
 @sm90
-def test_verify_gluon_wrapper():
-    """``verify_gluon(kernel=...)``: the plan, the launch and the merge, as verify_mla would run them."""
+def test_verify_mla_with_gluon_configs():
+    """``verify_mla(config=...)`` with each Hopper Gluon kernel: its plan, launch and merge."""
     case = make_case(2, 65, 8, 64, [5_000 + 45, 700], [65, 33], ("random", "chain"), torch.bfloat16, seed=9)
     for kernel, splits in (("gluon-ws", 15), ("gluon-ws", 1), ("gluon", 4)):
-        out, lse = L.verify_gluon(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
-                                  sm_scale=SM_SCALE, kernel=kernel, tree_lens=case["tree_lens"], num_splits=splits)
+        out, lse = verify_mla(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
+                              sm_scale=SM_SCALE, tree_lens=case["tree_lens"], config=GLUON_CONFIGS[kernel],
+                              num_splits=splits, return_lse=True)
         torch.cuda.synchronize()
         assert_matches_reference(case, out, lse, torch.bfloat16)

@@ -1,5 +1,5 @@
-"""The sm_120 Gluon verify kernel (``_verify_gluon_sm120``, ``kernel="gluon-mma"``: ``mma.sync``, queries in
-registers, row gathers, bf16 and fp8 pools), launched through ``_verify_gluon_launch``.
+"""The sm_120 Gluon verify kernel (``verify.gluon_mma``, ``kernel="gluon-mma"``: ``mma.sync``, queries in
+registers, row gathers, bf16 and fp8 pools), launched through the production launcher (``VerifyPlan``).
 
 On the CPU (Gluon has no interpreter): the static launch rules (grid, constexprs, options, no descriptors,
 fp32 partials) and which kernel, tiles and split count ``verify_mla`` picks on an RTX PRO 6000 (sm_120, 188
@@ -10,16 +10,15 @@ unaligned rows, other GPUs; fp8 pools do run it). Its compiles for sm_120 and sm
 lse and partials poisoned with NaN and every element checked written), a property test over random shapes,
 and ``verify_mla``'s own launches eager, compiled and in a CUDA graph."""
 
-import importlib
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels import _verify_gluon_launch as L
 from tritree.kernels._splitkv import balanced_num_splits
 from tritree.kernels.configs import AttnConfig
+from tritree.kernels.verify import abi, policy
+from tritree.kernels.verify import gluon_launch as L
 from tritree.testing import TREE_KINDS
 
 from ..conftest import HAS_GPU
@@ -79,20 +78,16 @@ def test_runs_on():
     assert L.runs_on("gluon-ws", 9) and not L.runs_on("gluon-ws", 12) and not L.runs_on("gluon", 12)
 
 
-def test_check_takes_any_page_size_with_aligned_rows():
-    _need_gluon()
+def test_gather_layout_takes_any_page_size_with_aligned_rows():
+    """The mma kernel's layout need (``policy._gather_layout``): 16-byte aligned pool and q rows, at every page
+    size, bf16 and fp8 pools."""
     q = torch.zeros(1, 1, 1, 576, dtype=torch.bfloat16)
     for P in (1, 2, 4, 8, 16, 32, 64, 128):
-        L._check(q, torch.zeros(4, P, 576, dtype=torch.bfloat16), 1, "gluon-mma")
-        L._check(q, torch.zeros(4, P, 576, dtype=torch.float8_e4m3fn), 1, "gluon-mma")
-    with pytest.raises(ValueError, match="16-byte aligned pool rows"):
-        L._check(q, torch.zeros(4, 64, 580, dtype=torch.bfloat16)[..., :576], 1, "gluon-mma")
-    with pytest.raises(ValueError, match="16-byte aligned q rows"):
-        L._check(torch.zeros(1, 1, 1, 580, dtype=torch.bfloat16)[..., 2:578], torch.zeros(4, 64, 576,
-                                                                                       dtype=torch.bfloat16), 1,
-                 "gluon-mma")
-    with pytest.raises(TypeError):
-        L._check(q.half(), torch.zeros(4, 64, 576, dtype=torch.float16), 1, "gluon-mma")
+        assert policy._gather_layout(q, torch.zeros(4, P, 576, dtype=torch.bfloat16))
+        assert policy._gather_layout(q, torch.zeros(4, P, 576, dtype=torch.float8_e4m3fn))
+    assert not policy._gather_layout(q, torch.zeros(4, 64, 580, dtype=torch.bfloat16)[..., :576])
+    assert not policy._gather_layout(torch.zeros(1, 1, 1, 580, dtype=torch.bfloat16)[..., 2:578],
+                                     torch.zeros(4, 64, 576, dtype=torch.bfloat16))
 
 
 def launch_pages(T, P, L_keys=46_000):
@@ -105,15 +100,14 @@ def _launch_on(monkeypatch, *, major, sms, arch=None, B=1, T, H, P, L_keys=46_00
     """``verify_mla``'s launch decision (``plan_launch``) on a GPU of compute capability ``major`` with ``sms``
     SMs (``arch``: ``TRITREE_ARCH``, else the device's own table)."""
     _need_gluon()
-    vm = importlib.import_module("tritree.kernels.verify_mla")
     if arch:
         monkeypatch.setenv("TRITREE_ARCH", arch)
     else:
         monkeypatch.delenv("TRITREE_ARCH", raising=False)
-    monkeypatch.setattr(vm, "num_sms", lambda device: sms)
+    monkeypatch.setattr(policy, "num_sms", lambda device: sms)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
     max_pages = launch_pages(T, P, L_keys)
-    return vm.plan_launch(device=torch.device("cuda", 0), q_dtype=q_dtype, kv_dtype=kv_dtype, batch=B, T=T, H=H,
+    return policy.plan_launch(device=torch.device("cuda", 0), q_dtype=q_dtype, kv_dtype=kv_dtype, batch=B, T=T, H=H,
                           head_dim=576, page_size=P, max_pages=max_pages, gluon_layout=gluon_layout, tma_layout=False,
                           gather_layout=gather_layout)
 
@@ -143,9 +137,18 @@ def test_scale_args():
     """The mma kernel takes ``sm_scale log2(e) kv_scale`` and ``kv_scale``; the Hopper kernels the first alone."""
     import math
 
-    assert L.scale_args("gluon-mma", 0.5, 4.0) == pytest.approx((0.5 * 4.0 / math.log(2), 4.0))
-    assert L.scale_args("gluon-mma", 0.5, None) == pytest.approx((0.5 / math.log(2), 1.0))
-    assert L.scale_args("gluon-ws", 0.5, None) == pytest.approx((0.5 / math.log(2),))
+    q = torch.zeros(1, 2, 8, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(4, 16, 576, dtype=torch.bfloat16)
+    pt = torch.zeros(1, 4, dtype=torch.int32)
+    mask = torch.zeros(1, 2, 1, dtype=torch.int32)
+
+    def scales(kernel, sm_scale, kv_scale):
+        return abi.scalar_args(kernel, q, kv, pt, mask, (0,) * 4, (0,) * 4, sm_scale=sm_scale, kv_scale=kv_scale,
+                               num_splits=1)[:len(abi.SCALES[kernel])]
+
+    assert scales("gluon-mma", 0.5, 4.0) == pytest.approx((0.5 * 4.0 / math.log(2), 4.0))
+    assert scales("gluon-mma", 0.5, None) == pytest.approx((0.5 / math.log(2), 1.0))
+    assert scales("gluon-ws", 0.5, None) == pytest.approx((0.5 / math.log(2),))
 
 
 @pytest.mark.parametrize("P", [1, 64])
@@ -203,12 +206,11 @@ def test_h200_keeps_the_hopper_kernels(monkeypatch):
 
 
 def test_gather_layout():
-    vm = importlib.import_module("tritree.kernels.verify_mla")
     q = torch.zeros(1, 2, 8, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 16, 576, dtype=torch.bfloat16)
-    assert vm._gather_layout(q, kv)
-    assert not vm._gather_layout(q, torch.zeros(4, 16, 580, dtype=torch.bfloat16)[..., :576])  # rows of 1160 B
-    assert not vm._gather_layout(torch.zeros(1, 2, 8, 580, dtype=torch.bfloat16)[..., 1:577], kv)
+    assert policy._gather_layout(q, kv)
+    assert not policy._gather_layout(q, torch.zeros(4, 16, 580, dtype=torch.bfloat16)[..., :576])  # rows of 1160 B
+    assert not policy._gather_layout(torch.zeros(1, 2, 8, 580, dtype=torch.bfloat16)[..., 1:577], kv)
 
 
 # ---- GPU: the kernel against the reference -------------------------------------------------------
@@ -271,11 +273,10 @@ def test_mma_verify_mla_at_46k(T, H, P, monkeypatch):
     requests of 46,000 and 5,000 prefix keys, a fragmented pool with its unused slots NaN, the second tree
     shorter: routed to the mma kernel, against the reference into poisoned outputs."""
     monkeypatch.setenv("TRITREE_ARCH", "sm_120")
-    vm = importlib.import_module("tritree.kernels.verify_mla")
     case = poison_unused_slots(make_case(2, T, H, P, [46_000, 5_000 + 7], [T, T // 2 + 1], ("random", "chain"),
                                          torch.bfloat16, seed=T * H + P))
     q, kv, pt = case["q"], case["kv"], case["page_table"]
-    assert vm._launch_of(q, kv, pt, None, None).route == "gluon-mma"
+    assert policy.launch_of(q, kv, pt, None, None).route == "gluon-mma"
     check_against_reference(case, torch.bfloat16)
 
 
@@ -303,10 +304,9 @@ def test_mma_fp8_pool(T, H, P, L, headroom, monkeypatch):
     """bf16 queries over an fp8 (e4m3) pool with a per-tensor scale under the sm_120 tables (``TRITREE_ARCH``): the
     mma kernel, one split and several, against the float64 reference over the same fp8 values, unused slots NaN."""
     monkeypatch.setenv("TRITREE_ARCH", "sm_120")
-    vm = importlib.import_module("tritree.kernels.verify_mla")
     case = to_fp8_pool(make_case(2, T, H, P, [L, 300 + 7], [T - 1, T // 2 + 1], ("random", "chain"), torch.bfloat16,
                                  seed=L + P + T), headroom)
-    assert vm._launch_of(case["q"], case["kv"], case["page_table"], None, None).route == "gluon-mma"
+    assert policy.launch_of(case["q"], case["kv"], case["page_table"], None, None).route == "gluon-mma"
     check_against_reference(case, torch.bfloat16)
     check_against_reference(case, torch.bfloat16, num_splits=1)
     check_against_reference(case, torch.bfloat16, num_splits=7)

@@ -190,7 +190,7 @@ def test_narrow_last_row_block_split_counts():
     """Which launches get a narrow last row block and how the programs are shared (132 SMs): T=65,H=8
     (8 full blocks and 8 rows) 8 x 15 full programs and 12 narrow ones, not 9 x 14; the narrow block never
     has more splits than the full ones, nor fewer than one."""
-    from tritree.kernels import _verify_gluon_launch as GL
+    from tritree.kernels.verify import gluon_launch as GL
 
     # (at least NARROW_MIN_BLOCKS = 5 row blocks: not T=9 or T=17 with H=8)
     assert [GL.narrow_rows(r) for r in (64, 72, 136, 264, 520, 1040, 396, 152, 512)] == [0, 0, 0, 8, 8, 16, 16, 0, 0]
@@ -203,7 +203,7 @@ def test_narrow_last_row_block_split_counts():
     assert GL.narrow_splits_for(40, 4, 9, 132) == 1  # no SM left: one split
     assert GL.choose_narrow_num_splits(batch=1, row_blocks=9, max_keys=512, block_n=64, sms=132) == 2
     # verify_mla's choice, as torch.compile traces it (fullgraph: no graph break)
-    from tritree.kernels.verify_mla import _narrow_num_splits
+    from tritree.kernels.verify.policy import _narrow_num_splits
 
     cfg = AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws")
     args = dict(batch=1, row_blocks=9, **kw)
@@ -429,8 +429,8 @@ def check_reference_then_graph_replay(case, **kw):
 
 
 def gluon_launch_of(case, cfg, num_splits=None):
-    """What verify_mla's plan launches for ``case`` with ``cfg`` (a ``_verify_gluon_launch.GluonLaunch``)."""
-    from tritree.kernels.verify_mla import VerifyPlan
+    """What verify_mla's plan launches for ``case`` with ``cfg`` (a ``verify.gluon_launch.GluonLaunch``)."""
+    from tritree.kernels.verify import VerifyPlan
 
     plan = VerifyPlan(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
                       case["tree_lens"], sm_scale=SM_SCALE, config=cfg, num_splits=num_splits)
@@ -508,7 +508,7 @@ def test_gpu_16bit_split_partials(kernel, P):
     """The Gluon kernels' bf16 split partials (the plain kernel's re-laid out before their store, the ws
     kernel's by TMA boxes or staged; Triton: fp32) against the float64 reference, then replayed from a
     CUDA graph into poisoned outputs, the same bits as the eager run."""
-    from tritree.kernels.verify_mla import VerifyPlan
+    from tritree.kernels.verify import VerifyPlan
 
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel=kernel)
     case = poison_unused_slots(make_case(2, 19, 8, P, [20_000 + 45, 1_000 + 64 - 19], [19, 11], ("random", "chain"),
@@ -528,7 +528,7 @@ def test_gpu_narrow_last_row_block(T, H, P, splits):
     its extra partial slots empty): against the float64 reference (outputs poisoned, two requests, the
     second's tree shorter, unused pool slots NaN), then replayed from a CUDA graph into poisoned outputs
     with the same bits."""
-    from tritree.kernels import _verify_gluon_launch as GL
+    from tritree.kernels.verify import gluon_launch as GL
 
     assert GL.narrow_rows(T * H) in (8, 16)
     case = poison_unused_slots(make_case(2, T, H, P, [30_000 + 45, 700 + 64 - T], [T, T // 2 + 1],
@@ -659,7 +659,7 @@ def test_gpu_fp8_pool(T, H, P, L):
 def test_gpu_sm120_configs_run_on_this_gpu(table, P):
     """The sm_120 tables' configs at the page sizes and pool dtypes ``configs.lookup`` gives them (the Gluon
     mma.sync kernel on an sm_90 / sm_120 GPU)."""
-    from tritree.kernels.configs import VERIFY_MLA_CONFIGS
+    from tritree.kernels.verify import VERIFY_MLA_CONFIGS
     for cfg in set(VERIFY_MLA_CONFIGS[table].values()):
         case = make_case(1, 16, 8, P, [5_000 + 37], [13], ("random",), torch.bfloat16, seed=cfg.block_m + P)
         if table.endswith(":fp8"):
@@ -673,7 +673,7 @@ def test_gpu_cuda_graph_and_compile():
     args = (case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"])
     ref = verify_mla(*args, sm_scale=SM_SCALE)
     fn = torch.compile(lambda *a: verify_mla(*a, sm_scale=SM_SCALE), fullgraph=True)
-    compiled = fn(*args)  # Inductor re-emits the kernel; rounding may differ in the last bf16 bit
+    compiled = fn(*args)  # the op runs the eager plan
     assert ((compiled.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
     out = torch.empty_like(ref)
     lse = torch.empty(ref.shape[:3], dtype=torch.float32, device=ref.device)
@@ -720,18 +720,19 @@ def test_full_lengths_are_cached_and_right():
     assert _launch.full_lengths(3, 8, torch.device("cpu")).tolist() == [8, 8, 8]
 
 
-def test_cpu_path_without_interpreter_matches_reference():
+def test_cpu_path_without_interpreter_matches_reference(monkeypatch):
     """On the CPU outside the interpreter the launcher runs the reference (float32)."""
-    import importlib
-    vm = importlib.import_module("tritree.kernels.verify_mla")  # the module, not the function it exports
+    from tritree.kernels.verify import launcher
+
     if HAS_GPU:
         pytest.skip("CPU path")
     case = make_case(1, 3, 2, 16, [10], None, ("chain",), torch.float32, seed=4, device="cpu")
-    orig = vm.interpreting
+    monkeypatch.setattr(_launch, "interpreting", lambda: False)
+    launcher._PLANS.clear()
     try:
-        vm.interpreting = lambda: False
-        vm._PLANS.clear()
+        plan = launcher.VerifyPlan(case["q"], case["kv"], case["page_table"], case["kv_lens"], case["tree_mask"],
+                                   case["tree_lens"], sm_scale=SM_SCALE)
+        assert plan.launch.route == "reference"
         check_against_reference(case, torch.float32)
     finally:
-        vm.interpreting = orig
-        vm._PLANS.clear()
+        launcher._PLANS.clear()

@@ -1,8 +1,8 @@
-"""Gluon pieces shared by the two Hopper verify kernels (``_verify_gluon_plain`` and ``_verify_gluon_ws``):
+"""Gluon pieces shared by the two Hopper verify kernels (``verify.gluon_plain`` and ``verify.gluon_ws``):
 the version-resolved Gluon names and the ``@gluon.jit`` helpers both schedules call (Q and tail copies,
 scores, online softmax, tree mask, store, timeline stamps).
 
-Importing this module needs ``triton.experimental.gluon`` (triton 3.6 to 3.9); ``_verify_gluon_launch``
+Importing this module needs ``triton.experimental.gluon`` (triton 3.6 to 3.9); ``verify.gluon_launch``
 imports the kernels behind one guard and reports ``GLUON_AVAILABLE``.
 
 The names that changed between triton 3.6 and 3.9 are resolved here: 3.6 has

@@ -23,7 +23,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .configs import CAPABILITY, NO_SPILL_ARCHS, SHARED_MEMORY_LIMIT, VERIFY_MLA_CONFIGS, AttnConfig
+from .configs import CAPABILITY, NO_SPILL_ARCHS, SHARED_MEMORY_LIMIT, AttnConfig
+from .verify import abi as verify_abi
+from .verify.policy import VERIFY_MLA_CONFIGS
 
 
 @dataclass(frozen=True)
@@ -102,22 +104,13 @@ FP8_KV_ARCHS = ("sm_90", "sm_120")
 SMALL_PAGE_SIZES = (1, 16)
 
 
-# The verify kernels' integer arguments after their pointers and scales (Triton, and every Gluon form; the
-# warp-specialised one adds ``narrow_splits``), and the arguments launches specialise as 16-byte divisible.
-VERIFY_INT_ARGS = ("stride_qb", "stride_qt", "stride_qh", "stride_kvp", "stride_kvs", "stride_ptb", "max_pages",
-                   "num_pages", "stride_mb", "stride_mt", "stride_ob", "stride_ot", "stride_oh", "stride_os",
-                   "stride_lb", "stride_lt", "stride_lh", "stride_ls", "T", "H", "num_splits")
-VERIFY_DIVISIBLE = ("Q", "KV", "PageTable", "KvLens", "TreeMask", "TreeLens", "Out", "Lse", "stride_qb", "stride_qt",
-                    "stride_qh", "stride_kvp", "stride_kvs", "stride_ob", "stride_ot", "stride_oh", "stride_os")
-
-
 def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -> list[CompileReport]:
     """Compiles the verify kernel for every config of every table (and the one- and many-split
     store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool wherever
     ``configs.lookup`` can serve one from that table: ``"<arch>:fp8"`` tables with that pool only; an
     architecture's main table not with it when it has an fp8 table (``"<arch>:small_pages"`` still:
     fp8 pools with pages below a TMA tile reach it)."""
-    from .verify_mla import _verify_mla_kernel
+    from .verify.triton_kernel import _verify_mla_kernel
 
     reports = []
     for key, table in VERIFY_MLA_CONFIGS.items():
@@ -493,25 +486,18 @@ def kv_reports(archs=None) -> list[CompileReport]:
 
 def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
                    kv_dtype: str | None = None, page_size: int = 64) -> CompileReport:
-    ptr = "*" + dtype
-    sig = {
-        "Q": ptr, "KV": "*" + (kv_dtype or dtype), "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32",
-        "TreeLens": "*i32", "Out": ptr if num_splits == 1 else "*fp32", "Lse": "*fp32", "sm_scale_log2e": "fp32",
-        "v_scale": "fp32",
-    }
-    sig.update({n: "i32" for n in VERIFY_INT_ARGS})
-    constexprs = {"PAGE_SIZE": page_size, "SINGLE_SPLIT": num_splits == 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                  "UPCAST": False, "IEEE": dtype == "fp32",
-                  "TMA": cfg.tma, "PAGE_GROUP": 16,
-                  "SPLIT_SCORES": cfg.split_scores,
-                  "TAIL_STAGES": 1 if cfg.split_scores else cfg.num_stages, "D_LAT": 512, "D_PE": 64,
-                  "V_SCALED": kv_dtype is not None and kv_dtype != dtype}
-    divisible = VERIFY_DIVISIBLE
+    from .verify.triton_kernel import launch_config
+
+    sig = verify_abi.signature("triton", q=dtype, kv=kv_dtype or dtype, out=dtype if num_splits == 1 else "fp32")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8e4nv": torch.float8_e4m3fn}
+    _, constexprs, _ = launch_config(cfg, num_splits=num_splits, tma=cfg.tma, batch=1, T=1, H=1,
+                                     d_lat=verify_abi.D_LATENT, d_pe=verify_abi.D_ROPE, q_dtype=dtypes[dtype],
+                                     kv_dtype=dtypes[kv_dtype or dtype], page_size=page_size)
     label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{' tma' if cfg.tma else ''}"
              f"{' hoist' if cfg.hoist_pages else ''}{' split' if cfg.split_scores else ''} "
              f"splits{'1' if num_splits == 1 else 'N'}{' kv ' + kv_dtype if kv_dtype else ''}"
              f"{f' P{page_size}' if page_size != 64 else ''}")
-    return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, divisible, label)
+    return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, verify_abi.DIVISIBLE, label)
 
 
 def gluon_mma_reports(archs=None) -> list[CompileReport]:
@@ -520,12 +506,12 @@ def gluon_mma_reports(archs=None) -> list[CompileReport]:
     gathers at P = 1, 16, 64 and 128 (sm_90: 1 and 64)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from . import _verify_gluon_launch as L
+    from .verify import gluon_launch as L
 
     if not L.GLUON_AVAILABLE:
         return []
     fn = L._verify_gluon_mma_kernel
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in VERIFY_DIVISIBLE}
+    attrs = verify_abi.divisibility(fn)
     reports = []
     for arch in (archs or ("sm_120", "sm_90")):
         if arch not in ("sm_120", "sm_90"):
@@ -536,9 +522,7 @@ def gluon_mma_reports(archs=None) -> list[CompileReport]:
             launch = L.plan_verify_gluon(kernel="gluon-mma", batch=1, T=65, H=8, page_size=P, num_splits=splits,
                                          num_sms=132, pdl_capable=False)
             cx = dict(launch.constexprs)
-            sig = {"Q": "*bf16", "KV": "*" + kv, "PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32",
-                   "TreeLens": "*i32", "Out": "*bf16" if splits == 1 else "*fp32", "Lse": "*fp32",
-                   "sm_scale_log2e": "fp32", "v_scale": "fp32", **{n: "i32" for n in VERIFY_INT_ARGS},
+            sig = {**verify_abi.signature("gluon-mma", q="bf16", kv=kv, out="bf16" if splits == 1 else "fp32"),
                    **{k: "constexpr" for k in cx}}
             k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
                                target=GPUTarget("cuda", CAPABILITY[arch], 32), options=launch.options())
@@ -551,12 +535,12 @@ def gluon_mma_reports(archs=None) -> list[CompileReport]:
 
 
 def gluon_verify_reports() -> list[str]:
-    """The Gluon verify kernels' shipped launches (``_verify_gluon_launch.plan_verify_gluon``) compiled for
+    """The Gluon verify kernels' shipped launches (``verify.gluon_launch.plan_verify_gluon``) compiled for
     sm_90: shared memory within the limit, spills, and for split-PDL builds ``griddepcontrol.wait`` ahead of
     the first global load. One line a launch, ``FAIL`` where a check fails."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from . import _verify_gluon_launch as L
+    from .verify import gluon_launch as L
 
     cases = [("gluon", T, 8, P, s) for T in (8, 1) for P in (64, 128, 1) for s in (1, 2)]
     cases += [("gluon-ws", T, H, P, s) for T, H in ((64, 8), (17, 8), (65, 8), (65, 16)) for P in (64, 128, 1, 16)
@@ -568,21 +552,19 @@ def gluon_verify_reports() -> list[str]:
         cx = dict(launch.constexprs)
         layout, layout3 = L._kv_smem_layout(), L._kv_smem3_layout()
         box = f"tensordesc<bf16[{L.BLOCK_N},64],{layout!r}>"
-        out = "*bf16" if launch.partials_16bit else "*fp32"
-        sig = {"Q": "*bf16", "KV": "*bf16", "kv_desc": box}
+        out = "bf16" if launch.partials_16bit else "fp32"
         if kernel == "gluon":
-            sig["kv_desc3"] = f"tensordesc<bf16[{L.D_LAT // 64},{L.BLOCK_N},64],{layout3!r}>" if launch.tma3d else box
+            descs = {"kv_desc": box, "kv_desc3": f"tensordesc<bf16[{L.D_LAT // 64},{L.BLOCK_N},64],{layout3!r}>"
+                     if launch.tma3d else box}
         else:
-            sig["kv_desc3"] = f"tensordesc<bf16[{2 * L.BLOCK_N},64],{layout!r}>" if launch.wide_desc else box
-            sig["kv_desc_pages"] = f"tensordesc<bf16[1,{L.BLOCK_N},64],{layout3!r}>" if launch.pages_desc else box
-            sig["out_desc"] = f"tensordesc<bf16[1,{L.BLOCK_M},64],{layout3!r}>" if launch.partials_desc else box
-        sig.update({"PageTable": "*i32", "KvLens": "*i32", "TreeMask": "*i32", "TreeLens": "*i32", "Out": out,
-                    "Lse": "*fp32", "sm_scale_log2e": "fp32"})
-        ints = VERIFY_INT_ARGS + (("narrow_splits",) if kernel == "gluon-ws" else ())
-        sig.update({n: "i32" for n in ints})
+            descs = {"kv_desc": box,
+                     "kv_desc3": f"tensordesc<bf16[{2 * L.BLOCK_N},64],{layout!r}>" if launch.wide_desc else box,
+                     "kv_desc_pages": f"tensordesc<bf16[1,{L.BLOCK_N},64],{layout3!r}>" if launch.pages_desc else box,
+                     "out_desc": f"tensordesc<bf16[1,{L.BLOCK_M},64],{layout3!r}>" if launch.partials_desc else box}
+        sig = verify_abi.signature(kernel, q="bf16", kv="bf16", out=out, descriptors=descs)
         sig.update({k: "constexpr" for k in cx})
         fn = launch.fn
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in VERIFY_DIVISIBLE}
+        attrs = verify_abi.divisibility(fn)
         opts = {"num_warps": L.NUM_WARPS, **({"ptx_options": launch.ptx_options} if launch.ptx_options else {})}
         tag = f"{kernel:8s} T={T:2d} H={H:2d} P={P:3d} splits={'1' if splits == 1 else 'N'}"
         try:

@@ -71,63 +71,6 @@ class AttnConfig:
                    **{k: (v if isinstance(v, str) else bool(v)) for k, v in flags.items()})
 
 
-# Rows bucket -> config. A launch with M = T*H packed rows takes the first bucket >= M (else the
-# largest). Entries are the measured choices (bench/RESULTS.md, verify attention); sm_120 ones are bounded
-# by its 101,376 B of shared memory (576-wide bf16 K tiles: 32x32 is the largest that fits, docs/SPEC.md section 6).
-VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
-    "sm_90": {
-        16: AttnConfig(16, 64, 4, 2),
-        # Pools with P >= BLOCK_N, 64x64 tiles in two warpgroups that split the score tile. On Hopper with
-        # bf16 the Gluon kernels serve; elsewhere (fp16/fp32, other GPUs, triton without Gluon) the Triton
-        # kernel with TMA tiles and the same split. One program per SM with the split count rounded down to
-        # whole waves: fewer splits, fewer partials to write and merge than at two or four programs an SM
-        # (10-15% faster at T=64,H=8, T=16,H=64 and T=65,H=8). The plain schedule up to 64 rows.
-        64: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon"),
-        # Above 64 rows: the warp-specialised kernel (its producer prefetches the next tile pair into the L2;
-        # 5-7% faster than the plain schedule's tile-pair form at T=64,H=8, T=8,H=64 and T=16,H=8).
-        1 << 30: AttnConfig(64, 64, 8, 2, tma=True, split_scores=True, kernel="gluon-ws"),
-    },
-    # Pools with pages smaller than those tiles (P=1: token-granular trees). On Hopper with bf16 the
-    # warp-specialised kernel whose producer partition gathers the rows (cp.async by column halves, one page
-    # id per row), one program per SM: 5-15% faster than a gather in the consumers. The Triton kernel, which
-    # still serves fp16/fp32 and other GPUs with these tiles, is 1.4-1.9x slower.
-    "sm_90:small_pages": {
-        16: AttnConfig(16, 64, 4, 2),
-        1 << 30: AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-ws"),
-    },
-    # fp8 (e4m3) pools with P >= BLOCK_N: the Triton kernel (tiles converted to bf16 in registers), three
-    # stages (half-size tiles leave the shared memory for them; 9-13% faster than two); four stages do not
-    # fit (258,072 B).
-    "sm_90:fp8": {
-        16: AttnConfig(16, 64, 4, 2),
-        1 << 30: AttnConfig(64, 64, 8, 3, tma=True, split_scores=True),
-    },
-    "sm_120": {
-        # bf16 pools: the Gluon mma.sync kernel (``_verify_gluon_sm120``: queries in registers, 32 x 32 tiles, 8
-        # warps, a two-slot ring of KV tiles by row gathers at any page size; 98,304 B). The same tiles serve
-        # the Triton kernel where the Gluon one does not (fp16 / fp32, unaligned rows, a triton without Gluon):
-        # 32x32x8x2 compiles without a spill at P = 1, 16 and 64 (emulated 20-25% slower than 16x64x4x2, the
-        # Triton kernel's best at P = 64).
-        1 << 30: AttnConfig(32, 32, 8, 2, kernel="gluon-mma"),
-    },
-    # fp8 (e4m3) pools on sm_120: the same Gluon kernel over 1-byte tiles (61,440 B), its fragments widened to
-    # bf16. Where it does not serve, the Triton kernel with these tiles: with fp8 tiles 16x64x4x2 spills
-    # (converting them to bf16 takes registers); 32x32x8x2 (75,904 B, 248-254 registers, no spill at P = 1,
-    # 16, 64), emulated 12-18% faster than 16x64x8x2 and 1.6-1.8x faster than 16x32x8x2.
-    "sm_120:fp8": {
-        1 << 30: AttnConfig(32, 32, 8, 2, kernel="gluon-mma"),
-    },
-    "sm_80": {
-        16: AttnConfig(16, 32, 4, 2),
-        1 << 30: AttnConfig(32, 64, 8, 2),
-    },
-    # Triton interpreter: large tiles mean fewer (slow) interpreted operations.
-    "cpu": {
-        1 << 30: AttnConfig(32, 32, 4, 1),
-    },
-}
-
-
 def arch_of(device: torch.device | str) -> str:
     """Name of the config table for ``device``: ``TRITREE_ARCH`` if set, else by capability."""
     forced = os.environ.get("TRITREE_ARCH")

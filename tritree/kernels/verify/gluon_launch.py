@@ -1,23 +1,23 @@
-"""Host side of the Gluon verify kernels: which compiled kernel a launch runs, and the launch.
+"""The Gluon verify kernels' launch rules: grid, constexprs, options and TMA descriptors of a launch.
 
 ``plan_verify_gluon`` turns the static facts of a call (kernel name, B, T, H, P, split count, SMs, whether
-the device takes programmatic dependent launch, the partials' dtype) into a frozen ``GluonLaunch``: pure
-Python, cacheable. ``run_verify_gluon`` launches a plan (building its TMA descriptors, or taking them from
-``descriptors_for``, which a caller may cache while the pool's pointer is unchanged). ``launch_verify_gluon``
-/ ``launch_verify_gluon_ws`` are plan + run.
+the device takes programmatic dependent launch, the partials' dtype, whether the 3-D descriptor is taken)
+into a frozen ``GluonLaunch``: pure Python, cacheable. ``descriptors_for`` builds its TMA descriptors. The
+launcher (``launcher.VerifyPlan``) is the one caller that launches them; which kernel a call runs is
+``policy.plan_launch``'s decision.
 
 Which kernel a shape runs (``verify_mla``'s tables: ``kernel="gluon"`` up to 64 packed rows M = T * H at
 P % 64 == 0, ``kernel="gluon-ws"`` above; pages below 64 take ``"gluon-ws"`` above 16 rows):
 
-* ``"gluon"`` (``_verify_gluon_plain``): grid ``(cdiv(M, 64), splits, B)``. P % 64 == 0: TMA tiles, each
+* ``"gluon"`` (``gluon_plain``): grid ``(cdiv(M, 64), splits, B)``. P % 64 == 0: TMA tiles, each
   tile 2 copies (``TMA3D``, a 3-D latent box) unless the driver refuses that descriptor (then 9 boxes, for
-  the rest of the process); several splits write bf16 partials re-laid out before their store
-  (``COALESCED_STORE``; fp32 partials from the MMA layout measured slower). P < 64: row gathers, fp32
-  partials.
-* ``"gluon-mma"`` (``_verify_gluon_sm120``, sm_120's ``mma.sync`` kernel, also run on Hopper): grid
+  the rest of the process: the launcher passes ``tma3d=False`` from then on); several splits write bf16
+  partials re-laid out before their store (``COALESCED_STORE``; fp32 partials from the MMA layout measured
+  slower). P < 64: row gathers, fp32 partials.
+* ``"gluon-mma"`` (``gluon_mma``, sm_120's ``mma.sync`` kernel, also run on Hopper): grid
   ``(cdiv(M, 32), splits, B)``, 8 warps, row gathers by ``cp.async`` for every page size (16-byte aligned
   rows), bf16 or fp8 (e4m3) pools, fp32 partials.
-* ``"gluon-ws"`` (``_verify_gluon_ws``, its producer partition in ``_verify_gluon_ws_producer``): 16-bit partials
+* ``"gluon-ws"`` (``gluon_ws``, its producer partition in ``gluon_ws_producer``): 16-bit partials
   (the output's dtype) always.
   - Narrow block rule: with at least ``NARROW_MIN_BLOCKS`` row blocks, a last block of at most 8 / 16 real
     rows runs narrow (``NARROW_ROWS``); its split count is what the full blocks' programs leave of the SMs
@@ -34,9 +34,9 @@ P % 64 == 0, ``kernel="gluon-ws"`` above; pages below 64 take ``"gluon-ws"`` abo
     launch (``_splitkv.pdl_capable``), the kernel is launched with ``launch_pdl`` and waits in
     ``griddepcontrol.wait`` before its first global read (``WAIT_PRIOR``); the kernel before it signals its
     dependents at its start.
-  - TMA store rule: several splits into a contiguous ``[B, splits, rows, 512]`` 16-bit destination: the
-    partial rows by TMA boxes (``TMA_STORE``; the partials descriptor); else staged through the pair
-    buffers and stored by the threads.
+  - TMA store rule: several splits (the launcher's contiguous ``[B, splits, rows, 512]`` 16-bit partials):
+    the partial rows by TMA boxes (``TMA_STORE``; the partials descriptor); one split (the output, any
+    strides): staged through the pair buffers and stored by the threads.
   - ptxas options (over TMA): ``-O1`` for launches with a narrow block, and for those without one that copy
     wide (both measured faster than the default -O3, whose schedule of the pair loop has local
     accesses); the default elsewhere and for row gathers. ``-O1`` schedules a narrow launch's narrow pair
@@ -47,13 +47,13 @@ P % 64 == 0, ``kernel="gluon-ws"`` above; pages below 64 take ``"gluon-ws"`` abo
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import torch
 import triton
 
-from ._splitkv import LOG2E, pdl_capable
-from .configs import num_sms
+from .abi import D_LATENT as D_LAT
+from .abi import D_ROPE as D_PE
+from .abi import GLUON_KERNELS as KERNELS
 
 GLUON_AVAILABLE = False
 _IMPORT_ERROR: Exception | None = None
@@ -61,11 +61,11 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from ._verify_gluon_plain import _verify_gluon_kernel
-    from ._verify_gluon_sm120 import BLOCK_M as MMA_BLOCK_M
-    from ._verify_gluon_sm120 import BLOCK_N as MMA_BLOCK_N
-    from ._verify_gluon_sm120 import _verify_gluon_mma_kernel
-    from ._verify_gluon_ws import _verify_gluon_ws_kernel
+    from .gluon_mma import BLOCK_M as MMA_BLOCK_M
+    from .gluon_mma import BLOCK_N as MMA_BLOCK_N
+    from .gluon_mma import _verify_gluon_mma_kernel
+    from .gluon_plain import _verify_gluon_kernel
+    from .gluon_ws import _verify_gluon_ws_kernel
 
     GLUON_AVAILABLE = True
 except Exception as e:  # pragma: no cover - depends on the installed triton
@@ -73,9 +73,6 @@ except Exception as e:  # pragma: no cover - depends on the installed triton
 
 BLOCK_M = 64
 BLOCK_N = 64
-D_LAT = 512
-D_PE = 64
-D_QK = D_LAT + D_PE
 NUM_WARPS = 8
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 24
@@ -83,7 +80,6 @@ GATHER_PRODUCER_REGS = 40  # row addresses for 4 rows x 2 tiles per thread
 # Page sizes below one tile: full tiles are cp.async row gathers, not TMA.
 GATHER_PAGE_SIZES = (1, 2, 4, 8, 16, 32)
 SMEM_LIMIT_SM90 = 232_448
-KERNELS = ("gluon", "gluon-ws", "gluon-mma")
 # The GPUs (compute capability majors) each kernel runs on: the Hopper kernels use wgmma and 227 KB of shared
 # memory; the mma.sync kernel runs on sm_120 and, with the same instructions, on Hopper.
 KERNEL_MAJORS = {"gluon": (9,), "gluon-ws": (9,), "gluon-mma": (9, 12)}
@@ -93,8 +89,6 @@ KERNEL_MAJORS = {"gluon": (9,), "gluon-ws": (9,), "gluon-mma": (9, 12)}
 NARROW_MIN_BLOCKS = 5
 NARROW_COST = 0.75
 PTXAS_FAST = "-O1"
-# False once the driver refused the 3-D descriptor: the plain kernel then copies 9 boxes a tile.
-USE_TMA3D = True
 
 
 def _kv_smem_layout():
@@ -152,7 +146,7 @@ def _full_or_narrow(rows: int, narrow: int) -> bool:
 @dataclasses.dataclass(frozen=True)
 class GluonLaunch:
     """One launch of a Gluon verify kernel, from static facts only (``plan_verify_gluon``)."""
-    kernel: str                 # "gluon" or "gluon-ws"
+    kernel: str                 # "gluon", "gluon-ws" or "gluon-mma"
     grid: tuple[int, int, int]
     num_splits: int
     narrow_splits: int          # the ws kernel's narrow block's split count (= num_splits without one)
@@ -181,12 +175,13 @@ class GluonLaunch:
 
 def plan_verify_gluon(*, kernel: str, batch: int, T: int, H: int, page_size: int, num_splits: int, num_sms: int,
                       pdl_capable: bool, partials_dtype: torch.dtype | None = None, timeline: int = 0,
-                      contiguous_partials: bool = True) -> GluonLaunch:
-    """The launch of ``kernel`` (``"gluon"`` / ``"gluon-ws"``) for ``batch`` requests of ``T`` tree tokens x
-    ``H`` heads over pages of ``page_size`` with ``num_splits`` splits (see the module docstring).
-    ``partials_dtype``: the split partials' dtype (with one split, the output's: bf16). ``timeline``: the
-    bench stamps (``bench/timeline.py``; wrong lse). ``contiguous_partials``: the destination is a
-    contiguous ``[B, splits, rows, 512]`` tensor (``split_destinations``')."""
+                      tma3d: bool = True) -> GluonLaunch:
+    """The launch of ``kernel`` (``"gluon"`` / ``"gluon-ws"`` / ``"gluon-mma"``) for ``batch`` requests of ``T``
+    tree tokens x ``H`` heads over pages of ``page_size`` with ``num_splits`` splits (see the module docstring).
+    ``partials_dtype``: the split partials' dtype (with one split, the output's: bf16); the partials are the
+    launcher's contiguous ``[B, splits, rows, 512]`` tensor. ``timeline``: the bench stamps
+    (``bench/timeline.py``; wrong lse). ``tma3d``: the plain kernel may copy a tile's latent part as one 3-D box
+    (False once a driver refused that descriptor)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     num_splits = int(num_splits)
@@ -205,7 +200,7 @@ def plan_verify_gluon(*, kernel: str, batch: int, T: int, H: int, page_size: int
     row_blocks = triton.cdiv(M, BLOCK_M)
     grid = (row_blocks, num_splits, batch)
     if kernel == "gluon":
-        tma3d = USE_TMA3D and not gather
+        tma3d = tma3d and not gather
         cx = dict(common, TMA3D=tma3d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE,
                   TIMELINE=bool(timeline), COALESCED_STORE=num_splits > 1 and p16 and not gather)
         return GluonLaunch(kernel, grid, num_splits, num_splits, tuple(cx.items()), False, None, False, False, False,
@@ -220,7 +215,7 @@ def plan_verify_gluon(*, kernel: str, batch: int, T: int, H: int, page_size: int
     wide = full and not gather
     masked = full and not gather
     split_pdl = full and pdl_capable
-    by_tma = num_splits > 1 and contiguous_partials
+    by_tma = num_splits > 1
     ptx = None if gather else PTXAS_FAST if (nrows or wide) else None
     cx = dict(common, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=GATHER_PRODUCER_REGS if gather else PRODUCER_REGS,
               BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D_LAT=D_LAT, D_PE=D_PE, TIMELINE=int(timeline), NARROW_ROWS=nrows,
@@ -283,146 +278,3 @@ def descriptors_for(launch: GluonLaunch, kv: torch.Tensor, dst_o: torch.Tensor |
     return (desc, kv_descriptor(kv, 2 * BLOCK_N) if launch.wide_desc else desc,
             kv_descriptor_pages(kv) if launch.pages_desc else desc,
             partials_descriptor(dst_o) if launch.partials_desc else desc)
-
-
-# ---- launch ---------------------------------------------------------------------------------
-
-def _check(q, kv, num_splits, kernel="gluon"):
-    if not GLUON_AVAILABLE:
-        raise RuntimeError(f"triton.experimental.gluon is not available: {_IMPORT_ERROR!r}")
-    num_pages, P, D = kv.shape
-    if q.shape[-1] != D_QK or D != D_QK:
-        raise ValueError(f"the Gluon verify kernel needs 576 channels (512 + 64), got q {tuple(q.shape)}, "
-                         f"kv {tuple(kv.shape)}")
-    if kernel != "gluon-mma" and (q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16):
-        raise TypeError("the Gluon verify kernel takes bf16 q and kv")
-    if kernel == "gluon-mma":  # row gathers at any page size, bf16 or fp8 (e4m3) pools
-        if q.dtype != torch.bfloat16 or kv.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
-            raise TypeError("the mma.sync Gluon verify kernel takes bf16 q and a bf16 or float8_e4m3fn pool")
-        esz = kv.element_size()
-        if kv.stride(2) != 1 or (kv.stride(0) * esz) % 16 or (kv.stride(1) * esz) % 16 or kv.data_ptr() % 16:
-            raise ValueError("the Gluon verify kernel needs 16-byte aligned pool rows (channel stride 1)")
-        if q.stride(3) != 1 or any((q.stride(i) * 2) % 16 for i in range(3)) or q.data_ptr() % 16:
-            raise ValueError("the mma.sync Gluon verify kernel needs 16-byte aligned q rows (channel stride 1)")
-        if num_splits < 1:
-            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-        return
-    if P % BLOCK_N and P not in GATHER_PAGE_SIZES:
-        raise ValueError(f"the Gluon verify kernel needs a page size that is a multiple of {BLOCK_N} or one of "
-                         f"{GATHER_PAGE_SIZES}, got {P}")
-    if P % BLOCK_N:  # row gathers: rows addressed as page * stride(0) + slot * stride(1), 16-byte vectors
-        if kv.stride(2) != 1 or (kv.stride(0) * 2) % 16 or (kv.stride(1) * 2) % 16 or kv.data_ptr() % 16:
-            raise ValueError("the Gluon verify kernel needs 16-byte aligned pool rows (channel stride 1)")
-    elif kv.stride(2) != 1 or kv.stride(0) != P * kv.stride(1) or (kv.stride(1) * 2) % 16 or kv.data_ptr() % 16:
-        raise ValueError("the Gluon verify kernel reads the pool as one [pages * P, 576] row-major matrix "
-                         "(16-byte aligned rows)")
-    if num_pages * P >= 2**31:
-        raise ValueError("pool rows must be addressable with int32")
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-
-
-def scale_args(kernel: str, sm_scale: float, kv_scale: float | None) -> tuple:
-    """The kernel's scale arguments: ``sm_scale log2(e)``; the mma.sync kernel also takes an fp8 pool's
-    ``kv_scale`` (folded into the score scale, and applied to O once)."""
-    if kernel != "gluon-mma":
-        return (float(sm_scale) * LOG2E,)
-    kv_scale = 1.0 if kv_scale is None else float(kv_scale)
-    return (float(sm_scale) * kv_scale * LOG2E, kv_scale)
-
-
-def run_verify_gluon(launch: GluonLaunch, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides,
-                     l_strides, sm_scale, descriptors=None, kv_scale=None):
-    """Launches ``launch`` with ``verify_mla._launch_verify``'s conventions (``dst_o, dst_l, o_strides,
-    l_strides`` from ``_splitkv.split_destinations``; with several splits the caller merges the partials,
-    ``_splitkv.combine_splits``). ``descriptors``: ``descriptors_for(launch, kv, dst_o)``, or None to build
-    them. ``kv_scale``: an fp8 pool's scale (the mma.sync kernel). Returns the compiled kernel."""
-    B, T, H, _ = q.shape
-    if tree_lens is None:
-        tree_lens = torch.full((B,), T, dtype=torch.int32, device=q.device)
-    if descriptors is None:
-        descriptors = descriptors_for(launch, kv, dst_o)
-    narrow = (int(launch.narrow_splits),) if launch.kernel == "gluon-ws" else ()
-    return launch.fn[launch.grid](
-        q, kv, *descriptors, page_table, kv_lens, tree_mask, tree_lens,
-        dst_o, dst_l,
-        *scale_args(launch.kernel, sm_scale, kv_scale),
-        q.stride(0), q.stride(1), q.stride(2),
-        kv.stride(0), kv.stride(1),
-        page_table.stride(0), page_table.shape[1], kv.shape[0],
-        tree_mask.stride(0), tree_mask.stride(1),
-        *o_strides,
-        *l_strides,
-        T, H, int(launch.num_splits), *narrow,
-        **dict(launch.constexprs), **launch.options(),
-    )
-
-
-def _plan_for(kernel, q, kv, dst_o, num_splits, timeline=0):
-    B, T, H, _ = q.shape
-    contiguous = dst_o.dim() == 4 and dst_o.is_contiguous() and dst_o.shape[-1] == D_LAT
-    return plan_verify_gluon(kernel=kernel, batch=B, T=T, H=H, page_size=kv.shape[1], num_splits=int(num_splits),
-                             num_sms=num_sms(q.device), pdl_capable=pdl_capable(q.device),
-                             partials_dtype=dst_o.dtype, timeline=timeline, contiguous_partials=contiguous)
-
-
-def launch_verify_gluon(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                        sm_scale, num_splits, timeline=False):
-    """The plain kernel (``kernel="gluon"``): plan + run. ``timeline`` (bench only, several splits; wrong
-    lse): each program's five ``%globaltimer`` stamps over its first five lse partial slots. Falls back to 9
-    boxes a tile (``USE_TMA3D = False``) if the driver refuses the 3-D descriptor. Returns the compiled
-    kernel."""
-    global USE_TMA3D
-    _check(q, kv, num_splits)
-    args = (q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale)
-    launch = _plan_for("gluon", q, kv, dst_o, num_splits, int(bool(timeline)))
-    if launch.tma3d:
-        try:
-            return run_verify_gluon(launch, *args)
-        except Exception as e:  # noqa: BLE001 - descriptor refused by the host API / driver
-            warnings.warn(f"3-D TMA descriptor refused ({type(e).__name__}: {e}); using 9 boxes per tile")
-            USE_TMA3D = False
-            launch = _plan_for("gluon", q, kv, dst_o, num_splits, int(bool(timeline)))
-    return run_verify_gluon(launch, *args)
-
-
-def launch_verify_gluon_mma(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                            sm_scale, num_splits, kv_scale=None):
-    """The sm_120 ``mma.sync`` kernel (``kernel="gluon-mma"``): plan + run; ``kv_scale`` for a float8_e4m3fn
-    pool. Returns the compiled kernel."""
-    _check(q, kv, num_splits, "gluon-mma")
-    launch = _plan_for("gluon-mma", q, kv, dst_o, num_splits)
-    return run_verify_gluon(launch, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides,
-                            l_strides, sm_scale, kv_scale=kv_scale)
-
-
-def launch_verify_gluon_ws(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides,
-                           sm_scale, num_splits, timeline: int = 0):
-    """The warp-specialised kernel (``kernel="gluon-ws"``): plan + run. ``dst_o``: 16-bit (the output, or
-    bf16 partials: ``split_destinations(..., narrow=True)``). ``timeline``: as ``launch_verify_gluon``'s; 2:
-    the timer at the start, the SM clock at the start twice, the SM clock at the end and the timer at the
-    end. Returns the compiled kernel."""
-    _check(q, kv, num_splits)
-    launch = _plan_for("gluon-ws", q, kv, dst_o, num_splits, int(timeline))
-    return run_verify_gluon(launch, q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides,
-                            l_strides, sm_scale)
-
-
-def verify_gluon(q, kv, page_table, kv_lens, tree_mask, *, sm_scale, kernel="gluon", tree_lens=None, num_splits=1,
-                 out=None, lse=None):
-    """Convenience wrapper: ``(out, lse)`` like ``verify_mla(..., return_lse=True)`` with ``kernel`` (no
-    validation beyond the kernel's own requirements)."""
-    from ._splitkv import combine_splits, split_destinations
-
-    B, T, H, _ = q.shape
-    if out is None:
-        out = torch.empty(B, T, H, D_LAT, dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-    dst_o, dst_l, o_strides, l_strides = split_destinations(out, lse, num_splits, T * H,
-                                                            partials_narrow_for(kernel, kv.shape[1]))
-    launch = {"gluon-ws": launch_verify_gluon_ws, "gluon-mma": launch_verify_gluon_mma}.get(kernel,
-                                                                                           launch_verify_gluon)
-    launch(q, kv, page_table, kv_lens, tree_mask, tree_lens, dst_o, dst_l, o_strides, l_strides, sm_scale, num_splits)
-    if num_splits > 1:
-        combine_splits(dst_o, dst_l, out, lse)
-    return out, lse

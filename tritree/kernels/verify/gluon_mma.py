@@ -1,10 +1,10 @@
 """The sm_120 (RTX PRO 6000 Blackwell) Gluon verify kernel, ``kernel="gluon-mma"``: ``mma.sync`` only and at
-most 101,376 B of shared memory a block (host side in ``_verify_gluon_launch``). ``verify_mla`` runs it for
+most 101,376 B of shared memory a block (host side in ``gluon_launch``). ``verify_mla`` runs it for
 bf16 pools on sm_120 and, under ``TRITREE_ARCH=sm_120``, on the H200, where the same ``mma.sync`` m16n8k16
 instructions run.
 
 Same semantics, split-KV chunking and output / partial format as the Triton kernel
-(``verify_mla._verify_mla_kernel``); with several splits the caller merges the partials
+(``triton_kernel._verify_mla_kernel``); with several splits the caller merges the partials
 (``_splitkv.combine_splits``).
 
 Why this shape. The 576-wide MLA head does not fit sm_120's shared memory the Hopper way: a 64-row Q tile
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from ._gluon_common import (
+from .._gluon_common import (
     _cp_async,
     _cta_barrier,
     _row_scale,
@@ -51,7 +51,7 @@ from ._gluon_common import (
     gl,
     gluon,
 )
-from ._splitkv import split_chunk
+from .._splitkv import split_chunk
 
 BLOCK_M = 32
 BLOCK_N = 32
@@ -194,7 +194,7 @@ def _verify_gluon_mma_kernel(
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     b = gl.program_id(2)
-    # Pool and query rows are 16-byte aligned (the launcher's check): strides of whole 16-byte vectors, written
+    # Pool and query rows are 16-byte aligned (the policy's layout check): strides of whole 16-byte vectors, written
     # so that the compiler can prove it for the 16-byte cp.async and the paired query loads.
     stride_kvp = (stride_kvp // VEC) * VEC
     stride_kvs = (stride_kvs // VEC) * VEC

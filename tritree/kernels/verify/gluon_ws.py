@@ -1,8 +1,8 @@
 """The warp-specialised Hopper (sm_90) Gluon verify kernel: what ``verify_mla`` runs for bf16 pools above 64
 packed rows at P % 64 == 0 and above 16 rows for pages below 64 (``kernel="gluon-ws"``; host side in
-``_verify_gluon_launch``, whose docstring says which launch a shape gets).
+``gluon_launch``, whose docstring says which launch a shape gets).
 
-Same math, masking, tail and output / partial format as the plain kernel (``_verify_gluon_plain``), over
+Same math, masking, tail and output / partial format as the plain kernel (``gluon_plain``), over
 tile pairs: a ``[128, 576]`` pair buffer (rows 0..63 = the even tile, 64..127 = the odd one) whose scores
 are one m64 n128 wgmma with warps ``[4, 2]`` (warpgroup w computes tile w's 64 keys), streamed per
 64-channel column block (``_qk_streamed``: one mbarrier per block covering both slots). P (64 x 128 bf16)
@@ -25,7 +25,7 @@ Partitions (``gl.warp_specialize``; 12 warps per CTA):
   re-laid out through the pair buffers; bf16 split partials by TMA boxes, ``TMA_STORE``). It never issues a
   TMA copy.
 * worker partition ``_ws_producer`` (4 warps, 24 registers; 40 when it gathers rows, the consumers then get
-  232; in ``_verify_gluon_ws_producer`` with the grid / key geometry, the release barriers and the tile
+  232; in ``gluon_ws_producer`` with the grid / key geometry, the release barriers and the tile
   placement that both partitions use): page-table lookups, the TMA boxes of every pair and the bulk L2 prefetch one pair ahead; for pages
   below a tile, cp.async row gathers of each column block of both tiles, one group per block: as each group
   lands it fences (generic -> async proxy), syncs its 128 threads and arrives once on the block's barrier
@@ -65,7 +65,7 @@ exchange of row maxima 512 + reduction scratch + 11 mbarriers = 230,540 B of the
 
 from __future__ import annotations
 
-from ._gluon_common import (
+from .._gluon_common import (
     _clock,
     _cta_barrier,
     _load_q,
@@ -87,7 +87,7 @@ from ._gluon_common import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from ._verify_gluon_ws_producer import (
+from .gluon_ws_producer import (
     RELEASE_BAR0,
     RELEASE_BAR1,
     _chunk_bounds,

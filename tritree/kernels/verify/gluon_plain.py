@@ -1,8 +1,8 @@
 """The plain Hopper (sm_90) Gluon verify kernel: what ``verify_mla`` runs for bf16 pools up to 64 packed rows
-(``kernel="gluon"``; host side in ``_verify_gluon_launch``).
+(``kernel="gluon"``; host side in ``gluon_launch``).
 
 Same semantics, split-KV chunking and output / partial format as the Triton kernel
-(``verify_mla._verify_mla_kernel``); with several splits the caller merges the partials
+(``triton_kernel._verify_mla_kernel``); with several splits the caller merges the partials
 (``_splitkv.combine_splits``). One CTA of 8 warps = 2 warpgroups per 64 rows:
 
 * Q (64 x 576) sits in shared memory for the whole program; its cp.async copies are issued before the first
@@ -41,7 +41,7 @@ scratch) of the 232,448 an H200 CTA may use: one CTA per SM.
 
 from __future__ import annotations
 
-from ._gluon_common import (
+from .._gluon_common import (
     _cp_async,
     _cta_barrier,
     _gather_pages,
@@ -63,7 +63,7 @@ from ._gluon_common import (
     mbarrier,
     warpgroup_mma,
 )
-from ._splitkv import split_chunk
+from .._splitkv import split_chunk
 
 
 @gluon.jit

@@ -1,4 +1,4 @@
-"""The producer side of the warp-specialised Hopper Gluon verify kernel (``_verify_gluon_ws``) and the
+"""The producer side of the warp-specialised Hopper Gluon verify kernel (``gluon_ws``) and the
 protocol both of its partitions share.
 
 * Grid and keys: which row block, split and split count a program has (``_program``: with a narrow last
@@ -16,7 +16,7 @@ protocol both of its partitions share.
 
 from __future__ import annotations
 
-from ._gluon_common import (
+from .._gluon_common import (
     _cp_async,
     _cta_barrier,
     _gather_pages,
@@ -28,7 +28,7 @@ from ._gluon_common import (
     gluon,
     mbarrier,
 )
-from ._splitkv import split_chunk
+from .._splitkv import split_chunk
 
 # The hardware barriers (of 16; triton takes 0..2 here) that release the two halves of the pair buffers,
 # each completed by the 256 consumer arrivals and the producer's 128 threads.
