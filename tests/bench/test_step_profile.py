@@ -116,9 +116,10 @@ def test_classify_real_names(family, name):
 
 
 def test_every_decode_kernel_of_the_repository_has_a_family():
-    """Each jit kernel of tritree/kernels; the load-time dequantisation kernels are not in a decode step."""
+    """Each jit kernel of tritree/kernels (its packages too); the load-time dequantisation kernels are not in a
+    decode step."""
     found = []
-    for path in sorted((ROOT / "tritree" / "kernels").glob("*.py")):
+    for path in sorted((ROOT / "tritree" / "kernels").rglob("*.py")):
         found += re.findall(r"@(?:triton|gluon)\.jit[^\n]*\n(?:@[^\n]*\n)*def (\w+_kernel)\(", path.read_text())
     assert "_gate_up_int4_kernel" in found and "_verify_gluon_ws_kernel" in found
     missing = [k for k in found if k not in ("_int4_kernel", "_fp8_kernel") and classify(k) == OTHER]
