@@ -13,7 +13,7 @@ from .moe_block import MoeBlockPlan, moe_block, moe_block_reference, plan_moe_bl
 from .moe_int4 import Int4Experts, Int4MoePlan, kernel_layout, moe_int4_reference, plan_int4_moe, routed_experts_int4
 from .router import RoutePlan, moe_route, moe_route_reference, plan_moe_route
 from .tree import Tree, build_tree, build_tree_reference, expected_accept, tree_mask_from_parents
-from .verify_mla import VerifyPlan, plan_launch, verify_mla, verify_mla_reference
+from .verify import VerifyPlan, plan_launch, verify_mla, verify_mla_reference
 
 __all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "verify_mla_reference", "PagePool",
            "PoolExhausted", "defrag_", "kv_commit_", "kv_commit_reference", "kv_gather", "kv_gather_reference",
