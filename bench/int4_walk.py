@@ -16,7 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tritree.kernels.moe_int4 import GROUP, Int4Experts, Int4MoePlan, _tile_pointers, align_routing
+from tritree.kernels.moe.align import align_routing
+from tritree.kernels.moe.int4 import GROUP, Int4Experts
+from tritree.kernels.moe.int4_triton import Int4MoePlan, _tile_pointers
 
 
 @triton.jit

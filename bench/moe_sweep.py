@@ -52,17 +52,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from tritree.kernels._moe_int4_mma import plan_int4_mma  # noqa: E402
 from tritree.kernels.configs import arch_of, num_sms  # noqa: E402
 from tritree.kernels.moe import routed_experts  # noqa: E402
-from tritree.kernels.moe_int4 import (  # noqa: E402
-    GROUP,
-    Int4Experts,
-    Int4MoeConfig,
-    kernel_layout,
-    plan_int4_moe,
-    routed_experts_int4,
-)
+from tritree.kernels.moe.int4 import GROUP, Int4Experts, kernel_layout, routed_experts_int4  # noqa: E402
+from tritree.kernels.moe.int4_mma import plan_int4_mma  # noqa: E402
+from tritree.kernels.moe.int4_triton import Int4MoeConfig, plan_int4_moe  # noqa: E402
 from tritree.roofline import L2_ROTATE_BYTES, cached_ceilings, graph_time_us, versions  # noqa: E402
 
 HIDDEN, TOPK, ALL_EXPERTS = 7168, 8, 384

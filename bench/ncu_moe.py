@@ -105,7 +105,8 @@ def child(shape: str, N: int) -> None:
     from bench.int4_walk import make_walk
     from bench.moe_sweep import ALL_EXPERTS, HIDDEN, TOPK, random_experts, routing_sets
     from tritree.kernels.configs import arch_of, num_sms
-    from tritree.kernels.moe_int4 import plan_int4_moe, routed_experts_int4
+    from tritree.kernels.moe.int4 import routed_experts_int4
+    from tritree.kernels.moe.int4_triton import plan_int4_moe
 
     dev = torch.device("cuda")
     E, I = SHAPES[shape]

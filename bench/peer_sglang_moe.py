@@ -191,7 +191,7 @@ def _invoke(sg, A, B, C, B_scale, topk_weights, num_valid, sorted_ids, expert_id
 
 def make_sglang_int4_moe(experts, topk: int, dtype):
     """``run(x [N, H], topk_idx [N, k] int32, topk_w [N, k] fp32) -> [N, H]`` with SGLang's W4A16 Triton kernel
-    for both GEMMs. ``experts``: :class:`tritree.kernels.moe_int4.Int4Experts`; the layout conversion (a byte
+    for both GEMMs. ``experts``: :class:`tritree.kernels.moe.int4.Int4Experts`; the layout conversion (a byte
     view of the same words, see the module docstring) happens here, once."""
     reason = available()
     if reason:
@@ -269,7 +269,7 @@ def _patch_interpreter_bf16_dot() -> None:
 
 
 def _self_test() -> int:
-    from tritree.kernels.moe_int4 import Int4Experts, moe_int4_reference
+    from tritree.kernels.moe.int4 import Int4Experts, moe_int4_reference
 
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         _patch_interpreter_bf16_dot()

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from tritree.kernels.configs import arch_of, num_sms  # noqa: E402
-from tritree.kernels.router import RouterConfig, moe_route, moe_route_reference, plan_moe_route  # noqa: E402
+from tritree.kernels.moe.router import RouterConfig, moe_route, moe_route_reference, plan_moe_route  # noqa: E402
 from tritree.roofline import cached_ceilings, graph_time_us, rotation_count, versions  # noqa: E402
 
 HIDDEN, EXPERTS, TOPK, SCALING = 7168, 384, 8, 2.827

@@ -250,7 +250,7 @@ def layer_bytes(nbytes: dict, layer: int, rows: int, unique_experts: float, n_ex
     its weight and bias; projections, the attention projections and the shared expert (or the dense MLP);
     norms, each norm weight and its ``rows`` rows read and written (bf16, the weight's width). The shared expert of
     an INT4 layer counts with the experts when ``shared_with_experts`` (the MoE block runs it in the expert
-    kernels' grids), else with the projections (cuBLAS: ``moe_block.MoeBlockPlan.shared_splits``)."""
+    kernels' grids), else with the projections (cuBLAS: ``moe.block.MoeBlockPlan.shared_splits``)."""
     p = f"model.layers.{layer}."
     int4 = any(k.startswith(p + "mlp.experts.w13_") for k in nbytes)
     out = {"experts (routed + shared)": 0.0, "router": 0.0, "projections (dense GEMMs)": 0.0, "norms": 0.0}
@@ -464,7 +464,7 @@ def _unique_experts(step, n_local: int) -> list[int]:
 
     import torch
 
-    import tritree.kernels.router as R
+    import tritree.kernels.moe.router as R
 
     counts = []
     launch = R._launch
@@ -525,7 +525,7 @@ def _shared_with_experts(tcfg, E_local: int, I_shared: int, rows: int) -> bool:
     import torch
 
     from tritree.kernels.configs import arch_of, num_sms
-    from tritree.kernels.moe_block import plan_moe_block
+    from tritree.kernels.moe.block import plan_moe_block
 
     dev = torch.device("cuda")
     plan = plan_moe_block(rows, tcfg.hidden_size, tcfg.n_routed_experts, E_local, tcfg.moe_intermediate_size,

@@ -549,7 +549,7 @@ def sample_expected_accept(draw, device) -> Sample:
 
 
 def sample_routed_experts_int4(draw, device) -> Sample:
-    from tritree.kernels.moe_int4 import Int4Experts
+    from tritree.kernels.moe.int4 import Int4Experts
 
     E, H, I = draw(st.integers(1, 4)), draw(st.sampled_from([32, 64])), draw(st.sampled_from([32, 64]))
     N, k = draw(st.integers(0, 12)), draw(st.integers(1, 4))

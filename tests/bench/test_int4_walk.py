@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from bench.int4_walk import make_walk, walk
-from tritree.kernels.moe_int4 import Int4Experts, Int4MoeConfig, Int4MoePlan
+from tritree.kernels.moe.int4 import Int4Experts
+from tritree.kernels.moe.int4_triton import Int4MoeConfig, Int4MoePlan
 
 
 def _fold(packed, scale, bn, bk):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bench.router_sweep import floor_bytes, format_table, parse_config, torch_router
-from tritree.kernels.router import RouterConfig, moe_route_reference
+from tritree.kernels.moe.router import RouterConfig, moe_route_reference
 
 
 def _row(routing, N, variant, us, **extra):

@@ -15,7 +15,7 @@ def test_kernel_configs_compile(arch):
     for r in reports:
         assert r.registers > 0  # the resource report was read
     # The one-launch MoE router: every config of its table, bf16 and fp32 inputs, one group and 8 groups.
-    from tritree.kernels.router import ROUTER_CONFIGS
+    from tritree.kernels.moe.router import ROUTER_CONFIGS
 
     router = [r for r in reports if r.kernel == "_route_kernel"]
     assert len(router) == 4 * len(set(ROUTER_CONFIGS[arch].values())), [r.config for r in router]

@@ -58,8 +58,8 @@ def test_every_op_table_goes_through_the_one_lookup():
     import importlib
 
     tables = {"verify_mla": VERIFY_MLA_CONFIGS}
-    for mod, name in (("draft_attention", "DRAFT_ATTN_CONFIGS"), ("router", "ROUTER_CONFIGS"),
-                      ("linear", "LINEAR_CONFIGS"), ("mla_decode", "MLA_CONFIGS"), ("moe_int4", "INT4_MOE_CONFIGS")):
+    for mod, name in (("draft_attention", "DRAFT_ATTN_CONFIGS"), ("moe.router", "ROUTER_CONFIGS"),
+                      ("linear", "LINEAR_CONFIGS"), ("mla_decode", "MLA_CONFIGS"), ("moe.int4_triton", "INT4_MOE_CONFIGS")):
         tables[mod] = getattr(importlib.import_module(f"tritree.kernels.{mod}"), name)
     for op, table in tables.items():
         for arch in ("sm_90", "sm_120", "sm_80", "cpu"):

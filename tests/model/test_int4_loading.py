@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tritree.dist import TPGroup
-from tritree.kernels.moe_int4 import Int4Experts, quantize_int4
+from tritree.kernels.moe.int4 import Int4Experts, quantize_int4
 from tritree.memory import memory_report
 from tritree.model.config import kimi_tiny
 from tritree.model.kimi_k2 import INT4_EXPERT_KEYS, init_params, int4_experts, moe, prefill

@@ -1,4 +1,5 @@
-"""Triton kernels, one file per op family: reference + kernel(s) + launcher + configs."""
+"""Triton kernels, one module per op family (a package when it has several kernels: ``verify``, ``moe``):
+reference + kernel(s) + launcher + configs."""
 
 from ._launch import clear_plan_caches, plan_cache_info
 from ._validate import set_debug
@@ -9,9 +10,22 @@ from .kv_cache import kv_commit_, kv_commit_reference, kv_gather, kv_gather_refe
 from .kv_pool import PagePool, PoolExhausted, defrag_, page_table_from_token_table, token_table_from_page_table
 from .linear import LinearPlan, linear, linear_reference, plan_linear
 from .mla_decode import mla_output, mla_output_reference, mla_query_, mla_query_reference
-from .moe_block import MoeBlockPlan, moe_block, moe_block_reference, plan_moe_block
-from .moe_int4 import Int4Experts, Int4MoePlan, kernel_layout, moe_int4_reference, plan_int4_moe, routed_experts_int4
-from .router import RoutePlan, moe_route, moe_route_reference, plan_moe_route
+from .moe import (
+                  Int4Experts,
+                  Int4MoePlan,
+                  MoeBlockPlan,
+                  RoutePlan,
+                  kernel_layout,
+                  moe_block,
+                  moe_block_reference,
+                  moe_int4_reference,
+                  moe_route,
+                  moe_route_reference,
+                  plan_int4_moe,
+                  plan_moe_block,
+                  plan_moe_route,
+                  routed_experts_int4,
+)
 from .tree import Tree, build_tree, build_tree_reference, expected_accept, tree_mask_from_parents
 from .verify import VerifyPlan, plan_launch, verify_mla, verify_mla_reference
 

@@ -238,7 +238,7 @@ def accept_reports(archs=None) -> list[CompileReport]:
 
 def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
     """The grouped-expert kernels at their launch defaults (``moe.MOE_LAUNCH``)."""
-    from .moe import MOE_LAUNCH, _down_kernel, _gate_up_kernel
+    from .moe.dense import MOE_LAUNCH, _down_kernel, _gate_up_kernel
 
     ptr = "*" + dtype
     idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedTok": "*i32",
@@ -264,10 +264,10 @@ def moe_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
 
 
 def moe_int4_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
-    """The INT4 grouped-expert kernels for every config of ``moe_int4.INT4_MOE_CONFIGS``, unsplit and
+    """The INT4 grouped-expert kernels for every config of ``moe.int4_triton.INT4_MOE_CONFIGS``, unsplit and
     split-K (the split gate_up kernel adds fp32 partials by atomics; the down kernel then forms the
     SiLU-and-mul on load)."""
-    from .moe_int4 import BF16_OUT_SCALE, INT4_MOE_CONFIGS, _down_int4_kernel, _gate_up_int4_kernel
+    from .moe.int4_triton import BF16_OUT_SCALE, INT4_MOE_CONFIGS, _down_int4_kernel, _gate_up_int4_kernel
 
     ptr = "*" + dtype
     idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedIdx": "*i32",
@@ -302,13 +302,13 @@ def moe_int4_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
 
 
 def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
-    """The Gluon ``mma.sync`` W4A16 kernels (``_moe_int4_mma``: weights straight into registers, no shared
+    """The Gluon ``mma.sync`` W4A16 kernels (``moe.int4_mma``: weights straight into registers, no shared
     memory) for sm_120 and sm_90: blocks of 8 and 16 rows, one K split and several, bf16 and fp16 activations."""
     try:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        from . import _moe_int4_mma as M
+        from .moe import int4_mma as M
     except ImportError:  # a triton without Gluon
         return []
     idx = {"BlockExpert": "*i32", "BlockStart": "*i32", "BlockEnd": "*i32", "SortedIdx": "*i32", "N": "i32",
@@ -347,13 +347,13 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
 
 
 def router_reports(archs=None) -> list[CompileReport]:
-    """The one-launch MoE router (``router._route_kernel``) for every config of ``router.ROUTER_CONFIGS`` at
+    """The one-launch MoE router (``moe.router._route_kernel``) for every config of ``moe.router.ROUTER_CONFIGS`` at
     Kimi K2.6's shapes (H = 7168, top-8 of 384 experts; the K split of the config's largest row count up to
     4096 on a GPU of the architecture's usual SM count), x and weight both bf16 and both fp32, with K2.6's
     routing (one group) and DeepSeek-V3's group limit (8 groups, 4 kept)."""
     import torch
 
-    from .router import ROUTER_CONFIGS, _constexprs, _route_kernel, plan_moe_route
+    from .moe.router import ROUTER_CONFIGS, _constexprs, _route_kernel, plan_moe_route
 
     sms = {"sm_90": 132, "sm_120": 188, "sm_80": 108}
     H, E, top_k = 7168, 384, 8
@@ -385,10 +385,10 @@ def router_reports(archs=None) -> list[CompileReport]:
 
 
 def moe_block_reports(archs=None) -> list[CompileReport]:
-    """The MoE block's norm kernel (``moe_block._block_norm_kernel``) at K2.6's hidden size (7168, one program a
+    """The MoE block's norm kernel (``moe.block._block_norm_kernel``) at K2.6's hidden size (7168, one program a
     row), bf16 and fp16 rows, with and without the residual (the block's other launches are the router's and the
     Gluon expert kernels', audited with them)."""
-    from .moe_block import _block_norm_kernel
+    from .moe.block import _block_norm_kernel
 
     reports = []
     for arch in (archs or ("sm_90", "sm_120")):

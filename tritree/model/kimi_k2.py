@@ -42,9 +42,9 @@ from ..kernels import kv_write_, verify_mla
 from ..kernels.linear import linear as fused_linear
 from ..kernels.mla_decode import mla_output, mla_query_
 from ..kernels.moe import routed_experts
-from ..kernels.moe_block import moe_block
-from ..kernels.moe_int4 import GROUP, Int4Experts, kernel_layout, routed_experts_int4
-from ..kernels.router import moe_route
+from ..kernels.moe.block import moe_block
+from ..kernels.moe.int4 import GROUP, Int4Experts, kernel_layout, routed_experts_int4
+from ..kernels.moe.router import moe_route
 from .config import KimiK2Config
 from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm, swiglu
 
@@ -190,11 +190,11 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
     """Every INT4 MoE layer's tensors in the layout the kernels of ``device`` read, in place (no second copy):
 
     - the routed experts in the layout the kernels of ``device`` (default: the experts' own) stream
-      (:func:`tritree.kernels.moe_int4.kernel_layout`: the repacked ``"mma"`` layout on sm_90 and sm_120), or
+      (:func:`tritree.kernels.moe.int4.kernel_layout`: the repacked ``"mma"`` layout on sm_90 and sm_120), or
       in ``layout`` when given, converted one expert at a time and filed under the layout's keys
       (``mlp.experts.w13_mma`` ... for ``"mma"``);
     - the shared expert's gate and up rows concatenated into ``mlp.shared_experts.gate_up_proj.weight``
-      (``[2 Is, H]``: the MoE block's operand, :func:`tritree.kernels.moe_block`);
+      (``[2 Is, H]``: the MoE block's operand, :func:`tritree.kernels.moe.block`);
     - every layer's ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows (and biases) concatenated into
       ``self_attn.qkv_a_proj.weight`` (``QKV_A_KEY``, ``[q_lora_rank + latent_dim, H]``), times the layer's input
       RMSNorm weight by column (rounded once to the weights' dtype): one projection of the hidden state with the
@@ -297,7 +297,7 @@ def _expert_offset(params, cfg: KimiK2Config, i: int, packed: Int4Experts | None
 def ffn(params, cfg: KimiK2Config, i: int, x: torch.Tensor, tp=None, tree_lens=None) -> torch.Tensor:
     """Layer ``i``'s feed-forward half on the residual stream ``x [B, S, hidden]``: ``x + mlp(rms_norm(x))``.
 
-    INT4 MoE layers run :func:`tritree.kernels.moe_block` (post-attention norm, router, routed and shared experts
+    INT4 MoE layers run :func:`tritree.kernels.moe.block` (post-attention norm, router, routed and shared experts
     and the residual add: five launches on sm_90 / sm_120 at decode row counts); under ``tp`` rank 0 adds the
     residual and the all-reduce follows. Other layers: the norm, :func:`mlp` and the add."""
     p = layer_prefix(i)

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 # At import, not in the function: triton.jit fixes a kernel's interpreter mode when its module loads.
-from ..kernels.moe_int4 import GROUP
+from ..kernels.moe.int4 import GROUP
 from ..kernels.quant import dequant_fp8, dequant_int4
 from .config import KimiK2Config
 from .kimi_k2 import DENSE_EXPERT_KEYS, EXPERT_LAYOUTS, layer_prefix, param_shapes

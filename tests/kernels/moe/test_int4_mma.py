@@ -1,4 +1,4 @@
-"""The ``"mma"`` layout of INT4 experts and its Gluon ``mma.sync`` kernels (``_moe_int4_mma``): the repacked
+"""The ``"mma"`` layout of INT4 experts and its Gluon ``mma.sync`` kernels (``tritree.kernels.moe.int4_mma``): the repacked
 fragments against the checkpoint layout, the round trip, the plan's splits; on an sm_90 / sm_120 GPU the whole
 routed layer against the float64 reference (splits, block sizes, other ranks' ids, empty experts, poisoned
 outputs, a CUDA-graph replay)."""
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels.moe_int4 import (
+from tritree.kernels.moe.int4 import (
     Int4Experts,
     dequantize_int4,
     kernel_layout,
@@ -17,9 +17,9 @@ from tritree.kernels.moe_int4 import (
     routed_experts_int4,
 )
 
-from ..conftest import HAS_GPU
+from ...conftest import HAS_GPU
 
-M = pytest.importorskip("tritree.kernels._moe_int4_mma")
+M = pytest.importorskip("tritree.kernels.moe.int4_mma")
 
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
@@ -137,7 +137,7 @@ def test_mma_layer_matches_reference(dtype, N, topk, E, H, I, bm, gsplit, dsplit
         auto = M.plan_int4_mma(N, topk, E, H, I, 132)
         gs = gsplit if (H // 128) % gsplit == 0 and (H // 128 // gsplit) % 2 == 0 else 1
         ds = dsplit if (I // 128) % dsplit == 0 and (I // 128 // dsplit) % 2 == 0 else 1
-        from tritree.kernels.moe_int4 import min_blocks
+        from tritree.kernels.moe.align import min_blocks
         dc = dcols if (H // 64) % dcols == 0 else 1
         plan = M.Int4MmaPlan(bm, min_blocks(N * topk, E, bm), gs, ds, dc)
         assert auto.num_blocks >= 1
@@ -183,7 +183,7 @@ def test_mma_no_local_expert_writes_zeros(dcols):
     x = torch.randn(N, H, device="cuda").to(torch.bfloat16)
     idx = torch.full((N, 2), E + 1, device="cuda", dtype=torch.int32)
     out = torch.full_like(x, float("nan"))
-    from tritree.kernels.moe_int4 import min_blocks
+    from tritree.kernels.moe.align import min_blocks
     routed_experts_int4(x, idx, torch.rand(N, 2, device="cuda"), ex, out=out,
                         plan=M.Int4MmaPlan(8, min_blocks(N * 2, E, 8), 1, 1, dcols))
     assert torch.equal(out, torch.zeros_like(out))

@@ -1,4 +1,4 @@
-"""The MoE block (``tritree.kernels.moe_block``): the composition (the CPU path) against the float64 reference
+"""The MoE block (``tritree.kernels.moe.block``): the composition (the CPU path) against the float64 reference
 over random shapes, routings, groups, padding rows and other ranks' experts; validation; on an sm_90 / sm_120
 GPU the fused launches against the reference (rows whose routing is within rounding of a tie are left out),
 forced K splits, poisoned outputs, the counters left at 0, and a CUDA-graph replay."""
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tritree.kernels import Int4Experts, moe_block, moe_block_reference
 from tritree.kernels._launch import arrival_counters
 
-from ..conftest import HAS_GPU
+from ...conftest import HAS_GPU
 
 # float32 residuals: the routed experts run on bf16 activations and return bf16 (W4A16).
 TOL = {torch.float32: 1e-2, torch.float16: 5e-3, torch.bfloat16: 2.5e-2}
@@ -152,7 +152,7 @@ def test_validation_names_the_argument():
 
 
 def test_plan_is_checked():
-    M = pytest.importorskip("tritree.kernels._moe_int4_mma")
+    M = pytest.importorskip("tritree.kernels.moe.int4_mma")
 
     for bad, match in ((M.Int4MmaPlan(8, 1, 1, 1), "num_blocks"), (M.Int4MmaPlan(8, 64, 3, 1), "gate_up_split"),
                        (M.Int4MmaPlan(8, 64, 2, 2), "down_split"), (M.Int4MmaPlan(12, 64, 1, 1), "block_m")):
@@ -192,9 +192,9 @@ def test_fused_matches_reference(dtype, N, top_k, E_all, world, H, I, Is, groups
 @pytest.mark.parametrize("bm,gsplit,dsplit,sshared", [(8, 2, 1, (1, 1)), (16, 4, 2, (8, 2)), (8, 8, 4, (16, 1)),
                                                       (16, 1, 1, (2, 2)), (8, 2, 2, (0, 0))])
 def test_fused_forced_splits_and_padding(bm, gsplit, dsplit, sshared):
-    from tritree.kernels import _moe_int4_mma as M
-    from tritree.kernels.moe_block import MoeBlockPlan, plan_moe_block
-    from tritree.kernels.moe_int4 import min_blocks
+    from tritree.kernels.moe import int4_mma as M
+    from tritree.kernels.moe.align import min_blocks
+    from tritree.kernels.moe.block import MoeBlockPlan, plan_moe_block
 
     N, top_k, E_all, H, I, Is = 24, 8, 64, 2048, 1024, 256
     t, ex, kw = _block(N, H, I, Is, E_all, 1, 0, 1, torch.bfloat16, bm + gsplit, "cuda", "mma")

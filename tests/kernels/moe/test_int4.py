@@ -6,24 +6,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels.moe_int4 import (
-    INT4_MOE_CONFIGS,
+from tritree.kernels.moe.align import align_routing, min_blocks
+from tritree.kernels.moe.int4 import (
     Int4Experts,
-    Int4MoeConfig,
-    Int4MoePlan,
-    align_routing,
-    min_blocks,
     moe_int4_reference,
     pack_int4,
-    plan_int4_moe,
     quantize_int4,
     routed_experts_int4,
     unpack_int4,
 )
+from tritree.kernels.moe.int4_triton import INT4_MOE_CONFIGS, Int4MoeConfig, Int4MoePlan, plan_int4_moe
 from tritree.kernels.quant import dequant_int4_reference
 
-from .._quant_helpers import quantize_int4 as quantize_by_hand
-from ..conftest import DEVICE
+from ..._quant_helpers import quantize_int4 as quantize_by_hand
+from ...conftest import DEVICE
 
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}  # relative L2 error: weights and h rounded to x's dtype
 

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels import router as R
 from tritree.kernels._launch import _OLD_COUNTERS, arrival_counters
-from tritree.kernels.router import (
+from tritree.kernels.moe import router as R
+from tritree.kernels.moe.router import (
     ROUTER_CONFIGS,
     RoutePlan,
     RouterConfig,
@@ -20,7 +20,7 @@ from tritree.kernels.router import (
     plan_moe_route,
 )
 
-from ..conftest import DEVICE
+from ...conftest import DEVICE
 
 GROUPINGS = [(1, 1), (2, 1), (4, 2), (8, 4)]
 

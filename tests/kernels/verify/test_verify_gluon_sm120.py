@@ -21,7 +21,7 @@ from tritree.kernels.verify import abi, policy
 from tritree.kernels.verify import gluon_launch as L
 from tritree.testing import TREE_KINDS
 
-from ..conftest import HAS_GPU
+from ...conftest import HAS_GPU
 from .test_verify_gluon import CASES, _splits_for, check
 from .test_verify_mla import (
     SM_SCALE,

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._launch import interpreting, uses_kernel
+from .._launch import interpreting, uses_kernel
 
 
 def moe_reference(x, topk_idx, topk_w, w_gate, w_up, w_down):

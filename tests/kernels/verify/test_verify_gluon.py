@@ -19,7 +19,7 @@ from tritree.kernels.configs import AttnConfig
 from tritree.kernels.verify import VerifyPlan, policy
 from tritree.kernels.verify import gluon_launch as L
 
-from ..conftest import HAS_GPU
+from ...conftest import HAS_GPU
 from .test_verify_mla import SM_SCALE, assert_matches_reference, make_case, page_layout_case, poison_unused_slots
 
 H200_SMS = 132

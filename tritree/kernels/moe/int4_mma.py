@@ -1,6 +1,6 @@
 """Gluon ``mma.sync`` W4A16 grouped-expert kernels: weights straight from memory into registers.
 
-The Triton kernels of :mod:`tritree.kernels.moe_int4` stage every weight tile through shared memory and feed
+The Triton kernels of :mod:`tritree.kernels.moe.int4` stage every weight tile through shared memory and feed
 Hopper's ``wgmma`` from registers: per 64 weights a thread issues about 230 instructions (copies, shared-memory
 loads, the dequantisation, descriptor and warpgroup bookkeeping for eight ``wgmma`` of 16 columns each), so the
 layer is bound by instruction issue and latency at about half the copy bandwidth (bench/RESULTS.md, INT4
@@ -10,7 +10,7 @@ sections). Here:
   m16n8k16 that lane ``4 g + q`` holds, for each 16-column slice, is one 32-bit word of eight nibbles; a lane's
   eight words of a 128-column tile are 32 contiguous bytes and a warp's 1 KB, read with two 16-byte loads a lane
   straight into registers (no shared memory, no barrier);
-- a nibble pair becomes a bf16 pair by one mask and one packed FMA (``moe_int4._magic_pairs``), in the register
+- a nibble pair becomes a bf16 pair by one mask and one packed FMA (``int4_triton._magic_pairs``), in the register
   the MMA reads;
 - the activations are stored in a column order (:func:`mma_order`) in which a lane's B fragments of a 128-column
   tile are 64 contiguous bytes, also loaded straight into registers;
@@ -33,9 +33,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from ._gluon_common import _cta_barrier
-from ._launch import arrival_counters
-from ._moe_align import align_routing, min_blocks
+from .._gluon_common import _cta_barrier
+from .._launch import arrival_counters
+from .align import align_routing, min_blocks
 
 KT = 128  # columns of a K tile: eight 16-column MMA slices
 GROUPS = 4  # 32-column scale groups a K tile
@@ -552,7 +552,7 @@ class Int4MmaPlan:
     """One shape's launch, from static shapes only.
 
     block_m: sorted rows a block (8 or 16: one or two ``mma.sync`` N tiles).
-    num_blocks: the align's block bound (``moe_int4.min_blocks``).
+    num_blocks: the align's block bound (``align.min_blocks``).
     gate_up_split / down_split: K splits (each an even number of 128-column tiles).
     down_cols: output column tiles (of ``16 WARPS``) a down program streams one after the other (a divisor of
     ``H / (16 WARPS)``): with a small ``I`` a column tile is a few KB of weights.
@@ -696,7 +696,7 @@ def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaP
 
 
 def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> None:
-    """The routed layer on mma-layout experts (``moe_int4.Int4Experts`` with ``layout="mma"``): the activations in
+    """The routed layer on mma-layout experts (``int4.Int4Experts`` with ``layout="mma"``): the activations in
     :func:`mma_order`, then :func:`run_experts` (align, gate_up, down, which writes ``out``). No host sync."""
     N, H = x.shape
     I, k = w13.shape[1] // 2, topk_idx.shape[1]

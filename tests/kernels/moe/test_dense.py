@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from tritree.kernels.moe import moe_reference, routed_experts
 
-from ..conftest import DEVICE
+from ...conftest import DEVICE
 
 
 @settings(max_examples=20)

@@ -1,4 +1,4 @@
-"""Routing align of the grouped-expert kernels (``moe_int4``'s Triton kernels and ``_moe_int4_mma``'s Gluon
+"""Routing align of the grouped-expert kernels (``int4_triton``'s Triton kernels and ``int4_mma``'s Gluon
 ones): token x expert assignments sorted by expert and cut into blocks, in one launch, without a host sync."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import interpreting
+from .._launch import interpreting
 
 
 def min_blocks(assignments: int, E: int, block_m: int) -> int:

@@ -44,8 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _validate as V
-from ._launch import (
+from .. import _validate as V
+from .._launch import (
     KernelLauncher,
     PlanCache,
     StreamScratch,
@@ -56,7 +56,7 @@ from ._launch import (
     signature,
     uses_kernel,
 )
-from .configs import arch_of, lookup, num_sms
+from ..configs import arch_of, lookup, num_sms
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 NORM_EPS = 1e-20  # added to the sum of the selected weights (DeepSeek-V3's, transformers')

@@ -4,10 +4,10 @@ residual add, in five launches.
 ``moe_block(residual, ...) = residual + routed(xn) + shared(xn)`` with ``xn = rms_norm(residual)``. On an sm_90 /
 sm_120 GPU with experts in the ``"mma"`` layout (:func:`tritree.kernels.kernel_layout`) and decode row counts:
 
-1. ``_block_norm_kernel``: ``xn`` (natural order, for the router, and :func:`_moe_int4_mma.mma_order` for the
+1. ``_block_norm_kernel``: ``xn`` (natural order, for the router, and :func:`int4_mma.mma_order` for the
    experts), the fp32 output accumulator set to the residual, the split gate_up's fp32 workspace zeroed;
 2. the router (:func:`tritree.kernels.moe_route`'s kernel);
-3. the routing align (:func:`tritree.kernels._moe_align.align_routing`);
+3. the routing align (:func:`tritree.kernels.moe.align.align_routing`);
 4. gate_up: the routed experts' blocks and, as a second class of programs in the same grid, the shared expert
    over every token (its bf16/fp16 weights ``[gate; up]`` concatenated, ``[2 Is, H]``);
 5. down: both classes again, summed by atomics into the accumulator (a routed program streams several output
@@ -36,10 +36,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import _validate as V
+from .. import _validate as V
+from ..configs import arch_of, num_sms
 from . import router as R
-from .configs import arch_of, num_sms
-from .moe_int4 import Int4Experts, moe_int4_reference, routed_experts_int4
+from .int4 import Int4Experts, moe_int4_reference, routed_experts_int4
 from .router import RoutePlan, moe_route, moe_route_reference, plan_moe_route
 
 # Row counts up to this run the fused launches (decode, verify, draft); more rows (prefill) the composition,
@@ -90,7 +90,7 @@ def moe_block_reference(residual, norm_weight, router_weight, router_bias, exper
 def _block_norm_kernel(Res, NormW, Xn, Xm, Acc, Gacc, H, g_numel, g_span, eps, stride_r, stride_n, stride_m, stride_a,
                  RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr):
     """Grid ``(N, 1 + zero programs)``. Program ``(r, 0)``: ``xn = Res[r] / rms(Res[r]) * NormW`` (fp32, one rounding)
-    into ``Xn[r]`` and, in :func:`_moe_int4_mma.mma_order`, ``Xm[r]``; ``Acc[r]`` (fp32) = ``Res[r]`` (``RESIDUAL``)
+    into ``Xn[r]`` and, in :func:`int4_mma.mma_order`, ``Xm[r]``; ``Acc[r]`` (fp32) = ``Res[r]`` (``RESIDUAL``)
     or 0. Program ``(r, j > 0)``: zeroes ``g_span`` elements of ``Gacc`` (``g_numel`` in all)."""
     r = tl.program_id(0)
     j = tl.program_id(1)
@@ -132,8 +132,8 @@ class MoeBlockPlan:
     """One shape's fused launches, from static shapes only.
 
     route: the router's :class:`tritree.kernels.RoutePlan`; experts: the ``Int4MmaPlan`` of the routed experts
-    (``_moe_int4_mma.plan_int4_mma``), whose block size the shared expert's programs share; shared_splits: the
-    shared expert's gate_up and down K splits (``_moe_int4_mma.plan_shared_splits``)."""
+    (``int4_mma.plan_int4_mma``), whose block size the shared expert's programs share; shared_splits: the
+    shared expert's gate_up and down K splits (``int4_mma.plan_shared_splits``)."""
 
     route: RoutePlan
     experts: object
@@ -144,7 +144,7 @@ class MoeBlockPlan:
 
     @classmethod
     def from_ints(cls, v) -> "MoeBlockPlan":
-        from ._moe_int4_mma import Int4MmaPlan
+        from .int4_mma import Int4MmaPlan
 
         v = [int(a) for a in v]
         return cls(RoutePlan.from_ints(v[:12]), Int4MmaPlan.from_ints(v[12:17]), (v[17], v[18]))
@@ -157,7 +157,7 @@ def plan_moe_block(N: int, H: int, router_experts: int, E: int, I: int, I_shared
     """The router's plan (:func:`plan_moe_route` over all ``router_experts``), the experts' (``plan_int4_mma``:
     ``E`` local experts of intermediate size ``I``) and the shared expert's split (intermediate ``I_shared``)
     for ``N`` rows."""
-    from ._moe_int4_mma import plan_int4_mma, plan_shared_splits
+    from .int4_mma import plan_int4_mma, plan_shared_splits
 
     experts = plan_int4_mma(N, top_k, E, H, I, sms, router_experts)
     in_grid = -(-N // experts.block_m) * 3 * I_shared * H * 2 <= SHARED_REREAD_BYTES
@@ -207,7 +207,7 @@ def _validate(residual, norm_weight, router_weight, router_bias, experts, shared
 
 def fused_ok(residual, experts: Int4Experts, shared_gate_up, shared_down) -> bool:
     """Whether :func:`moe_block` runs its fused launches for these operands (see the module)."""
-    from . import _moe_int4_mma as M
+    from . import int4_mma as M
 
     dt = residual.dtype
     return (residual.device.type == "cuda" and experts.layout == "mma" and dt in (torch.bfloat16, torch.float16)
@@ -261,7 +261,7 @@ def moe_block(residual: torch.Tensor, norm_weight: torch.Tensor, router_weight: 
                        shared_down.shape[1], residual.dtype, router_weight.dtype, top_k, n_group, topk_group, arch_of(residual.device),
                        num_sms(residual.device))
     else:
-        from . import _moe_int4_mma as M
+        from . import int4_mma as M
 
         M.check_plan(plan.experts, H, experts.intermediate, N * top_k, experts.num_experts)
         for split, K in zip(plan.shared_splits, (H, shared_down.shape[1])) if plan.shared_splits != (0, 0) else ():
@@ -318,7 +318,7 @@ def _(residual, norm_weight, router_weight, router_bias, tree_lens, w13_packed, 
 def _launch(residual, norm_weight, router_weight, router_bias, tree_lens, w13, s13, w2, s2, shared_gate_up,
             shared_down, out, plan: MoeBlockPlan, eps, top_k, n_group, topk_group, norm, scaling, expert_offset,
             rows_per_request, add_residual) -> None:
-    from . import _moe_int4_mma as M
+    from . import int4_mma as M
 
     N, H = residual.shape
     dev = residual.device

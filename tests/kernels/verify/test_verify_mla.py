@@ -13,7 +13,7 @@ from tritree.kernels import _launch
 from tritree.kernels.configs import AttnConfig
 from tritree.testing import TREE_KINDS, random_verify_inputs
 
-from ..conftest import DEVICE, HAS_GPU
+from ...conftest import DEVICE, HAS_GPU
 
 SM_SCALE = 192**-0.5 * (1 + 0.1 * math.log(64)) ** 2
 # Small tiles keep the interpreter fast and exercise many tiles, splits and tails.
