@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritree.roofline import _median_event_time, versions
+from tritree.roofline import median_event_ms, versions
 
 
 @triton.jit
@@ -62,7 +62,7 @@ def measure(n: int) -> dict:
             run()
             torch.cuda.synchronize()
             err = ((c[:256].float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-            ms = _median_event_time(run, reps=20)
+            ms = median_event_ms(run, reps=20)
             rows[f"{bm}x{bn}x{bk} w{warps} s{stages}"] = (2 * n**3 / (ms * 1e-3) / 1e12, err)
         except Exception as e:  # a config the GPU cannot run (shared memory): skipped
             rows[f"{bm}x{bn}x{bk} w{warps} s{stages}"] = (0.0, repr(e)[:80])

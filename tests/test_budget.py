@@ -19,6 +19,7 @@ from tritree.budget import (
     parse_cost_json,
     save_cost_table,
     tabulate,
+    tree_buckets,
 )
 from tritree.kernels import expected_accept
 from tritree.kernels.accept import accept_tree
@@ -113,62 +114,80 @@ def _random_case(B, budget, seed):
     active = torch.rand(B, generator=g) < 0.8
     kv_lens = torch.randint(0, 5000, (B,), generator=g, dtype=torch.int32)
     ctx = torch.tensor([0.0, 1000.0, 8000.0])
-    inc = torch.rand(3, B * budget + 1, generator=g) * torch.rand(3, 1, generator=g) * 0.5
+    trees = tree_buckets(budget)
+    widths = torch.tensor([trees[0] - 1] + [b - a for a, b in zip(trees, trees[1:])], dtype=torch.float32)
+    inc = torch.rand(3, len(trees), generator=g) * torch.rand(3, 1, generator=g) * 0.06 * B * widths
     ms = 1.0 + torch.rand(3, 1, generator=g) + torch.cumsum(inc, 1)
-    return scores, lens, active, kv_lens, StepCost(ctx, ms, 0.5)
+    return scores, lens, active, kv_lens, StepCost(trees, torch.tensor(trees), ctx, ms, 0.5)
 
 
 def _cost_fn(cost):
     ctx, ms = cost.ctx.double().tolist(), cost.ms.double()
 
-    def fn(n, L):
+    def fn(j, L):
         i = min(max(1, sum(c < L for c in ctx)), len(ctx) - 1)
         w = (L - ctx[i - 1]) / (ctx[i] - ctx[i - 1])
-        return max(float(ms[i - 1, n] + w * (ms[i, n] - ms[i - 1, n])), cost.floor)
+        return max(float(ms[i - 1, j] + w * (ms[i, j] - ms[i - 1, j])), cost.floor)
     return fn
 
 
-@pytest.mark.parametrize("B,budget", [(1, 1), (1, 7), (3, 5), (4, 12)])
+def test_tree_buckets():
+    assert tree_buckets(64) == (5, 9, 17, 33, 65)
+    assert tree_buckets(16) == (5, 9, 17) and tree_buckets(20) == (5, 9, 17, 21)
+    assert tree_buckets(4) == (5,) and tree_buckets(1) == (2,)
+    for bad in (0, -3, 2.0, True, "8"):
+        with pytest.raises(ValueError, match="budget"):
+            tree_buckets(bad)
+
+
+@pytest.mark.parametrize("B,budget", [(1, 1), (1, 7), (3, 5), (4, 12), (2, 40)])
 def test_auto_tree_lens_matches_the_python_reference(B, budget):
     picked = set()
     for seed in range(25):
         scores, lens, active, kv_lens, cost = _random_case(B, budget, seed)
-        got = auto_tree_lens(scores, lens, active, kv_lens, cost)
-        want = auto_tree_lens_reference(scores, lens, active, kv_lens, _cost_fn(cost))
+        got, bucket = auto_tree_lens(scores, lens, active, kv_lens, cost)
+        want, want_bucket = auto_tree_lens_reference(scores, lens, active, kv_lens, cost.trees, _cost_fn(cost))
         assert got.dtype == torch.int32 and got.tolist() == want, seed
-        picked.update(got.tolist())
-    assert len(picked) >= min(3, budget + 1)  # the cases exercise more than the two ends
+        assert bucket.dtype == torch.int64 and bucket.shape == (1,) and int(bucket) == want_bucket, seed
+        assert all(n <= cost.trees[want_bucket] for n in got.tolist())
+        picked.add(want_bucket)
+    assert len(picked) >= min(2, len(tree_buckets(budget)))  # the cases exercise more than one size
 
 
 def test_one_request_maximises_expected_tokens_per_ms():
-    """B = 1: k* = argmax_k (E(k) + 1) / cost(k), by brute force over k."""
+    """B = 1: S* = argmax_S (E(S - 1) + 1) / cost(S) over the sizes, by brute force."""
     for seed in range(20):
-        scores, lens, _, kv_lens, cost = _random_case(1, 10, seed)
+        scores, lens, _, kv_lens, cost = _random_case(1, 40, seed)
         active = torch.ones(1, dtype=torch.bool)
-        k = int(auto_tree_lens(scores, lens, active, kv_lens, cost)[0]) - 1
+        n, bucket = auto_tree_lens(scores, lens, active, kv_lens, cost)
         E = expected_accept(scores)[0].double()
-        c = [_cost_fn(cost)(j, float(kv_lens[0])) for j in range(11)]
-        best = max(range(11), key=lambda j: ((E[j] + 1) / c[j], -j))
-        assert k == min(best, int(lens[0]) - 1), seed
+        c = [_cost_fn(cost)(j, float(kv_lens[0])) for j in range(len(cost.trees))]
+        best = max(range(len(cost.trees)), key=lambda j: ((E[cost.trees[j] - 1] + 1) / c[j], -j))
+        assert int(bucket) == best and int(n[0]) == min(cost.trees[best], int(lens[0])), seed
 
 
 def test_auto_tree_lens_has_no_host_sync():
     """On meta tensors (no values exist, so any host read would raise) the rule runs whole."""
     scores, lens, active, kv_lens, cost = _random_case(3, 6, 0)
     meta = [x.to("meta") for x in (scores, lens, active, kv_lens)]
-    out = auto_tree_lens(*meta, StepCost(cost.ctx.to("meta"), cost.ms.to("meta"), cost.floor))
+    out, bucket = auto_tree_lens(*meta, StepCost(cost.trees, cost.sizes.to("meta"), cost.ctx.to("meta"),
+                                                 cost.ms.to("meta"), cost.floor))
     assert out.device.type == "meta" and out.shape == (3,) and out.dtype == torch.int32
+    assert bucket.device.type == "meta" and bucket.shape == (1,)
+    with pytest.raises(ValueError, match="tabulated for trees of up to 7 tokens"):
+        auto_tree_lens(*_random_case(3, 8, 0)[:4], cost)
 
 
 def _doc(**table):
     t = {"batch": [1, 4], "ctx": [0, 1000], "tree": [1, 5, 9], "static_tree": 9,
          "step_ms": [[[1.0, 2.0, 3.0], [1.5, 2.5, 3.5]], [[2.0, 3.0, 4.0], [2.5, 3.5, 4.5]]], **table}
-    return {"version": 1, "gpus": {"GPU X": t}}
+    return {"version": 2, "gpus": {"GPU X": t}}
 
 
 @pytest.mark.parametrize("doc,field", [
-    ({"version": 2, "gpus": {}}, "version"),
-    ({"version": 1}, "gpus"),
+    ({"version": 3, "gpus": {}}, "version"),
+    ({"version": 1, "gpus": {}}, "bench calibrate again"),
+    ({"version": 2}, "gpus"),
     (_doc(batch=[4, 1]), "batch"),
     (_doc(ctx="0"), "ctx"),
     (_doc(tree=[0, 5, 9]), "tree"),
@@ -224,16 +243,18 @@ def test_cost_table_captured_times_and_one_context(tmp_path):
 
 
 def test_modelled_step_times_of_bench_accept():
-    """Fixed sizes are charged their own graph's time, auto steps the truncated tree's time."""
+    """Fixed sizes are charged their own graph's time, auto steps the auto step's time at the size they
+    verified at."""
     from tritree.bench_accept import modelled_ms
 
     table = CostTable("t", (1, 4), (0,), (1, 9), (((2.0, 3.0),), ((4.0, 6.0),)), 9, "", (((1.0, 2.0),), ((3.0, 5.0),)))
-    steps = [(1, 8), (4, 0), (4, 32)]  # (active requests, tree nodes in all)
+    steps = [(1, 8, 9), (4, 0, 1), (4, 32, 9)]  # (active requests, tree nodes in all, size verified at)
     assert modelled_ms(table, 0, steps, "tree", 8, 16) == pytest.approx(2.0 + 5.0 + 5.0)
     assert modelled_ms(table, 0, steps, "plain", None, 16) == pytest.approx(1.0 + 3.0 + 3.0)
     assert modelled_ms(table, 0, steps, "auto", None, 16) == pytest.approx(3.0 + 4.0 + 6.0)
-    step = tabulate(table, 2, 4, 4096, "cpu")
-    assert step.ms.shape == (2, 9) and (step.ms.diff(dim=1) >= 0).all()
+    step = tabulate(table, 2, 8, 4096, "cpu")
+    assert step.trees == (5, 9) and step.sizes.tolist() == [5, 9]
+    assert step.ms.shape == (2, 2) and (step.ms.diff(dim=1) >= 0).all()
     json.dumps(_doc())
 
 
@@ -265,22 +286,25 @@ def test_auto_budget_is_lossless_and_reports_the_sizes(monkeypatch):
     from .test_engine import make_engine
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    steep = CostTable("test", (1, 4), (0, 512), (1, 9), (((1.0, 1.5), (1.0, 1.5)), ((1.0, 1.5), (1.0, 1.5))), 9)
+    # Random weights: nodes 5-8 add ~10% to the expected tokens, so the size follows the context: 9 tokens
+    # cost what 5 cost at an empty context, 20% more at 20 (the mean context grows from 7 to ~17).
+    rows = ((1.0, 1.25, 1.25), (1.0, 1.25, 1.5))
+    steep = CostTable("test", (1, 4), (0, 20), (1, 5, 9), (rows, rows), 9)
     eng = make_engine(cost_model=steep)
     auto = eng.generate(PROMPTS, 10, budget="auto", max_budget=8)
     stats, step_nodes = eng.tree_size_stats(), eng.step_nodes
     plain = eng.generate(PROMPTS, 10, speculative=False)
     assert [r.tokens for r in auto] == [r.tokens for r in plain]
     assert sum(stats["hist"].values()) == sum(r.steps for r in auto)
-    assert sum(a for a, _ in step_nodes) == sum(r.steps for r in auto)  # the steps' active requests
-    assert sum(n for _, n in step_nodes) == sum(k * c for k, c in stats["hist"].items())
+    assert sum(a for a, _, _ in step_nodes) == sum(r.steps for r in auto)  # the steps' active requests
+    assert sum(n for _, n, _ in step_nodes) == sum(k * c for k, c in stats["hist"].items())
+    assert {w for _, _, w in step_nodes} <= set(tree_buckets(8)) and len({w for _, _, w in step_nodes}) > 1
+    assert all(n <= a * (w - 1) for a, n, w in step_nodes)  # no tree past the size its step verified at
     assert 0 <= stats["mean"] < 8 and len(stats["hist"]) > 1 and max(stats["hist"]) <= 8
     with pytest.raises(ValueError, match="budget"):
         eng.generate(PROMPTS, 2, budget="big")
     with pytest.raises(ValueError, match="max_budget"):
         eng.generate(PROMPTS, 2, budget="auto", max_budget=0)
-    with pytest.warns(UserWarning, match="measured in graphs of 9 tree tokens"):  # another static size
-        eng.generate(PROMPTS[:1], 2, budget="auto", max_budget=4)
 
 
 @pytest.mark.gpu

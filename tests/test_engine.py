@@ -183,6 +183,33 @@ def test_gpu_eager_step_never_waits_for_the_gpu(monkeypatch, budget):
     assert calls and all(r.error is None and len(r.tokens) == 8 for r in out), [r.error for r in out]
 
 
+@pytest.mark.gpu
+def test_gpu_auto_step_reads_the_host_once(monkeypatch):
+    """An auto-sized step's two parts queue their work without a host sync: the size between them is the
+    step's one read."""
+    import tritree.engine as engine_mod
+
+    calls = []
+
+    def guard(fn):
+        def guarded(*a, **k):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return fn(*a, **k)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                calls.append(fn.__name__)
+        return guarded
+
+    eng = make_engine(device="cuda", graphs=False)
+    eng.generate(PROMPTS, 4, budget="auto", max_budget=16)  # compiles and fills the caches outside the guard
+    for name in ("tree_step_", "verify_step_"):
+        monkeypatch.setattr(engine_mod, name, guard(getattr(engine_mod, name)))
+    out = eng.generate(PROMPTS, 8, budget="auto", max_budget=16)
+    assert "tree_step_" in calls and "verify_step_" in calls
+    assert all(r.error is None and len(r.tokens) == 8 for r in out), [r.error for r in out]
+
+
 def test_close_all_engines_frees_every_live_engines_graphs():
     """What ``dist.shutdown_tp`` runs before destroying the process group (NCCL's teardown hangs on
     live graphs that captured collectives): every engine a caller still holds loses its graphs."""
@@ -197,10 +224,10 @@ def test_close_all_engines_frees_every_live_engines_graphs():
     engines = [make_engine(device="cpu", graphs=False) for _ in range(2)]
     for i, eng in enumerate(engines):
         run = lambda: None  # noqa: E731
-        run.graph = FakeGraph()
+        run.graphs = lambda n=i + 1: [FakeGraph() for _ in range(n)]  # an auto step holds several
         eng._graphs[("key", i)] = ({}, run)
     close_all_engines()
-    assert FakeGraph.resets == 2 and not any(eng._graphs for eng in engines)
+    assert FakeGraph.resets == 3 and not any(eng._graphs for eng in engines)
 
 
 @pytest.mark.gpu

@@ -46,15 +46,15 @@ def heldout_prompts(n: int, length: int, fresh: bool = False) -> tuple[list[list
 
 
 def modelled_ms(table, L: float, steps, mode: str, budget, block: int) -> float:
-    """The summed step time (ms) of ``steps`` (``(active requests, tree nodes in all)`` per step) under
-    ``table`` at context ``L``: a fixed-size step (a budget, the chain's block, plain decoding) costs its
-    own graph's time (``captured_ms`` when measured), an auto step the truncated tree's time in the
-    graph of the largest tree (``step_ms``)."""
+    """The summed step time (ms) of ``steps`` (``Engine.step_nodes``: ``(active requests, tree nodes in all,
+    tree size verified at)`` per step) under ``table`` at context ``L``: a fixed-size step (a budget, the
+    chain's block, plain decoding) costs its own graph's time (``captured_ms`` when measured), an auto step
+    the table's auto step at the size it verified at (``step_ms``)."""
     fixed = table.captured_cost_ms if table.captured_ms is not None else table.cost_ms
     total = 0.0
-    for a, n in steps:
+    for a, _, width in steps:
         if mode == "auto":
-            total += table.cost_ms(a, L, 1 + n / a)
+            total += table.cost_ms(a, L, width)
         else:
             T = 1 if mode == "plain" else block if mode == "chain" else budget + 1
             total += fixed(a, L, T)
@@ -134,7 +134,7 @@ def main(args) -> int:
         if table is not None and 1 in table.tree:
             for L in table.ctx:
                 ms = modelled_ms(table, L, plain_steps, "plain", None, dcfg.block_size)
-                tokens = sum(a for a, _ in plain_steps)  # one token a request and step
+                tokens = sum(s[0] for s in plain_steps)  # one token a request and step
                 print(f"temperature {temp}: plain decoding modelled {1e3 * tokens / ms:.1f} tokens/s at {L}", flush=True)
     chain = {r["temperature"]: r["acceptance"] for r in rows if r["mode"] == "chain"}
     for r in rows:

@@ -31,6 +31,7 @@ import torch
 from .budget import AnalyticCost, CostTable, tabulate
 from .dist import TPGroup, active
 from .engine import (
+    AutoStep,
     PhaseTimer,
     SamplingConfig,
     accept_phase,
@@ -38,7 +39,10 @@ from .engine import (
     commit_phase_,
     decode_step_,
     draft_phase_,
+    tree_buffers,
     tree_phase,
+    tree_step_,
+    verify_step_,
 )
 from .model import dflash
 from .model.config import kimi_k26, kimi_k26_dflash
@@ -117,7 +121,7 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
         "step": torch.zeros(1, dtype=torch.int64, device=device),
         "emitted": torch.full((batch, T), -1, dtype=torch.int32, device=device),
         "n_emitted": torch.zeros(batch, dtype=torch.int32, device=device),
-        "tree_lens": torch.ones(batch, dtype=torch.int32, device=device),
+        **tree_buffers(batch, T, device),
     }
     state["dlens"] -= accepted
     return tcfg, dcfg, tparams, dparams, state
@@ -134,10 +138,10 @@ def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, rep
 
     def draft():
         state["dlens"].copy_(dlens0)
-        return draft_phase_(tparams, dp, dcfg, state, tp=tp)
+        return draft_phase_(tparams, dp, dcfg, state, budget + 1, tp=tp)
 
     draft_logits = draft()
-    tokens, parents, depth, tree_mask, tree_lens = tree_phase(draft_logits, state["anchor"], budget)
+    tokens, parents, depth, tree_mask, tree_lens, _ = tree_phase(draft_logits, state["anchor"], budget)
     tcache = {"kv": state["tkv"], "page_table": state["page_table"], "kv_lens": state["kv_lens"]}
     logits, _ = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens, taps=tuple(dcfg.target_layer_ids),
                        tp=tp)
@@ -187,14 +191,16 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
     ``host_ms``: the Python time of one eager step (to its return, before the synchronisation: the GPU
     runs behind it); ``profile``: also print a cProfile of ``reps`` eager steps; ``compile``: the step under
     ``torch.compile`` (as ``Engine(compile=True)`` runs it), eager and captured, without the per-phase split."""
-    from .roofline import ceilings_source, device_ceilings, graph_time_us, rotation_count, verify_mla_counts
+    from .roofline import (
+        ceilings_source,
+        device_ceilings,
+        graph_time_us,
+        median_event_ms,
+        rotation_count,
+        verify_mla_counts,
+    )
 
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp, experts=experts)
-    sizer = None
-    if auto:
-        model = cost_model or AnalyticCost.from_params(tparams, tcfg, dp, dcfg, state["tkv"].element_size(),
-                                                       torch.cuda.get_device_name())
-        sizer = auto_sizer(state, tabulate(model, batch, budget, ctx + budget + 1, state["tkv"].device))
     mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
     sampling = SamplingConfig()
 
@@ -202,12 +208,24 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
         for k, v in mutable.items():
             state[k].copy_(v)
 
-    step_fn = torch.compile(decode_step_, dynamic=False) if compile else decode_step_
+    step_fn, tree_fn, verify_fn = ((torch.compile(f, dynamic=False) for f in (decode_step_, tree_step_, verify_step_))
+                                   if compile else (decode_step_, tree_step_, verify_step_))
+    auto_step = None
+    if auto:  # the engine's auto step: the tree graph, the host read of the size, that size's verify graph
+        model = cost_model or AnalyticCost.from_params(tparams, tcfg, dp, dcfg, state["tkv"].element_size(),
+                                                       torch.cuda.get_device_name())
+        cost = tabulate(model, batch, budget, ctx + budget + 1, state["tkv"].device)
+        auto_step = AutoStep((tparams, tcfg, dp, dcfg), state, budget, sampling, cost.trees, auto_sizer(state, cost),
+                             graphs=True, tp=slice_group(tp), step_fns=(tree_fn, verify_fn))
 
     def step(timer=None, group=slice_group(tp)):
         reset()
+        if auto_step is not None:
+            auto_step.tp = group
+            auto_step(None if compile else timer)
+            return
         step_fn(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling,
-                timer=None if compile else timer, tp=group, sizer=sizer)
+                timer=None if compile else timer, tp=group)
 
     step()
     torch.cuda.synchronize()
@@ -231,14 +249,20 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
     if profile:
         text = profile_text(step, reps, 40, ("tottime", "cumulative"))
         print(f"cProfile of {reps} eager steps, {text}", flush=True)
-    graph_ms = graph_time_us([step], reps=reps) / 1e3
+    if auto_step is not None:  # two graphs and a host read a step: timed whole, between events
+        def replayed():
+            reset()
+            auto_step()
+        graph_ms = median_event_ms(replayed, reps=reps)
+    else:
+        graph_ms = graph_time_us([step], reps=reps) / 1e3
     graph_ms_local = None
-    if active(tp):
+    if active(tp) and auto_step is None:
         local = without_collectives(tp)
         graph_ms_local = graph_time_us([lambda: step(group=local)], reps=reps) / 1e3
         reset()
-    phases_graph = {} if active(tp) else graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps,
-                                                         slice_group(tp))
+    phases_graph = {} if active(tp) or auto else graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling,
+                                                                 reset, reps, slice_group(tp))
     # the verify attention alone at this shape, per layer, called as the model calls it (with tree_lens:
     # without them verify_mla fills a tensor of T's, one more graph node)
     from .kernels import verify_mla
@@ -336,51 +360,59 @@ def main(args, tp=None) -> int:
 
 
 def _calibrate_slice(layers, ctx, batch, static, trees, experts, reps) -> tuple[list[float], list[float]]:
-    """Graph-timed steps (ms) of the slice: ``(truncated, captured)``, ``truncated[t]`` captured at ``static``
-    tree tokens with the tree truncated to ``trees[t]`` (an auto step), ``captured[t]`` captured at
-    ``trees[t]`` tree tokens (a fixed-budget step)."""
-    from .roofline import graph_time_us
+    """Timed steps (ms) of the slice: ``(auto, captured)``, ``auto[t]`` the auto step (:class:`AutoStep`: the
+    draft and tree graph at ``static`` tree tokens, the host read of the size, the verify graph of
+    ``trees[t]`` tokens; between CUDA events), ``captured[t]`` one graph captured at ``trees[t]`` tree tokens (a
+    fixed-budget step, graph-timed)."""
+    from .roofline import graph_time_us, median_event_ms
 
     sampling = SamplingConfig()
+    tcfg, dcfg, tparams, dp, state = build(layers, ctx, static - 1, batch, experts=experts)
+    saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
 
-    def timed(budget: int, sizes) -> list[float]:
-        tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, experts=experts)
-        saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
-        ms = []
-        for T in sizes:
-            def step(T=T):
-                for k, v in saved.items():
-                    state[k].copy_(v)
-                decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, tp=slice_group(),
-                             sizer=None if T is None else (lambda scores, lens: torch.clamp(lens, max=T)))
-            ms.append(graph_time_us([step], reps=reps) / 1e3)
-        return ms
+    def reset():
+        for k, v in saved.items():
+            state[k].copy_(v)
 
-    truncated = timed(static - 1, trees)
+    auto = []
+    for j, T in enumerate(trees):
+        pick = torch.full((1,), j, dtype=torch.int64, device=state["anchor"].device)
+        step = AutoStep((tparams, tcfg, dp, dcfg), state, static - 1, sampling, trees,
+                        lambda scores, lens, T=T: (torch.clamp(lens, max=T), pick), graphs=True, tp=slice_group())
+        auto.append(median_event_ms(lambda: (reset(), step()), reps=reps, warmup=3))
+        for g in step.graphs():
+            g.reset()
+    del tparams, dp, state
     captured = []
     for T in trees:
         torch.cuda.empty_cache()  # the previous slice's weights and caches
-        captured += timed(T - 1, [None])
+        tcfg, dcfg, tparams, dp, state = build(layers, ctx, T - 1, batch, experts=experts)
+        saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+
+        def fixed(T=T):
+            reset()
+            decode_step_(tparams, tcfg, dp, dcfg, state, budget=T - 1, sampling=sampling, tp=slice_group())
+        captured.append(graph_time_us([fixed], reps=reps) / 1e3)
     torch.cuda.empty_cache()
-    return truncated, captured
+    return auto, captured
 
 
 def calibrate(args) -> int:
     """``python -m tritree bench calibrate``: the step-cost table of ``--budget auto`` on this GPU.
 
     For every (batch, context) of the grid, the slice of :func:`build` at ``--layers`` and one more
-    layer, captured at the static tree of ``--max-budget + 1`` tokens, with the tree truncated to each
-    grid size (the way an auto step truncates it): the step's CUDA-graph time (median), extrapolated to
-    61 layers as ``bench decode`` does (``t(l) + (61 - l) (t(l + 1) - t(l))``, at least ``t(l)``). What is
-    measured: draft, tree build, verify (rank 0 of TP8: :func:`build`, no collectives),
-    accept, commit. Each grid size is also timed in a graph captured at that size (a fixed-budget step:
-    the table's ``captured_ms``), and the two are printed side by side (the truncated tree's overhead).
-    Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this GPU's name, other
-    GPUs' tables kept."""
-    from .budget import DEFAULT_COST_PATH, save_cost_table
+    layer: the auto step (the draft and tree graph at the static tree of ``--max-budget + 1`` tokens, the host
+    read of the size, the verify graph of each grid size; the sizes of :func:`tritree.budget.tree_buckets` and
+    the root alone by default) timed between CUDA events (median), extrapolated to 61 layers as ``bench
+    decode`` does (``t(l) + (61 - l) (t(l + 1) - t(l))``, at least ``t(l)``). What is measured: draft, tree
+    build, verify (rank 0 of TP8: :func:`build`, no collectives), accept, commit. Each grid size is also timed
+    in one graph captured at that size (a fixed-budget step: the table's ``captured_ms``), and the two are
+    printed side by side. Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this
+    GPU's name, other GPUs' tables kept."""
+    from .budget import DEFAULT_COST_PATH, save_cost_table, tree_buckets
 
     static = args.max_budget + 1
-    trees = args.grid_tree or [t for t in (1 << i for i in range(static.bit_length())) if t < static]
+    trees = args.grid_tree or [1, *tree_buckets(args.max_budget)]
     trees = sorted(set(t for t in trees if t <= static) | {static})
     full = kimi_k26().num_hidden_layers
     reps = max(5, min(50, args.gen // 8))
@@ -391,24 +423,22 @@ def calibrate(args) -> int:
         for L in ctxs:
             (a, ca), (b, cb) = (_calibrate_slice(n, L, B, static, trees, args.experts, reps)
                                 for n in (args.layers, args.layers + 1))
-            for what, x, y in (("truncated in the static graph", a, b), ("each in its own graph", ca, cb)):
-                print(f"batch {B} ctx {L}: graph ms with {args.layers} / {args.layers + 1} target layers, {what}: "
+            for what, x, y in (("auto step", a, b), ("one graph of that size", ca, cb)):
+                print(f"batch {B} ctx {L}: ms with {args.layers} / {args.layers + 1} target layers, {what}: "
                       + ", ".join(f"{t}: {u:.3f} / {v:.3f}" for t, u, v in zip(trees, x, y)), flush=True)
-            print(f"batch {B} ctx {L}: truncated / own graph, {args.layers} / {args.layers + 1} layers: "
-                  + ", ".join(f"{t}: {u / cu:.3f} / {v / cv:.3f}" for t, u, cu, v, cv in zip(trees, a, ca, b, cb)),
-                  flush=True)
             row = [max(x, x + (full - args.layers) * (y - x)) for x, y in zip(a, b)]
             crow = [max(x, x + (full - args.layers) * (y - x)) for x, y in zip(ca, cb)]
-            print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(f"{t}: {v:.2f} (own graph {c:.2f})"
-                                                                     for t, v, c in zip(trees, row, crow)), flush=True)
+            print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(
+                f"{t}: auto {v:.2f}, one graph {c:.2f} ({v / c:.3f}x)" for t, v, c in zip(trees, row, crow)), flush=True)
             per_ctx.append((row, crow))
         grid.append(per_ctx)
     gpu = torch.cuda.get_device_name()
     table = CostTable(gpu, tuple(batches), tuple(ctxs), tuple(trees),
                       tuple(tuple(tuple(r) for r, _ in g) for g in grid), static,
                       f"python -m tritree bench calibrate: Kimi K2.6 TP8 rank-0 slice ({args.experts} experts, "
-                      f"no collectives), {args.layers} and {args.layers + 1} layers extrapolated to {full}, CUDA graph, "
-                      f"static tree {static}; captured_ms: each tree size in its own graph",
+                      f"no collectives), {args.layers} and {args.layers + 1} layers extrapolated to {full}; step_ms: the "
+                      f"auto step (tree graph at {static} tokens, host read, verify graph of the size); captured_ms: "
+                      f"each tree size in one graph",
                       tuple(tuple(tuple(c) for _, c in g) for g in grid))
     out = args.out or DEFAULT_COST_PATH
     save_cost_table(out, table)

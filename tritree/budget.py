@@ -2,20 +2,19 @@
 
 A DDTree of ``budget`` nodes comes out best-first, so each of its prefixes is itself a DDTree of a smaller
 budget (the same nodes in the same order). Verifying only a prefix of ``k + 1`` nodes (root included)
-costs less (padding rows read no experts, no KV, write nothing) and accepts, in expectation,
-``E(k) + 1`` tokens (:func:`tritree.kernels.expected_accept`). Each step picks the prefix with the most
-expected tokens per unit of step time, on the device, inside the graph captured at the largest budget.
+accepts, in expectation, ``E(k) + 1`` tokens (:func:`tritree.kernels.expected_accept`). A step verifies at
+one of a few tree sizes (:func:`tree_buckets`: 5, 9, 17, 33, 65 tokens for ``budget = 64``), each captured in
+a graph of its own, so that a step costs what its size costs: the engine builds the tree at the largest
+budget, picks the size on the device, reads it (one host read a step) and replays that size's verify graph
+(``tritree.engine``).
 
-**Batch rule.** The step's cost depends on the batch's total tree nodes ``n = sum_b k_b`` (one verify
-pass over all rows), so the choice is joint: for a total ``n`` the best split is the ``n`` most likely
-nodes of the whole batch (every request's ``E`` is concave, so the greedy merge of their node
-probabilities is optimal), and ``n* = argmax_n (G(n) + A) / cost(n)`` with ``G(n)`` the sum of the ``n``
-largest node probabilities and ``A`` the active requests (each emits its bonus token). Every request
-then keeps its own best-first prefix of the nodes that fell among those ``n*``. For one request this is
-``k* = argmax_k (E(k) + 1) / cost(k)`` over ``k`` in ``[0, budget]``. Ties go to the smaller tree.
+**Batch rule.** Every request of the batch is verified at the same size ``S`` (the graph's), and within one
+graph more nodes cost nothing more, so each request keeps its first ``min(S, tree_lens)`` nodes and ``S* =
+argmax_S (sum_b E_b(S - 1) + A) / cost(S)`` with ``A`` the active requests (each emits its bonus token).
+Ties go to the smaller tree.
 
 **Cost models** (both give ms per step of the whole batch, ``cost_ms(B, L, T)`` with ``T`` tree tokens
-per request, root included, possibly fractional: the batch's mean; ``L`` the mean committed context):
+per request, root included; ``L`` the mean committed context):
 
 - :class:`CostTable`: measured by ``python -m tritree bench calibrate`` on a GPU and stored as JSON
   (:func:`load_cost_file`), piecewise-linear in ``T``, ``L`` and ``B`` over the measured grid (linear
@@ -45,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: step_ms is the bucketed auto step (1: the tree truncated in the static graph)
 DEFAULT_COST_PATH = Path("~/.cache/tritree/step_cost.json").expanduser()
 
 
@@ -68,10 +67,10 @@ def _interp(x: float, xs, ys) -> np.ndarray:
 @dataclass(frozen=True)
 class CostTable:
     """One GPU's measured step times: ``step_ms[b][l][t]`` at ``batch[b]``, ``ctx[l]``, ``tree[t]``
-    (tree tokens per request, root included), measured in a graph of static tree size ``static_tree``
-    with the tree truncated to ``tree[t]`` (what a ``--budget auto`` step costs); ``captured_ms`` (optional,
-    same layout): each tree size in a graph captured at that size (what a fixed ``--budget tree - 1`` step
-    costs)."""
+    (tree tokens per request, root included): a ``--budget auto`` step whose tree, built at ``static_tree``
+    tokens, is verified at ``tree[t]`` (the draft and tree graph, the host read of the size, the verify
+    graph of that size); ``captured_ms`` (optional, same layout): each tree size in one graph captured at that
+    size (what a fixed ``--budget tree - 1`` step costs)."""
 
     gpu: str
     batch: tuple
@@ -128,9 +127,9 @@ def _axis(where: str, v) -> tuple:
 
 
 def parse_cost_json(obj) -> dict[str, CostTable]:
-    """Validated tables of a step-cost JSON document, by GPU name. Schema (version 1)::
+    """Validated tables of a step-cost JSON document, by GPU name. Schema (version 2)::
 
-        {"version": 1,
+        {"version": 2,
          "gpus": {"<torch.cuda.get_device_name()>": {
              "batch": [1, 4], "ctx": [4096, 46000], "tree": [1, 8, 65],   # strictly increasing ints
              "step_ms": [[[...len(tree)] ...len(ctx)] ...len(batch)],      # finite, > 0
@@ -142,7 +141,9 @@ def parse_cost_json(obj) -> dict[str, CostTable]:
     if not isinstance(obj, dict):
         _fail("document", f"expected an object, got {type(obj).__name__}")
     if obj.get("version") != SCHEMA_VERSION:
-        _fail("version", f"expected {SCHEMA_VERSION}, got {obj.get('version')!r}")
+        old = " (version 1 timed the tree truncated in one static graph: python -m tritree bench calibrate again)"
+        _fail("version", f"expected {SCHEMA_VERSION}, got {obj.get('version')!r}"
+              + (old if obj.get("version") == 1 else ""))
     gpus = obj.get("gpus")
     if not isinstance(gpus, dict) or not gpus:
         _fail("gpus", f"expected a non-empty object of GPU name -> table, got {gpus!r}")
@@ -319,33 +320,48 @@ class AnalyticCost:
 # On the device: the tabulated cost and the choice
 # --------------------------------------------------------------------------------------------------
 
-class StepCost(NamedTuple):
-    """A cost model tabulated for one batch width ``B`` and largest budget: ``ctx [nL] float32`` context
-    lengths (strictly increasing, ``nL >= 2``) and ``ms [nL, B * budget + 1] float32``, the step time with
-    ``n`` tree nodes (besides the roots) in the whole batch, non-decreasing in ``n``; ``floor``: the
-    smallest cost used (a divisor never reaches 0)."""
+BUCKET_BUDGETS = (4, 8, 16, 32, 64, 128, 256, 512)
 
+
+def tree_buckets(budget: int) -> tuple[int, ...]:
+    """The tree sizes (tokens a request, root included) an auto step of largest budget ``budget`` verifies at:
+    ``b + 1`` for the :data:`BUCKET_BUDGETS` below ``budget``, and ``budget + 1`` (``budget = 64``: 5, 9, 17, 33,
+    65). Each size is a graph of its own (``tritree.engine``), so a step pays for the size it verifies."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be an int >= 1, got {budget!r}")
+    return tuple(b + 1 for b in BUCKET_BUDGETS if b < budget) + (budget + 1,)
+
+
+class StepCost(NamedTuple):
+    """A cost model tabulated for one batch width ``B`` and largest budget: ``trees`` the tree sizes of
+    :func:`tree_buckets` (host ints) and ``sizes [nb] int64`` the same on the device, ``ctx [nL] float32`` context lengths (strictly increasing, ``nL >= 2``) and
+    ``ms [nL, nb] float32`` the step time of the batch with trees of ``sizes[j]`` tokens, non-decreasing in
+    ``j``; ``floor``: the smallest cost used (a divisor never reaches 0)."""
+
+    trees: tuple
+    sizes: torch.Tensor
     ctx: torch.Tensor
     ms: torch.Tensor
     floor: float
 
 
 def tabulate(model, B: int, budget: int, max_ctx: int, device) -> StepCost:
-    """``model`` (:class:`CostTable` or :class:`AnalyticCost`) at every total of ``0 .. B * budget``
-    nodes (mean tree ``1 + n / B`` tokens a request) and at the model's context points, on ``device``."""
+    """``model`` (:class:`CostTable` or :class:`AnalyticCost`) at every tree size of :func:`tree_buckets`
+    ``(budget)`` and at the model's context points, on ``device``."""
+    sizes = tree_buckets(budget)
     ctx = sorted(set(int(c) for c in model.ctx_points(max_ctx)))
     if len(ctx) == 1:  # one measured context: constant in L
         ctx = [ctx[0], ctx[0] + 1]
-    n = np.arange(B * budget + 1)
-    rows = np.array([[model.cost_ms(B, L, 1 + k / B) for k in n] for L in ctx], dtype=np.float64)
+    rows = np.array([[model.cost_ms(B, L, T) for T in sizes] for L in ctx], dtype=np.float64)
     floor = model.floor_ms()
     rows = np.maximum.accumulate(np.maximum(rows, floor), axis=1)
-    return StepCost(torch.tensor(ctx, dtype=torch.float32, device=device),
+    return StepCost(sizes, torch.tensor(sizes, dtype=torch.int64, device=device),
+                    torch.tensor(ctx, dtype=torch.float32, device=device),
                     torch.tensor(rows, dtype=torch.float32, device=device), float(floor))
 
 
 def _cost_at(cost: StepCost, L: torch.Tensor) -> torch.Tensor:
-    """``[n]`` costs at context ``L`` (a 0-d float32 tensor): linear in ``L`` between the two
+    """``[nb]`` costs at context ``L`` (a 0-d float32 tensor): linear in ``L`` between the two
     tabulated rows around it (the edge rows' line past the ends). Device ops only."""
     nL = cost.ctx.shape[0]
     i = torch.searchsorted(cost.ctx, L.reshape(1)).clamp(1, nL - 1)
@@ -356,8 +372,9 @@ def _cost_at(cost: StepCost, L: torch.Tensor) -> torch.Tensor:
 
 
 def auto_tree_lens(scores: torch.Tensor, tree_lens: torch.Tensor, active: torch.Tensor, kv_lens: torch.Tensor,
-                   cost: StepCost) -> torch.Tensor:
-    """The batch rule of the module docstring, on the device (no host sync; static shapes).
+                   cost: StepCost) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tree size of the step, on the device (no host sync; static shapes): the module's rule over the
+    sizes of ``cost``.
 
     Args:
         scores: ``[B, T]`` float32 path log-probabilities of best-first trees (a :class:`tritree.Tree`'s).
@@ -366,44 +383,34 @@ def auto_tree_lens(scores: torch.Tensor, tree_lens: torch.Tensor, active: torch.
         kv_lens: ``[B]`` int32 committed context (the mean over active rows picks the cost row).
         cost: :func:`tabulate` of the model at this ``B`` and ``budget = T - 1``.
     Returns:
-        ``[B]`` int32 tree lengths ``<= tree_lens``: request ``b`` verifies its first ``k_b + 1`` nodes.
+        ``(tree_lens [B] int32, bucket [1] int64)``: request ``b`` verifies its first
+        ``min(sizes[bucket], tree_lens[b])`` nodes (inactive rows 1), in the graph of ``sizes[bucket]`` tokens.
     """
     B, T = scores.shape
-    budget = T - 1
-    if cost.ms.shape[1] != B * budget + 1:
-        raise ValueError(f"cost was tabulated for {cost.ms.shape[1] - 1} nodes, the batch has B * budget = "
-                         f"{B * budget}")
-    p = torch.where(active[:, None], torch.exp(scores[:, 1:]), 0.0).reshape(-1)  # padding: exp(-inf) = 0
-    vals, order = torch.sort(p, descending=True, stable=True)  # equal: the earlier node first
-    gain = torch.cat([vals.new_zeros(1), torch.cumsum(vals, 0)])  # [B budget + 1]
+    if cost.trees[-1] != T:
+        raise ValueError(f"cost was tabulated for trees of up to {cost.trees[-1]} tokens, the batch has T = {T}")
+    p = torch.where(active[:, None], torch.exp(scores[:, 1:]), 0.0)  # [B, T - 1]; padding: exp(-inf) = 0
+    gain = torch.cat([p.new_zeros(B, 1), torch.cumsum(p, 1)], 1)  # [B, T]: E(k) of every prefix of k nodes
+    got = gain.index_select(1, cost.sizes - 1).sum(0)  # [nb]: the batch's expected accepted nodes a size
     n_act = active.sum().to(torch.float32)
     L = (kv_lens.to(torch.float32) * active).sum() / n_act.clamp(min=1.0)
-    n_star = torch.argmax((gain + n_act) / _cost_at(cost, L))  # the first maximum: the smaller tree
-    keep = (torch.arange(B * budget, device=p.device) < n_star).to(torch.int32)
-    kept = torch.zeros(B, dtype=torch.int32, device=p.device).scatter_add_(0, (order // budget), keep)
-    # Rounding can break the scores' order by an ulp; the count still keeps a best-first prefix.
-    out = torch.minimum(kept + 1, tree_lens.to(torch.int32))
-    return torch.where(active, out, torch.ones_like(out))
+    bucket = torch.argmax((got + n_act) / _cost_at(cost, L)).reshape(1)  # the first maximum: the smaller tree
+    out = torch.minimum(cost.sizes.index_select(0, bucket).to(torch.int32), tree_lens.to(torch.int32))
+    return torch.where(active, out, torch.ones_like(out)), bucket
 
 
-def auto_tree_lens_reference(scores, tree_lens, active, kv_lens, cost_fn) -> list[int]:
-    """Python (float64) specification of :func:`auto_tree_lens`: every total ``n`` tried, the ``n``
-    largest node probabilities of the batch (ties: lower request, then lower node), ``cost_fn(n, L)``
-    the step cost."""
+def auto_tree_lens_reference(scores, tree_lens, active, kv_lens, sizes, cost_fn) -> tuple[list[int], int]:
+    """Python (float64) specification of :func:`auto_tree_lens`: every size ``sizes[j]`` tried, the batch's
+    expected tokens (each active request's first ``sizes[j] - 1`` node probabilities, plus one) over
+    ``cost_fn(j, L)``; the first best size."""
     B, T = scores.shape
     act = [bool(a) for a in active]
-    nodes = sorted(((-math.exp(float(scores[b, i])), b * (T - 1) + i - 1, b) for b in range(B) for i in range(1, T)
-                    if act[b]), key=lambda x: (x[0], x[1]))
     n_act = sum(act)
     L = sum(float(kv_lens[b]) for b in range(B) if act[b]) / max(n_act, 1)
-    best, best_n, g = -1.0, 0, 0.0
-    for n in range(B * (T - 1) + 1):
-        if n:
-            g += -nodes[n - 1][0] if n - 1 < len(nodes) else 0.0
-        r = (g + n_act) / cost_fn(n, L)
+    best, best_j = -1.0, 0
+    for j, size in enumerate(sizes):
+        g = sum(math.exp(float(scores[b, i])) for b in range(B) if act[b] for i in range(1, size))
+        r = (g + n_act) / cost_fn(j, L)
         if r > best:
-            best, best_n = r, n
-    kept = [0] * B
-    for _, _, b in nodes[:best_n]:
-        kept[b] += 1
-    return [min(kept[b] + 1, int(tree_lens[b])) if act[b] else 1 for b in range(B)]
+            best, best_j = r, j
+    return [min(sizes[best_j], int(tree_lens[b])) if act[b] else 1 for b in range(B)], best_j

@@ -8,7 +8,7 @@ static buffers, updated in place:
     -> kv_commit_ on every target layer -> keep the accepted nodes' taps and the emitted tokens
 
 No host sync happens inside a step, so on a GPU the step is captured once per (batch, budget) in a
-CUDA graph and replayed. :class:`Engine` is the host-side driver: it admits requests (pages from a
+CUDA graph and replayed (an auto-sized step: two graphs and one host read of the size between them). :class:`Engine` is the host-side driver: it admits requests (pages from a
 :class:`~tritree.PagePool`), prefills them, replays steps, streams the emitted tokens, applies stop
 tokens and length limits, and retires finished requests: their pages go back to the pool and their
 row stays in the batch, inactive on a sink page (so the captured graph keeps its shapes), until the
@@ -19,12 +19,14 @@ State (B requests, T = budget + 1 tree tokens):
     kv_lens [B] committed tokens (target); dlens [B] tokens with draft context; anchor [B] last emitted
     token (position kv_lens); pending [B, T, n_taps, hidden] taps of tokens not yet in the draft cache,
     pending_n [B]; active [B] bool; step [1] int64 (RNG counter); emitted [B, T], n_emitted [B];
-    tree_lens [B] int32 tree nodes verified in the last step (root included).
+    the step's tree (:func:`tree_buffers`): tree_tokens, tree_parents, tree_depth [B, T], tree_mask
+    [B, T, ceil(T/32)], tree_lens [B] int32 tree nodes verified (root included), bucket [1] (auto steps).
 
-Tree size (``budget="auto"``, :mod:`tritree.budget`): the tree is built at the largest budget and each
-step verifies the best-first prefix with the most expected tokens per unit of modelled step time, by
-setting ``tree_lens`` on the device (padding rows cost no KV, attention or routed experts), inside the
-same graph.
+Tree size (``budget="auto"``, :mod:`tritree.budget`): the tree is built at the largest budget, the size to
+verify (one of :func:`tritree.budget.tree_buckets`) is chosen on the device for the most expected tokens per
+unit of modelled step time, read by the host, and the step goes on in the verify graph of that size
+(:class:`AutoStep`: :func:`tree_step_` and :func:`verify_step_` as graphs of their own, one per size), so
+that a smaller tree costs what its size costs.
 
 Tensor parallelism (``tp``, a :class:`tritree.dist.TPGroup`): every rank runs the same step on its
 shard of the target and of the draft (:mod:`tritree.model.parallel`; a whole draft, ``dcfg.tp_world == 1``, runs
@@ -38,7 +40,6 @@ from __future__ import annotations
 import operator
 import os
 import time
-import warnings
 import weakref
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import dist
-from .budget import AnalyticCost, CostTable, StepCost, auto_tree_lens, tabulate
+from .budget import AnalyticCost, StepCost, auto_tree_lens, tabulate
 from .kernels import PagePool, PoolExhausted, build_tree, kv_commit_, tree_mask_from_parents
 from .model import dflash
 from .model.kimi_k2 import prefill, to_kernel_layout_, verify
@@ -115,43 +116,40 @@ class PhaseTimer:
         return out
 
 
-def draft_phase_(tparams, dparams, dcfg, state: dict, tp=None) -> torch.Tensor:
-    """DFlash: last step's accepted target taps (``pending``) become draft context (written into
-    ``state["dkv"]``; ``state["dlens"]`` advances), then the block after ``anchor`` is drafted.
-    Returns ``draft_logits: [B, block_size - 1, V]``."""
+def draft_phase_(tparams, dparams, dcfg, state: dict, width: int, tp=None) -> torch.Tensor:
+    """DFlash: last step's accepted target taps (``pending[:, :width]``, ``width`` the tree size last step
+    verified at) become draft context (written into ``state["dkv"]``; ``state["dlens"]`` advances), then the
+    block after ``anchor`` is drafted. Returns ``draft_logits: [B, block_size - 1, V]``."""
     dev = state["anchor"].device
     dcache = {"kv": state["dkv"], "page_table": state["page_table"], "kv_lens": state["dlens"]}
-    pos = state["dlens"][:, None].to(torch.long) + torch.arange(state["pending"].shape[1], device=dev)
-    dcache = dflash.materialize_context_(dparams, dcfg, state["pending"], pos, dcache, counts=state["pending_n"], tp=tp)
+    pending = state["pending"][:, :width]
+    pos = state["dlens"][:, None].to(torch.long) + torch.arange(width, device=dev)
+    dcache = dflash.materialize_context_(dparams, dcfg, pending, pos, dcache, counts=state["pending_n"], tp=tp)
     state["dlens"].copy_(dcache["kv_lens"])
     return dflash.draft(dparams, dcfg, tparams["model.embed_tokens.weight"], tparams["lm_head.weight"],
                         state["anchor"], state["dlens"], dcache, tp=tp)
 
 
-def tree_phase(draft_logits: torch.Tensor | None, anchor: torch.Tensor, budget: int, chain: bool = False,
-               sizer=None):
+def tree_phase(draft_logits: torch.Tensor | None, anchor: torch.Tensor, budget: int, chain: bool = False):
     """The tree to verify: a DDTree of ``budget`` nodes below ``anchor`` (``chain``: the draft's top
     token at every depth; ``budget = 0``: the root alone). Returns ``(tokens, parents, depth,
-    tree_mask, tree_lens)`` with ``T = budget + 1`` nodes per request.
-
-    ``sizer(scores [B, T] float32, tree_lens [B] int32) -> tree_lens [B] int32`` (DDTree only; device
-    ops): truncates every tree to a best-first prefix, which is the DDTree of that smaller budget. The
-    other outputs are unchanged: the verify, the accept walk and the KV write ignore rows past
-    ``tree_lens``, and a prefix's ancestors all lie inside it (parents come first)."""
+    tree_mask, tree_lens, scores)`` with ``T = budget + 1`` nodes per request (``scores``: the DDTree's path
+    log-probabilities, None otherwise). Every prefix of a DDTree is the DDTree of a smaller budget: the
+    verify, the accept walk and the KV write ignore rows past ``tree_lens``, and a prefix's ancestors all
+    lie inside it (parents come first)."""
     B, dev, T = anchor.shape[0], anchor.device, budget + 1
     if budget == 0:
         return (anchor[:, None], torch.full((B, 1), -1, dtype=torch.int32, device=dev),
                 torch.zeros(B, 1, dtype=torch.int32, device=dev), torch.ones(B, 1, 1, dtype=torch.int32, device=dev),
-                torch.ones(B, dtype=torch.int32, device=dev))
+                torch.ones(B, dtype=torch.int32, device=dev), None)
     if chain:
         tokens = torch.cat([anchor[:, None], torch.argmax(draft_logits, dim=-1).to(torch.int32)], dim=1)
         parents = (torch.arange(T, device=dev, dtype=torch.int32) - 1)[None].expand(B, -1).contiguous()
         tree_lens = torch.full((B,), T, dtype=torch.int32, device=dev)
         tree_mask, depth = tree_mask_from_parents(parents, tree_lens)
-        return tokens, parents, depth, tree_mask, tree_lens
+        return tokens, parents, depth, tree_mask, tree_lens, None
     tree = build_tree(draft_logits, budget, anchor)
-    tree_lens = tree.tree_lens if sizer is None else sizer(tree.scores, tree.tree_lens)
-    return tree.tokens, tree.parents, tree.depth, tree.tree_mask, tree_lens
+    return tree.tokens, tree.parents, tree.depth, tree.tree_mask, tree.tree_lens, tree.scores
 
 
 def accept_phase(tcfg, tokens, parents, tree_lens, logits, active, sampling: SamplingConfig, step, tp=None):
@@ -168,48 +166,80 @@ def commit_phase_(state: dict, idx, n) -> None:
     state["kv_lens"].copy_(kv_commit_(state["tkv"], state["page_table"], state["kv_lens"], idx, n, stacked=True))
 
 
-def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, sampling: SamplingConfig,
-                 timer: PhaseTimer | None = None, chain: bool = False, tp=None, sizer=None) -> dict:
-    """One speculative decode step for every request of ``state`` (see module), in place: the phase
-    functions above in turn, then the step's bookkeeping.
-
-    ``budget = 0`` is plain decoding (a root-only tree: one token per step, no draft); ``chain`` is
-    DFlash's own chain (the draft's top token at every depth, ``budget = block_size - 1``) instead of
-    a DDTree. ``tp``: this rank's group (``tparams``/``tcfg`` are then the rank's shard). ``sizer``:
-    the tree's size per step (:func:`tree_phase`; :func:`auto_sizer`). Returns ``state`` (same buffers)."""
+def tree_step_(tparams, dparams, dcfg, state: dict, *, budget: int, width: int, chain: bool = False, tp=None,
+               sizer=None, timer: PhaseTimer | None = None) -> dict:
+    """The first part of a decode step, in place: the draft (reading the ``width`` rows of ``pending`` that
+    the last step's verify wrote) and the tree of ``budget`` nodes, stored in ``state``'s tree buffers
+    (``tree_tokens``, ``tree_parents``, ``tree_depth``, ``tree_mask``, ``tree_lens``). ``sizer(scores [B, T]
+    float32, tree_lens [B] int32) -> (tree_lens [B] int32, bucket [1] int64)`` (DDTree only; device ops,
+    :func:`auto_sizer`): the tree size of the step, ``bucket`` into ``state["bucket"]``. Returns ``state``."""
     timer = timer or PhaseTimer(False, state["anchor"].device)
-    dev = state["anchor"].device
-    T = budget + 1
-    active = state["active"]
-    tcache = {"kv": state["tkv"], "page_table": state["page_table"], "kv_lens": state["kv_lens"]}
     timer.mark("start")
     draft_logits = None
     if budget > 0:
-        draft_logits = draft_phase_(tparams, dparams, dcfg, state, tp=tp)
+        draft_logits = draft_phase_(tparams, dparams, dcfg, state, width, tp=tp)
         timer.mark("draft")
-    tokens, parents, depth, tree_mask, tree_lens = tree_phase(draft_logits, state["anchor"], budget, chain, sizer)
+    tokens, parents, depth, tree_mask, tree_lens, scores = tree_phase(draft_logits, state["anchor"], budget, chain)
+    if sizer is not None and scores is not None:
+        tree_lens, bucket = sizer(scores, tree_lens)
+        state["bucket"].copy_(bucket)
+    T = budget + 1
+    state["tree_tokens"][:, :T].copy_(tokens)
+    state["tree_parents"][:, :T].copy_(parents)
+    state["tree_depth"][:, :T].copy_(depth)
+    state["tree_mask"][:, :T, :tree_mask.shape[2]].copy_(tree_mask)
+    state["tree_lens"].copy_(tree_lens)
     timer.mark("tree")
+    return state
+
+
+def verify_step_(tparams, tcfg, dcfg, state: dict, *, width: int, sampling: SamplingConfig, draft: bool = True,
+                 tp=None, timer: PhaseTimer | None = None) -> dict:
+    """The second part of a decode step, in place, over the first ``width`` nodes of the stored trees (every
+    ``tree_lens`` at most ``width``): the target's verify, the accept walk, the commit, and the step's
+    bookkeeping (emitted tokens, the accepted nodes' taps into ``pending[:, :width]`` when ``draft``, the next
+    anchor). Returns ``state``."""
+    timer = timer or PhaseTimer(False, state["anchor"].device)
+    dev = state["anchor"].device
+    active = state["active"]
+    tokens, parents, depth = (state[k][:, :width].contiguous() for k in ("tree_tokens", "tree_parents", "tree_depth"))
+    tree_mask = state["tree_mask"][:, :width, :-(-width // 32)].contiguous()
+    tree_lens = state["tree_lens"]
+    tcache = {"kv": state["tkv"], "page_table": state["page_table"], "kv_lens": state["kv_lens"]}
     logits, taps = verify(tparams, tcfg, tokens, depth, tree_mask, tcache, tree_lens,
-                          taps=tuple(dcfg.target_layer_ids) if budget > 0 else (), tp=tp)
+                          taps=tuple(dcfg.target_layer_ids) if draft else (), tp=tp)
     timer.mark("verify")
     idx, n, bonus = accept_phase(tcfg, tokens, parents, tree_lens, logits, active, sampling, state["step"], tp=tp)
     timer.mark("accept")
     commit_phase_(state, idx, n)
     timer.mark("commit")
     # Emitted: the accepted nodes after the root, then the bonus token.
-    j = torch.arange(T, device=dev)[None, :]
+    j = torch.arange(width, device=dev)[None, :]
     nodes = torch.gather(tokens, 1, torch.clamp(torch.roll(idx, -1, dims=1), min=0).long())
     em = torch.where(j < (n - 1)[:, None], nodes, torch.where(j == (n - 1)[:, None], bonus[:, None], -1))
-    state["emitted"][:, :T].copy_(em)
+    state["emitted"][:, :width].copy_(em)
     state["n_emitted"].copy_(n)
-    state["tree_lens"].copy_(tree_lens)
     state["anchor"].copy_(torch.where(active, bonus, state["anchor"]))
-    if budget > 0:
+    if draft:
         sel = torch.clamp(idx, min=0).long()[:, :, None, None].expand(-1, -1, taps.shape[2], taps.shape[3])
-        state["pending"][:, :T].copy_(torch.gather(taps, 1, sel).to(state["pending"].dtype))
+        state["pending"][:, :width].copy_(torch.gather(taps, 1, sel).to(state["pending"].dtype))
         state["pending_n"].copy_(n)
     state["step"].add_(1)
     return state
+
+
+def decode_step_(tparams, tcfg, dparams, dcfg, state: dict, *, budget: int, sampling: SamplingConfig,
+                 timer: PhaseTimer | None = None, chain: bool = False, tp=None) -> dict:
+    """One speculative decode step of a fixed tree size for every request of ``state`` (see module), in place:
+    :func:`tree_step_` and :func:`verify_step_` at ``T = budget + 1``.
+
+    ``budget = 0`` is plain decoding (a root-only tree: one token per step, no draft); ``chain`` is
+    DFlash's own chain (the draft's top token at every depth, ``budget = block_size - 1``) instead of
+    a DDTree. ``tp``: this rank's group (``tparams``/``tcfg`` are then the rank's shard). Returns ``state``
+    (same buffers)."""
+    T = budget + 1
+    tree_step_(tparams, dparams, dcfg, state, budget=budget, width=T, chain=chain, tp=tp, timer=timer)
+    return verify_step_(tparams, tcfg, dcfg, state, width=T, sampling=sampling, draft=budget > 0, tp=tp, timer=timer)
 
 
 def auto_sizer(state: dict, cost: StepCost):
@@ -218,6 +248,103 @@ def auto_sizer(state: dict, cost: StepCost):
     def sizer(scores, tree_lens):
         return auto_tree_lens(scores, tree_lens, state["active"], state["kv_lens"], cost)
     return sizer
+
+
+def tree_buffers(B: int, T: int, device) -> dict:
+    """The state's tree of the step (:func:`tree_step_` writes it, :func:`verify_step_` reads it): ``tree_tokens,
+    tree_parents, tree_depth [B, T]`` int32, ``tree_mask [B, T, ceil(T/32)]`` int32, ``tree_lens [B]`` int32 (the
+    nodes verified, root included) and ``bucket [1]`` int64 (the index of the auto step's size)."""
+    return {"tree_tokens": torch.zeros(B, T, dtype=torch.int32, device=device),
+            "tree_parents": torch.full((B, T), -1, dtype=torch.int32, device=device),
+            "tree_depth": torch.zeros(B, T, dtype=torch.int32, device=device),
+            "tree_mask": torch.zeros(B, T, -(-T // 32), dtype=torch.int32, device=device),
+            "tree_lens": torch.ones(B, dtype=torch.int32, device=device),
+            "bucket": torch.zeros(1, dtype=torch.int64, device=device)}
+
+
+MUTABLE = ("kv_lens", "dlens", "anchor", "pending", "pending_n", "step", "emitted", "n_emitted", "tree_tokens",
+           "tree_parents", "tree_depth", "tree_mask", "tree_lens", "bucket")
+
+
+def capture_step(state: dict, fn, pool=None):
+    """``fn()`` (a step or a part of one on ``state``) captured in a CUDA graph, after one warm-up call on the
+    side stream; both run with every request inactive (committing nothing, so the caches' committed entries
+    stay intact) and ``state``'s mutable buffers are restored after each, so the real sequence is not
+    advanced. ``pool``: the graph memory pool to share (graphs that never run at the same time). Returns
+    ``run`` (a replay), with ``run.graph``."""
+    saved = {k: state[k].clone() for k in MUTABLE}
+    active = state["active"].clone()
+
+    def quiet(call):
+        state["active"].zero_()
+        call()
+        state["active"].copy_(active)
+        for k in MUTABLE:
+            state[k].copy_(saved[k])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up: compiles kernels, allocates on the side stream
+        quiet(fn)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+
+    def captured():
+        with torch.cuda.graph(graph, pool=pool):
+            fn()
+    quiet(captured)
+
+    def run():
+        graph.replay()
+    run.graph = graph
+    return run
+
+
+class AutoStep:
+    """``budget="auto"`` steps on one state: :func:`tree_step_` at the largest budget with ``sizer`` (e.g.
+    :func:`auto_sizer`; its bucket indexes ``sizes``, the tree sizes of the step), one host read of the chosen
+    size, :func:`verify_step_` at that size. With ``graphs`` each part of each size is captured the first time
+    it runs (the tree part by the size the last step verified at: its ``pending`` width), every graph in one
+    memory pool (the parts never run at the same time), so a step costs the graphs of its size. ``args``:
+    ``(tparams, tcfg, dparams, dcfg)``; ``step_fns``: ``(tree_step_, verify_step_)`` or compiled versions of
+    them. Call it to run one step; ``graphs()`` lists the captured graphs; ``last_width``: the size the last
+    step verified at."""
+
+    def __init__(self, args, state: dict, budget: int, sampling: SamplingConfig, sizes, sizer, graphs: bool,
+                 tp=None, step_fns=None):
+        self.args, self.state, self.budget, self.sampling, self.tp = args, state, budget, sampling, tp
+        self.tree_fn, self.verify_fn = step_fns or (tree_step_, verify_step_)
+        self.sizes = tuple(int(s) for s in sizes)
+        self.sizer = sizer
+        self.use_graphs = graphs
+        self.pool = torch.cuda.graph_pool_handle() if graphs else None
+        self._tree, self._verify = {}, {}
+        self.last_width = budget + 1
+
+    def _part(self, cache: dict, key: int, fn):
+        if key not in cache:
+            cache[key] = capture_step(self.state, fn, self.pool) if self.use_graphs else fn
+        return cache[key]
+
+    def tree(self, width: int, timer=None):
+        tparams, _, dparams, dcfg = self.args
+        return lambda: self.tree_fn(tparams, dparams, dcfg, self.state, budget=self.budget, width=width, tp=self.tp,
+                                    sizer=self.sizer, timer=timer)
+
+    def verify(self, width: int, timer=None):
+        tparams, tcfg, _, dcfg = self.args
+        return lambda: self.verify_fn(tparams, tcfg, dcfg, self.state, width=width, sampling=self.sampling,
+                                      tp=self.tp, timer=timer)
+
+    def __call__(self, timer=None):
+        w = self.last_width
+        (self.tree(w, timer) if timer else self._part(self._tree, w, self.tree(w)))()
+        T = self.sizes[int(self.state["bucket"].item())]  # the one host read of the step
+        (self.verify(T, timer) if timer else self._part(self._verify, T, self.verify(T)))()
+        self.last_width = T
+
+    def graphs(self) -> list:
+        return [r.graph for r in (*self._tree.values(), *self._verify.values()) if hasattr(r, "graph")]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -260,7 +387,8 @@ class Engine:
 
     ``tree_sizes``: a ``Counter`` of the tree nodes (root excluded) verified per active request and step
     in the last ``generate`` call; :meth:`tree_size_stats` summarises it. ``step_nodes``: per step of that
-    call, ``(active requests, their tree nodes in all, root excluded)`` (what a batch step's cost depends on).
+    call, ``(active requests, their tree nodes in all (root excluded), the tree size the step verified at)``
+    (what a batch step's cost depends on).
     """
 
     def __init__(self, tparams, tcfg, dparams, dcfg, *, page_size: int = 16, num_pages: int = 4096,
@@ -287,7 +415,7 @@ class Engine:
         self.cost_model = cost_model
         self._step_costs = {}  # (B, budget) -> StepCost: captured graphs read these buffers
         self.tree_sizes = Counter()
-        self.step_nodes: list[tuple[int, int]] = []
+        self.step_nodes: list[tuple[int, int, int]] = []
         self.pool = PagePool(num_pages, page_size)
         # One page past the pool's: rows of the batch without a request point there (their trees are
         # still written each step), so a finished request's pages can go to another at once.
@@ -475,7 +603,7 @@ class Engine:
                     results[i].tokens, results[i].finish, results[i].error = [], None, err
                 return
             live = [k for k, i in enumerate(rows) if i is not None]
-            self.step_nodes.append((len(live), sum(sizes[k] - 1 for k in live)))
+            self.step_nodes.append((len(live), sum(sizes[k] - 1 for k in live), run.width()))
             for k, i in enumerate(rows):
                 if i is None:
                     continue
@@ -515,7 +643,7 @@ class Engine:
             "step": torch.zeros(1, dtype=torch.int64, device=dev),
             "emitted": torch.full((B, tmax), -1, dtype=torch.int32, device=dev),
             "n_emitted": torch.zeros(B, dtype=torch.int32, device=dev),
-            "tree_lens": torch.ones(B, dtype=torch.int32, device=dev),
+            **tree_buffers(B, tmax, dev),
         }
 
     def _prefill_row(self, state, k: int, i: int, ids: list[int], budget: int) -> torch.Tensor:
@@ -590,18 +718,19 @@ class Engine:
 
     # ---- running steps ------------------------------------------------------------------------
 
-    def _step_fn(self):
+    def _step_fns(self):
+        """``(decode_step_, tree_step_, verify_step_)``, under ``torch.compile`` when ``compile``."""
         if not self.compile:
-            return decode_step_
+            return decode_step_, tree_step_, verify_step_
         if not hasattr(self, "_compiled"):
-            self._compiled = torch.compile(decode_step_, dynamic=False)
+            self._compiled = tuple(torch.compile(f, dynamic=False) for f in (decode_step_, tree_step_, verify_step_))
         return self._compiled
 
     def _runner(self, state, budget, sampling):
         """``(state, run)``: ``run()`` does one step on ``state``, eagerly, eagerly with phase timing,
-        or as a CUDA graph replay. Graphs are kept per (batch, budget, mode (chain, auto), sampling,
+        or as CUDA graph replays. Runners are kept per (batch, budget, mode (chain, auto), sampling,
         page-table width): a later call with the same key copies its fresh state into the captured buffers
-        and returns those, so only the first call pays for the capture."""
+        and returns those, so only the first call pays for the captures."""
         if self.graphs and not (self.profile and self.profile_eager):
             key = (state["anchor"].shape[0], budget, self._chain, self._auto, sampling.temperature, sampling.top_k,
                    sampling.top_p, sampling.seed, tuple(state["page_table"].shape))
@@ -618,59 +747,52 @@ class Engine:
         return state, self._make_runner(state, budget, sampling)
 
     def _make_runner(self, state, budget, sampling):
-        import functools
-
+        """The step of ``state``: ``run()`` with ``run.graphs()`` the CUDA graphs it captured."""
         args = (self.tparams, self.tcfg, self.dparams, self.dcfg)
-        sizer = auto_sizer(state, self._step_cost(state["anchor"].shape[0], budget)) if self._auto else None
-        step = functools.partial(self._step_fn(), chain=self._chain, tp=self.tp, sizer=sizer)
-        if self.profile and (self.profile_eager or not self.graphs):
+        timed = self.profile and (self.profile_eager or not self.graphs)
+        decode_fn, tree_fn, verify_fn = (decode_step_, tree_step_, verify_step_) if timed else self._step_fns()
+        if self._auto:
+            cost = self._step_cost(state["anchor"].shape[0], budget)
+            auto = AutoStep(args, state, budget, sampling, cost.trees, auto_sizer(state, cost),
+                            graphs=self.graphs and not timed, tp=self.tp, step_fns=(tree_fn, verify_fn))
+            if timed:
+                def run():
+                    timer = PhaseTimer(True, self.device)
+                    auto(timer)
+                    for k, v in timer.durations_ms().items():
+                        self.phase_stats[k].append(v)
+            else:
+                def run():
+                    auto()
+            run.graphs, run.width = auto.graphs, lambda: auto.last_width
+            return run
+
+        def step(timer=None):
+            decode_fn(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain, tp=self.tp)
+        if timed:
             def run():
                 timer = PhaseTimer(True, self.device)
-                decode_step_(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain, tp=self.tp,
-                             sizer=sizer)
+                step(timer)
                 for k, v in timer.durations_ms().items():
                     self.phase_stats[k].append(v)
+            run.graphs, run.width = list, lambda: budget + 1
             return run
         if not self.graphs:
-            return lambda: step(*args, state, budget=budget, sampling=sampling)
-        return self._graph_runner(state, budget, sampling, step, args)
-
-    def _graph_runner(self, state, budget, sampling, step, args):
-        """Captures the step on ``state``'s buffers (after one warm-up step on a copy of the mutable
-        state, so the real sequence is not advanced) and returns the replay."""
-        mutable = ("kv_lens", "dlens", "anchor", "pending", "pending_n", "step", "emitted", "n_emitted", "tree_lens")
-        saved = {k: state[k].clone() for k in mutable}
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # warm-up: compiles kernels, allocates on the side stream
-            active = state["active"].clone()
-            state["active"].zero_()  # inactive: commits nothing, so the caches' committed entries stay intact
-            step(*args, state, budget=budget, sampling=sampling)
-            state["active"].copy_(active)
-        torch.cuda.current_stream().wait_stream(s)
-        for k in mutable:
-            state[k].copy_(saved[k])
-        graph = torch.cuda.CUDAGraph()
-        active = state["active"].clone()
-        state["active"].zero_()
-        with torch.cuda.graph(graph):
-            step(*args, state, budget=budget, sampling=sampling)
-        state["active"].copy_(active)
-        for k in mutable:
-            state[k].copy_(saved[k])
-        timer = self.profile
+            step.graphs, step.width = list, lambda: budget + 1
+            return step
+        replay = capture_step(state, step)
+        if not self.profile:
+            replay.graphs, replay.width = (lambda: [replay.graph]), (lambda: budget + 1)
+            return replay
 
         def run():
-            if timer:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                graph.replay()
-                b.record()
-                b.synchronize()
-                self.phase_stats["step (graph)"].append(a.elapsed_time(b))
-            else:
-                graph.replay()
-        run.graph = graph
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            replay()
+            b.record()
+            b.synchronize()
+            self.phase_stats["step (graph)"].append(a.elapsed_time(b))
+        run.graphs, run.width = (lambda: [replay.graph]), (lambda: budget + 1)
         return run
 
     def _step_cost(self, B: int, budget: int) -> StepCost:
@@ -681,12 +803,6 @@ class Engine:
                 gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
                 self.cost_model = AnalyticCost.from_params(self.tparams, self.tcfg, self.dparams, self.dcfg,
                                                            self._tkv.element_size(), gpu)
-            elif isinstance(self.cost_model, CostTable) and self.cost_model.static_tree != budget + 1:
-                # a truncated tree costs what the graph it runs in costs: another static size, other times
-                warnings.warn(f"the step-cost table was measured in graphs of {self.cost_model.static_tree} tree "
-                              f"tokens, this step's graph has {budget + 1} (max_budget = {budget}); its costs "
-                              f"are used as they are (bench calibrate --max-budget {budget} measures this size)",
-                              stacklevel=2)
             self._step_costs[key] = tabulate(self.cost_model, B, budget, self.tcfg.max_position_embeddings,
                                              self.device)
         return self._step_costs[key]
@@ -704,7 +820,8 @@ class Engine:
         ``destroy_process_group``: NCCL's teardown waits on graphs that captured its collectives (a TP2
         ``generate`` hung there on two H200s; pytorch/pytorch#115388)."""
         for _, run in self._graphs.values():
-            run.graph.reset()
+            for graph in run.graphs():
+                graph.reset()
         self._graphs.clear()
 
     def __enter__(self):

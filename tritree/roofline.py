@@ -48,7 +48,9 @@ def _event_times_ms(fn, reps: int, warmup: int, per_timing: int = 1) -> list[flo
     return times
 
 
-def _median_event_time(fn, reps: int, warmup: int = 3) -> float:
+def median_event_ms(fn, reps: int, warmup: int = 3) -> float:
+    """Median time (ms) of ``fn()`` between CUDA events, after ``warmup`` calls (host work inside ``fn``, a host
+    read included, counts)."""
     return statistics.median(_event_times_ms(fn, reps, warmup))
 
 
@@ -56,7 +58,7 @@ def _copy_ms(n: int, device) -> float:
     """Median time of a device copy of ``n`` bytes (its buffers freed on return)."""
     src = torch.randn(n // 4, device=device)
     dst = torch.empty_like(src)
-    return _median_event_time(lambda: dst.copy_(src), reps=20)
+    return median_event_ms(lambda: dst.copy_(src), reps=20)
 
 
 def measure_ceilings(device="cuda") -> Ceilings:
@@ -64,7 +66,7 @@ def measure_ceilings(device="cuda") -> Ceilings:
     copy_gbps = 2 * n / (_copy_ms(n, device) * 1e-3) / 1e9
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    ms = _median_event_time(lambda: a @ b, reps=20)
+    ms = median_event_ms(lambda: a @ b, reps=20)
     return Ceilings(copy_gbps, 2 * 8192**3 / (ms * 1e-3) / 1e12)
 
 
@@ -132,7 +134,7 @@ def graph_time_us(fns, reps: int = 20) -> float:
     with torch.cuda.graph(g):
         for f in fns:
             f()
-    ms = _median_event_time(g.replay, reps=reps, warmup=2)
+    ms = median_event_ms(g.replay, reps=reps, warmup=2)
     return ms * 1e3 / len(fns)
 
 
