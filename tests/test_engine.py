@@ -157,6 +157,19 @@ def test_gpu_graph_step_equals_eager_step_and_plain_greedy(budget):
     assert [r.tokens for r in again] == [r.tokens for r in a] and len(eng_graph._graphs) == graphs
 
 
+def _sync_guarded(fn, calls: list):
+    """``fn`` run under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync inside raises); its name is
+    appended to ``calls`` after each call."""
+    def guarded(*a, **k):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn(*a, **k)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            calls.append(fn.__name__)
+    return guarded
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("budget", [0, 16])
 def test_gpu_eager_step_never_waits_for_the_gpu(monkeypatch, budget):
@@ -165,16 +178,8 @@ def test_gpu_eager_step_never_waits_for_the_gpu(monkeypatch, budget):
     between steps reads results."""
     import tritree.engine as engine_mod
 
-    step = engine_mod.decode_step_
     calls = []
-
-    def guarded(*a, **k):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return step(*a, **k)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            calls.append(1)
+    guarded = _sync_guarded(engine_mod.decode_step_, calls)
 
     eng = make_engine(device="cuda", graphs=False)
     eng.generate(PROMPTS, 4, budget=max(budget, 1))  # compiles and fills the caches outside the guard
@@ -190,21 +195,10 @@ def test_gpu_auto_step_reads_the_host_once(monkeypatch):
     import tritree.engine as engine_mod
 
     calls = []
-
-    def guard(fn):
-        def guarded(*a, **k):
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                return fn(*a, **k)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                calls.append(fn.__name__)
-        return guarded
-
     eng = make_engine(device="cuda", graphs=False)
     eng.generate(PROMPTS, 4, budget="auto", max_budget=16)  # compiles and fills the caches outside the guard
     for name in ("tree_step_", "verify_step_"):
-        monkeypatch.setattr(engine_mod, name, guard(getattr(engine_mod, name)))
+        monkeypatch.setattr(engine_mod, name, _sync_guarded(getattr(engine_mod, name), calls))
     out = eng.generate(PROMPTS, 8, budget="auto", max_budget=16)
     assert "tree_step_" in calls and "verify_step_" in calls
     assert all(r.error is None and len(r.tokens) == 8 for r in out), [r.error for r in out]

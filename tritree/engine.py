@@ -747,52 +747,40 @@ class Engine:
         return state, self._make_runner(state, budget, sampling)
 
     def _make_runner(self, state, budget, sampling):
-        """The step of ``state``: ``run()`` with ``run.graphs()`` the CUDA graphs it captured."""
+        """The step of ``state``: ``run()``, with ``run.graphs()`` the CUDA graphs it captured and ``run.width()``
+        the tree size the last step verified at."""
         args = (self.tparams, self.tcfg, self.dparams, self.dcfg)
         timed = self.profile and (self.profile_eager or not self.graphs)
         decode_fn, tree_fn, verify_fn = (decode_step_, tree_step_, verify_step_) if timed else self._step_fns()
-        if self._auto:
+        replay = None
+        if self._auto:  # captures its parts itself
             cost = self._step_cost(state["anchor"].shape[0], budget)
-            auto = AutoStep(args, state, budget, sampling, cost.trees, auto_sizer(state, cost),
+            step = AutoStep(args, state, budget, sampling, cost.trees, auto_sizer(state, cost),
                             graphs=self.graphs and not timed, tp=self.tp, step_fns=(tree_fn, verify_fn))
-            if timed:
-                def run():
-                    timer = PhaseTimer(True, self.device)
-                    auto(timer)
-                    for k, v in timer.durations_ms().items():
-                        self.phase_stats[k].append(v)
-            else:
-                def run():
-                    auto()
-            run.graphs, run.width = auto.graphs, lambda: auto.last_width
-            return run
+            graphs, width = step.graphs, (lambda: step.last_width)
+        else:
+            def step(timer=None):
+                decode_fn(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain, tp=self.tp)
+            if self.graphs and not timed:
+                replay = capture_step(state, step)
+            graphs, width = ((lambda: [replay.graph]) if replay else list), (lambda: budget + 1)
 
-        def step(timer=None):
-            decode_fn(*args, state, budget=budget, sampling=sampling, timer=timer, chain=self._chain, tp=self.tp)
-        if timed:
-            def run():
+        def run():
+            if timed:
                 timer = PhaseTimer(True, self.device)
                 step(timer)
                 for k, v in timer.durations_ms().items():
                     self.phase_stats[k].append(v)
-            run.graphs, run.width = list, lambda: budget + 1
-            return run
-        if not self.graphs:
-            step.graphs, step.width = list, lambda: budget + 1
-            return step
-        replay = capture_step(state, step)
-        if not self.profile:
-            replay.graphs, replay.width = (lambda: [replay.graph]), (lambda: budget + 1)
-            return replay
-
-        def run():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            replay()
-            b.record()
-            b.synchronize()
-            self.phase_stats["step (graph)"].append(a.elapsed_time(b))
-        run.graphs, run.width = (lambda: [replay.graph]), (lambda: budget + 1)
+            elif replay is not None and self.profile:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                replay()
+                b.record()
+                b.synchronize()
+                self.phase_stats["step (graph)"].append(a.elapsed_time(b))
+            else:
+                (replay or step)()
+        run.graphs, run.width = graphs, width
         return run
 
     def _step_cost(self, B: int, budget: int) -> StepCost:
