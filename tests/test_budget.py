@@ -3,18 +3,21 @@ the prefix property of DDTree, truncation by ``tree_lens`` (accept, verify, MoE)
 against a Python reference, the step-cost JSON, no host sync, and lossless generation with
 ``budget="auto"``."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from tritree.budget import (
+    RECORDED_COST_FITS,
     AnalyticCost,
     CostTable,
     StepCost,
     auto_tree_lens,
     auto_tree_lens_reference,
     cost_table_json,
+    fit_cost,
     load_cost_file,
     parse_cost_json,
     save_cost_table,
@@ -269,9 +272,42 @@ def test_analytic_cost_counts_the_experts_the_tokens_route_to():
     assert m.experts_local == m.experts == tcfg.n_routed_experts and m.expert_layers == 2
     w = [m.cost_ms(1, 100, T) for T in range(1, 12)]
     assert all(b >= a for a, b in zip(w, w[1:])) and m.cost_ms(1, 2000, 4) > m.cost_ms(1, 100, 4)
-    one = 1e3 * m.expert_layers * m.expert_bytes / (m.gbps * 1e9)
+    one = 1e3 * m.expert_layers * m.expert_bytes / (m.gbps * 1e9) * m.scales[1]  # the fit's experts scale
     distinct = lambda N: m.experts * (1 - (1 - m.topk / m.experts) ** N)  # noqa: E731
     assert m.cost_ms(1, 0, 3) - m.cost_ms(1, 0, 1) == pytest.approx(one * (distinct(3) - distinct(1)), rel=0.05)
+    assert (m.layer_ms, m.scales) == RECORDED_COST_FITS["NVIDIA H200"]  # an unrecorded GPU: the H200's fit
+
+
+def _slice_model():
+    from tritree.bench_decode import slice_cost_model
+
+    return dataclasses.replace(slice_cost_model("int4"), layer_ms=0.0, scales=(1.0, 1.0, 1.0, 1.0))
+
+
+def test_fit_cost_recovers_the_coefficients_of_a_fitted_table():
+    """A table made by a model with a known time per layer and scales gives them back, with no error."""
+    base = _slice_model()
+    truth = dataclasses.replace(base, layer_ms=0.25, scales=(1.0, 1.8, 1.3, 12.0))
+    grid = (1, 4), (4096, 46000, 131072), (5, 9, 17, 33, 65)
+    ms = tuple(tuple(tuple(truth.cost_ms(B, L, T) for T in grid[2]) for L in grid[1]) for B in grid[0])
+    fitted, err = fit_cost(base, CostTable("x", *grid, ms, 65))
+    assert err < 1e-9 and fitted.layer_ms == pytest.approx(0.25) and fitted.scales == pytest.approx(truth.scales)
+
+
+def test_the_recorded_h200_fit_follows_the_measured_step():
+    """The captured steps of bench/RESULTS.md ("Tree size per step", H200): the recorded fit is what fit_cost
+    finds, within 7.5% of every cell, and grows with T as the step does (the bare terms grow 2.5-3.9x)."""
+    cap = (((29.61, 34.02, 46.03, 55.09), (33.15, 40.34, 49.22, 63.25)),
+           ((52.95, 58.34, 72.99, 90.83), (67.34, 73.05, 100.51, 137.04)))
+    table = CostTable("NVIDIA H200", (1, 4), (46000, 131072), (9, 17, 33, 65), cap, 65, "", cap)
+    fitted, err = fit_cost(_slice_model(), table)
+    layer_ms, scales = RECORDED_COST_FITS["NVIDIA H200"]
+    assert err < 0.076 and fitted.layer_ms == pytest.approx(layer_ms, abs=1e-4)
+    assert fitted.scales == pytest.approx(scales, abs=1e-4)
+    for bi, B in enumerate(table.batch):
+        for li, L in enumerate(table.ctx):
+            growth = fitted.cost_ms(B, L, 65) / fitted.cost_ms(B, L, 9)
+            assert growth == pytest.approx(cap[bi][li][3] / cap[bi][li][0], rel=0.07)
 
 
 # --------------------------------------------------------------------------------------------------

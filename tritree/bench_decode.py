@@ -22,13 +22,14 @@ times the step of this slice over a grid of batch, context and tree size and wri
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
 
 import torch
 
-from .budget import AnalyticCost, CostTable, tabulate
+from .budget import AnalyticCost, CostTable, fit_cost, tabulate
 from .dist import TPGroup, active
 from .engine import (
     AutoStep,
@@ -443,4 +444,27 @@ def calibrate(args) -> int:
     out = args.out or DEFAULT_COST_PATH
     save_cost_table(out, table)
     print(f"wrote the step-cost table for {gpu} to {out}")
+    model = dataclasses.replace(slice_cost_model(args.experts, gpu), layer_ms=0.0, scales=(1.0, 1.0, 1.0, 1.0))
+    for captured in (True, False):
+        fitted, err = fit_cost(model, table, captured=captured)
+        print(f"analytic model fitted to the {'captured' if captured else 'auto'} steps (RECORDED_COST_FITS entry): "
+              f"({fitted.layer_ms:.4f}, ({', '.join(f'{s:.4f}' for s in fitted.scales)})), largest error "
+              f"{100 * err:.1f}%", flush=True)
     return 0
+
+
+def slice_cost_model(experts: str = "int4", gpu: str | None = None) -> AnalyticCost:
+    """The analytic step cost of the whole K2.6 model on rank 0 of TP8 (61 layers; the slice's per-layer shapes),
+    from meta tensors."""
+    from .model.parallel import local_draft_shapes, local_param_shapes, shard_config, shard_draft_config
+
+    group = slice_group()
+    full = kimi_k26(weight_prefix="")
+    dfull = kimi_k26_dflash()
+
+    def meta(shapes):
+        return {k: torch.empty(s, device="meta", dtype=torch.int32 if k.endswith("_packed") else torch.float32
+                               if k.endswith("e_score_correction_bias") else torch.bfloat16) for k, s in shapes.items()}
+    tparams = meta(local_param_shapes(full, group, {"int4": "int4", "bf16": "dense"}[experts]))
+    return AnalyticCost.from_params(tparams, shard_config(full, group), meta(local_draft_shapes(dfull, group)),
+                                    shard_draft_config(dfull, group), 2, gpu)

@@ -25,9 +25,11 @@ per request, root included; ``L`` the mean committed context):
   are the target's), the routed experts the step's ``N = B T`` tokens route to (expected distinct experts
   of uniform top-``k`` routing over ``E``: ``E_local (1 - (1 - k/E)^N)``, times an expert's bytes), the
   target's latent KV read once per layer (``B (L + T) latent`` elements) against the verify attention's
-  FLOPs, and the draft's K/V cache read. Ceilings: :data:`tritree.roofline.RECORDED_CEILINGS` of the GPU
-  when recorded, else the H200's. Not modelled: launch and kernel inefficiencies, tree build, accept,
-  commit, collectives. Only the ratios of costs matter to the choice (a constant factor cancels).
+  FLOPs, and the draft's K/V cache read (:meth:`AnalyticCost.terms_ms`); the cost is a time per layer plus
+  the terms times their scales, fitted to a measured step (:func:`fit_cost`, :data:`RECORDED_COST_FITS`: the
+  kernels' shares of the ceilings and the per-layer launch and fixed costs). Ceilings:
+  :data:`tritree.roofline.RECORDED_CEILINGS` of the GPU when recorded, else the H200's. Not modelled:
+  collectives. Only the ratios of costs matter to the choice (a constant factor cancels).
 
 Costs are made non-decreasing in the tree size (a step over more tokens is never cheaper: a measured dip
 is noise) and floored at the model's cheapest step.
@@ -35,6 +37,7 @@ is noise) and floored at the model's cheapest step.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -253,18 +256,26 @@ class AnalyticCost:
     draft_kv_per_token: int
     gbps: float
     tflops: float
+    layer_ms: float = 0.0
+    scales: tuple = (1.0, 1.0, 1.0, 1.0)
 
-    def cost_ms(self, B: float, L: float, T: float) -> float:
+    def terms_ms(self, B: float, L: float, T: float) -> np.ndarray:
+        """The roofline times (ms) of :data:`COST_TERMS` for ``N = B T`` tree tokens: the non-routed weights, the
+        distinct routed experts they route to, the verify attention, the draft's K/V."""
         N = B * T
         bw, peak = self.gbps * 1e9, self.tflops * 1e12
         distinct = self.experts_local * (1.0 - (1.0 - self.topk / self.experts) ** N)
-        w_bytes = self.fixed_bytes + self.expert_layers * distinct * self.expert_bytes
-        w_flops = 2 * N * (self.fixed_params + self.expert_layers * self.topk * self.experts_local / self.experts
-                           * self.expert_params)
+        e_bytes = self.expert_layers * distinct * self.expert_bytes
+        e_flops = 2 * N * self.expert_layers * self.topk * self.experts_local / self.experts * self.expert_params
         a_bytes = self.attn_layers * B * (L + T) * self.latent * self.kv_bytes
         a_flops = self.attn_layers * 2 * N * self.heads * (L + T) * (self.qk_dim + self.v_dim)
         d_bytes = B * L * self.draft_kv_per_token * self.kv_bytes
-        return 1e3 * (max(w_bytes / bw, w_flops / peak) + max(a_bytes / bw, a_flops / peak) + d_bytes / bw)
+        return 1e3 * np.array([max(self.fixed_bytes / bw, 2 * N * self.fixed_params / peak),
+                               max(e_bytes / bw, e_flops / peak), max(a_bytes / bw, a_flops / peak), d_bytes / bw])
+
+    def cost_ms(self, B: float, L: float, T: float) -> float:
+        """``attn_layers * layer_ms + sum(scales * terms_ms)``."""
+        return float(self.attn_layers * self.layer_ms + np.dot(self.scales, self.terms_ms(B, L, T)))
 
     def floor_ms(self) -> float:
         return self.cost_ms(1, 0, 1)
@@ -280,9 +291,12 @@ class AnalyticCost:
 
     @classmethod
     def from_params(cls, tparams: dict, tcfg, dparams: dict, dcfg, kv_bytes: int, gpu: str | None = None):
+        """The model of these tensors (meta tensors serve: only shapes and dtypes are read), with the ceilings
+        and the fit (:data:`RECORDED_COST_FITS`) of ``gpu`` where recorded, else the H200's."""
         from .roofline import RECORDED_CEILINGS
 
         ceil = RECORDED_CEILINGS.get(gpu, RECORDED_CEILINGS["NVIDIA H200"])
+        layer_ms, scales = RECORDED_COST_FITS.get(gpu, RECORDED_COST_FITS["NVIDIA H200"])
         fixed_b = fixed_p = 0
         experts: dict[str, list] = {}
         for k, t in tparams.items():
@@ -313,7 +327,55 @@ class AnalyticCost:
                    latent=int(tcfg.latent_dim), heads=int(tcfg.heads),
                    qk_dim=int(tcfg.kv_lora_rank + tcfg.qk_rope_head_dim), v_dim=int(tcfg.kv_lora_rank),
                    kv_bytes=int(kv_bytes), draft_kv_per_token=int(d_kv), gbps=ceil.copy_gbps,
-                   tflops=ceil.matmul_tflops)
+                   tflops=ceil.matmul_tflops, layer_ms=float(layer_ms), scales=tuple(float(s) for s in scales))
+
+
+COST_TERMS = ("weights", "experts", "attention", "draft")
+
+# A GPU's fit of the analytic terms to its measured steps (:func:`fit_cost`): ``(layer_ms, scales)`` (the weights'
+# scale is 1: a constant, it merges into the per-layer time). H200: fitted to the captured step times of the K2.6
+# TP8-rank slice (bench/RESULTS.md, "Tree size per step": the table, the fit's error and growth in T). The experts'
+# scale is the inverse of the routed kernels' share of the copy bandwidth; the draft's carries the costs that grow
+# with B L besides the verify attention's KV.
+RECORDED_COST_FITS: dict[str, tuple[float, tuple]] = {
+    "NVIDIA H200": (0.3220, (1.0, 2.2501, 1.4058, 30.4734)),
+}
+
+
+def fit_cost(model: AnalyticCost, table: CostTable, captured: bool = True) -> tuple[AnalyticCost, float]:
+    """``model`` with ``layer_ms`` and the scales of the experts, attention and draft terms fitted to ``table``
+    (its ``captured_ms`` when ``captured`` and measured, else ``step_ms``) by least squares on the relative
+    error, every coefficient >= 0 (the best fit over the subsets of terms whose unconstrained fit is
+    non-negative). Returns ``(fitted model, largest relative error over the table's cells)``."""
+    import itertools
+
+    ms = table.captured_ms if captured and table.captured_ms is not None else table.step_ms
+    rows, y = [], []
+    for bi, B in enumerate(table.batch):
+        for li, L in enumerate(table.ctx):
+            for ti, T in enumerate(table.tree):
+                tm = model.terms_ms(B, L, T)
+                rows.append([model.attn_layers, *tm[1:]])
+                y.append(ms[bi][li][ti] - tm[0])
+    F, y = np.array(rows, dtype=np.float64), np.array(y, dtype=np.float64)
+    total = y + np.array([model.terms_ms(B, L, T)[0] for B in table.batch for L in table.ctx for T in table.tree])
+    w = 1.0 / total
+    best = None
+    for mask in itertools.product((False, True), repeat=F.shape[1]):
+        cols = [i for i in range(F.shape[1]) if mask[i]]
+        if not cols:
+            continue
+        c, *_ = np.linalg.lstsq(F[:, cols] * w[:, None], y * w, rcond=None)
+        if (c < 0).any():
+            continue
+        coef = np.zeros(F.shape[1])
+        coef[cols] = c
+        err = float(np.max(np.abs((F @ coef - y) / total)))
+        if best is None or err < best[0]:
+            best = (err, coef)
+    err, coef = best if best is not None else (float("inf"), np.zeros(F.shape[1]))
+    fitted = dataclasses.replace(model, layer_ms=float(coef[0]), scales=(1.0, *(float(v) for v in coef[1:])))
+    return fitted, err
 
 
 # --------------------------------------------------------------------------------------------------
