@@ -8,7 +8,7 @@ For each budget, the real-shape one-rank slice of ``python -m tritree bench deco
 384, the rank's shared-expert, vocabulary and draft shards, collectives left out; random weights, caches filled
 to ``--ctx``) is built with ``--layers`` and with ``--layers + 1`` target
 layers (same seed and shapes otherwise). Each slice's decode step (the state reset, then
-:func:`tritree.engine.decode_step_`, greedy sampling) is captured in one CUDA graph as ``bench decode``
+:func:`tritree.step.decode_step_`, greedy sampling) is captured in one CUDA graph as ``bench decode``
 captures it (warm-up call, a call on a side stream, capture; the reset's copies are graph nodes too),
 timed as ``bench decode`` times it (median of ``--replays`` CUDA-event-timed replays after 2 warm-up
 replays) and then replayed ``--replays`` times under ``torch.profiler`` (CUDA activity), one replay at a
@@ -373,7 +373,7 @@ def _slice_step(layers: int, ctx: int, budget: int, batch: int, experts: str):
     import torch
 
     from tritree.bench_decode import build, slice_group
-    from tritree.engine import SamplingConfig, decode_step_
+    from tritree.step import SamplingConfig, decode_step_
 
     torch.manual_seed(0)  # both slices of a budget from the same seed (build seeds only its TP shards)
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, experts=experts)

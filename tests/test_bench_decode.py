@@ -7,11 +7,11 @@ import torch
 
 import tritree.bench_decode as BD
 from tritree.dist import TPGroup
-from tritree.engine import SamplingConfig, decode_step_
 from tritree.model import dflash
 from tritree.model.config import dflash_tiny, kimi_tiny
 from tritree.model.kimi_k2 import param_shapes
 from tritree.model.parallel import local_draft_shapes, local_param_shapes
+from tritree.step import SamplingConfig, decode_step_
 
 
 def _tiny_k26(**kw):

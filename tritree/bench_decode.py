@@ -31,7 +31,11 @@ import torch
 
 from .budget import AnalyticCost, CostTable, fit_cost, tabulate
 from .dist import TPGroup, active
-from .engine import (
+from .model import dflash
+from .model.config import kimi_k26, kimi_k26_dflash
+from .model.kimi_k2 import to_kernel_layout_
+from .roofline import append_jsonl, profile_text
+from .step import (
     AutoStep,
     PhaseTimer,
     SamplingConfig,
@@ -45,10 +49,6 @@ from .engine import (
     tree_step_,
     verify_step_,
 )
-from .model import dflash
-from .model.config import kimi_k26, kimi_k26_dflash
-from .model.kimi_k2 import to_kernel_layout_
-from .roofline import append_jsonl, profile_text
 
 # Spread of a uniform random nibble minus 8 (q in [-8, 7]): sqrt((16^2 - 1) / 12).
 _Q_STD = (255 / 12) ** 0.5

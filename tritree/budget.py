@@ -6,7 +6,7 @@ accepts, in expectation, ``E(k) + 1`` tokens (:func:`tritree.kernels.expected_ac
 one of a few tree sizes (:func:`tree_buckets`: 5, 9, 17, 33, 65 tokens for ``budget = 64``), each captured in
 a graph of its own, so that a step costs what its size costs: the engine builds the tree at the largest
 budget, picks the size on the device, reads it (one host read a step) and replays that size's verify graph
-(``tritree.engine``).
+(``tritree.step``).
 
 **Batch rule.** Every request of the batch is verified at the same size ``S`` (the graph's), and within one
 graph more nodes cost nothing more, so each request keeps its first ``min(S, tree_lens)`` nodes and ``S* =
@@ -388,7 +388,7 @@ BUCKET_BUDGETS = (4, 8, 16, 32, 64, 128, 256, 512)
 def tree_buckets(budget: int) -> tuple[int, ...]:
     """The tree sizes (tokens a request, root included) an auto step of largest budget ``budget`` verifies at:
     ``b + 1`` for the :data:`BUCKET_BUDGETS` below ``budget``, and ``budget + 1`` (``budget = 64``: 5, 9, 17, 33,
-    65). Each size is a graph of its own (``tritree.engine``), so a step pays for the size it verifies."""
+    65). Each size is a graph of its own (``tritree.step``), so a step pays for the size it verifies."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be an int >= 1, got {budget!r}")
     return tuple(b + 1 for b in BUCKET_BUDGETS if b < budget) + (budget + 1,)
