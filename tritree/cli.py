@@ -8,8 +8,9 @@ speculation and confirms the outputs match. Without ``--model`` / ``--draft`` it
 pair (``--random``: a tiny random pair, whose acceptance lengths mean nothing). Without a GPU every
 kernel runs in Triton's interpreter (the command re-executes itself with ``TRITON_INTERPRET=1``).
 
-``--budget auto`` (the default on a GPU): trees of ``--max-budget`` nodes, each step verifying the
-best-first prefix with the most expected tokens per unit of step time (:mod:`tritree.budget`), under
+``--budget auto`` (the default on a GPU): trees of ``--max-budget`` nodes, each step verifying them at the size
+(one of ``tree_buckets(--max-budget)``, each its own graph) with the most expected tokens per unit of step time
+(:mod:`tritree.budget`), under
 the step-cost table of this GPU from ``--cost-model`` (default ``~/.cache/tritree/step_cost.json``, written
 by ``bench calibrate``) or, without one, the analytic model.
 
@@ -540,7 +541,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="draft-tree nodes per step, or 'auto': sized each step by the step-cost model "
                           "(default: auto on a GPU, 8 on the CPU)")
     gen.add_argument("--max-budget", type=_int_at_least(1), default=64,
-                     help="--budget auto: the largest tree (the static size the step is captured at)")
+                     help="--budget auto: the largest tree (built at this size, verified at one of "
+                          "tritree.budget.tree_buckets(N))")
     gen.add_argument("--cost-model", default=None,
                      help="--budget auto: step-cost JSON (bench calibrate); default ~/.cache/tritree/step_cost.json "
                           "when it has this GPU, else the analytic model")
@@ -575,7 +577,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="decode: 7 16 64 (7 = the DFlash chain's size; 'auto': sized by the cost model, "
                             "at most --max-budget); accept: 8 16 32 64 128 (and 'auto')")
     bench.add_argument("--max-budget", type=_int_at_least(1), default=64,
-                       help="decode 'auto' and calibrate: the largest tree (the step's static size)")
+                       help="decode 'auto' and calibrate: the largest tree (built at this size, verified at one of "
+                            "tritree.budget.tree_buckets(N))")
     bench.add_argument("--cost-model", default=None,
                        help="decode 'auto': step-cost JSON (default as generate); accept: the table that sizes "
                             "'auto' (at each of its contexts) and models every mode's tokens/s")
@@ -583,8 +586,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--grid-ctx", type=_int_at_least(0), nargs="+", default=[4096, 16384, 46000],
                        help="calibrate: context lengths")
     bench.add_argument("--grid-tree", type=_int_at_least(1), nargs="+", default=None,
-                       help="calibrate: tree tokens per request, root included (default 1 2 4 ... and "
-                            "--max-budget + 1)")
+                       help="calibrate: tree tokens per request, root included (default 1 and "
+                            "tritree.budget.tree_buckets(--max-budget))")
     bench.add_argument("--layers", type=_int_at_least(1), default=2, help="target layers of the slice (layer 0 dense, MoE after)")
     bench.add_argument("--batch", type=_int_at_least(1), default=None,
                        help="decode: requests (default 1); accept: prompts decoded together (default all)")
