@@ -66,3 +66,16 @@ def test_slice_is_rank_0_of_tp8_and_its_step_runs(tiny, experts):
     assert sum(t.numel() for t in dp.values()) < whole / 4  # an eighth of the draft, plus its norms
     assert sum(torch.Size(s).numel() for s in param_shapes(_tiny_k26(num_hidden_layers=2)).values()) > \
         sum(t.numel() for t in tparams.values())
+
+
+def test_the_auto_steps_excess_is_added_once_not_per_layer():
+    """calibrate's extrapolation: the captured step grows by its per-layer difference; the auto step is that plus
+    its mean excess at equal layer counts (the same verify kernels a layer), not its own noisy slope."""
+    auto, auto_more = [1.9, 2.0], [2.1, 2.3]
+    cap, cap_more = [1.8, 1.9], [2.0, 2.1]
+    row, crow, extra = BD.extrapolate_steps(auto, auto_more, cap, cap_more, 2, 61)
+    assert crow == pytest.approx([1.8 + 59 * 0.2, 1.9 + 59 * 0.2])
+    assert extra == pytest.approx([0.1, 0.15])
+    assert row == pytest.approx([crow[0] + 0.1, crow[1] + 0.15])
+    # a step that shrinks with a layer (timing noise) is never extrapolated below its measured time
+    assert BD.extrapolate_steps([1.0], [0.9], [1.0], [0.9], 2, 61)[1] == [1.0]

@@ -310,6 +310,22 @@ def test_the_recorded_h200_fit_follows_the_measured_step():
             assert growth == pytest.approx(cap[bi][li][3] / cap[bi][li][0], rel=0.07)
 
 
+def test_the_recorded_h100_fit_follows_the_measured_step():
+    """The captured steps of bench/RESULTS.md ("Tree size per step", H100): the recorded fit is what fit_cost
+    finds with the H100's bandwidth, within 11.5% of every cell."""
+    from tritree.bench_decode import slice_cost_model
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    cap = (((12.45, 18.27, 23.30, 31.26), (16.34, 20.62, 31.12, 42.99)),
+           ((25.00, 39.37, 47.32, 67.22), (36.18, 55.14, 74.86, 115.69)))
+    table = CostTable(gpu, (1, 4), (46000, 131072), (9, 17, 33, 65), cap, 65, "", cap)
+    model = dataclasses.replace(slice_cost_model("int4", gpu), layer_ms=0.0, scales=(1.0, 1.0, 1.0, 1.0))
+    fitted, err = fit_cost(model, table)
+    layer_ms, scales = RECORDED_COST_FITS[gpu]
+    assert err < 0.115 and fitted.layer_ms == pytest.approx(layer_ms, abs=1e-4)
+    assert fitted.scales == pytest.approx(scales, abs=1e-4)
+
+
 # --------------------------------------------------------------------------------------------------
 # The engine with budget="auto"
 # --------------------------------------------------------------------------------------------------

@@ -404,11 +404,11 @@ def calibrate(args) -> int:
     For every (batch, context) of the grid, the slice of :func:`build` at ``--layers`` and one more
     layer: the auto step (the draft and tree graph at the static tree of ``--max-budget + 1`` tokens, the host
     read of the size, the verify graph of each grid size; the sizes of :func:`tritree.budget.tree_buckets` and
-    the root alone by default) timed between CUDA events (median), extrapolated to 61 layers as ``bench
-    decode`` does (``t(l) + (61 - l) (t(l + 1) - t(l))``, at least ``t(l)``). What is measured: draft, tree
-    build, verify (rank 0 of TP8: :func:`build`, no collectives), accept, commit. Each grid size is also timed
-    in one graph captured at that size (a fixed-budget step: the table's ``captured_ms``), and the two are
-    printed side by side. Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this
+    the root alone by default) timed between CUDA events (median), beside each grid size in one graph captured
+    at that size (a fixed-budget step), both at ``--layers`` and one more layer (:func:`extrapolate_steps`: the
+    captured step extrapolated to 61 layers as ``bench decode`` does, the table's ``captured_ms``; the auto step
+    is that plus what it adds at equal layers, ``step_ms``), printed side by side. What is measured: draft, tree
+    build, verify (rank 0 of TP8: :func:`build`, no collectives), accept, commit. Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this
     GPU's name, other GPUs' tables kept."""
     from .budget import DEFAULT_COST_PATH, save_cost_table, tree_buckets
 
@@ -427,19 +427,19 @@ def calibrate(args) -> int:
             for what, x, y in (("auto step", a, b), ("one graph of that size", ca, cb)):
                 print(f"batch {B} ctx {L}: ms with {args.layers} / {args.layers + 1} target layers, {what}: "
                       + ", ".join(f"{t}: {u:.3f} / {v:.3f}" for t, u, v in zip(trees, x, y)), flush=True)
-            row = [max(x, x + (full - args.layers) * (y - x)) for x, y in zip(a, b)]
-            crow = [max(x, x + (full - args.layers) * (y - x)) for x, y in zip(ca, cb)]
+            row, crow, extra = extrapolate_steps(a, b, ca, cb, args.layers, full)
             print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(
-                f"{t}: auto {v:.2f}, one graph {c:.2f} ({v / c:.3f}x)" for t, v, c in zip(trees, row, crow)), flush=True)
+                f"{t}: auto {v:.2f}, one graph {c:.2f} (+{e:.3f} ms, {v / c:.3f}x)"
+                for t, v, c, e in zip(trees, row, crow, extra)), flush=True)
             per_ctx.append((row, crow))
         grid.append(per_ctx)
     gpu = torch.cuda.get_device_name()
     table = CostTable(gpu, tuple(batches), tuple(ctxs), tuple(trees),
                       tuple(tuple(tuple(r) for r, _ in g) for g in grid), static,
                       f"python -m tritree bench calibrate: Kimi K2.6 TP8 rank-0 slice ({args.experts} experts, "
-                      f"no collectives), {args.layers} and {args.layers + 1} layers extrapolated to {full}; step_ms: the "
-                      f"auto step (tree graph at {static} tokens, host read, verify graph of the size); captured_ms: "
-                      f"each tree size in one graph",
+                      f"no collectives), {args.layers} and {args.layers + 1} layers; captured_ms: each tree size in one "
+                      f"graph, extrapolated to {full} layers; step_ms: that plus the auto step's excess at equal layers "
+                      f"(tree graph at {static} tokens, host read, verify graph of the size)",
                       tuple(tuple(tuple(c) for _, c in g) for g in grid))
     out = args.out or DEFAULT_COST_PATH
     save_cost_table(out, table)
@@ -451,6 +451,19 @@ def calibrate(args) -> int:
               f"({fitted.layer_ms:.4f}, ({', '.join(f'{s:.4f}' for s in fitted.scales)})), largest error "
               f"{100 * err:.1f}%", flush=True)
     return 0
+
+
+def extrapolate_steps(auto, auto_more, captured, captured_more, layers: int, full: int):
+    """61-layer step times from the slice's at ``layers`` and ``layers + 1`` target layers, one entry a tree size:
+    ``(auto, captured, extra)`` ms. ``captured``: ``t(l) + (full - l) (t(l + 1) - t(l))`` (at least ``t(l)``),
+    as ``bench decode`` extrapolates. The auto step runs the verify graph of the same size, the same kernels a
+    layer; what it adds (the tree built at the largest size, the sizer, the host read of the size, a second graph
+    launch) does not grow with the layers, so ``extra`` is its mean excess over the captured step at equal layer
+    counts and ``auto = captured + extra`` (the difference of two graph times a layer apart, multiplied by 58, is
+    noise of a few ms: bench/RESULTS.md, "Decode step, single GPU")."""
+    cap = [max(x, x + (full - layers) * (y - x)) for x, y in zip(captured, captured_more)]
+    extra = [((u - x) + (v - y)) / 2 for u, v, x, y in zip(auto, auto_more, captured, captured_more)]
+    return [c + e for c, e in zip(cap, extra)], cap, extra
 
 
 def slice_cost_model(experts: str = "int4", gpu: str | None = None) -> AnalyticCost:

@@ -339,6 +339,7 @@ COST_TERMS = ("weights", "experts", "attention", "draft")
 # with B L besides the verify attention's KV.
 RECORDED_COST_FITS: dict[str, tuple[float, tuple]] = {
     "NVIDIA H200": (0.3220, (1.0, 2.2501, 1.4058, 30.4734)),
+    "NVIDIA H100 80GB HBM3": (0.0894, (1.0, 1.5470, 1.7738, 7.2271)),
 }
 
 

@@ -108,6 +108,14 @@ def test_plan_and_splits():
     with pytest.raises(ValueError, match="no config table for architecture 'sm_75'"):
         row_bound("sm_75")
     assert not plan_linear(33, 64, 64, torch.bfloat16, "sm_90", 132).kernel  # cuBLAS past the bound
+    # With the row norm the composed ops add a launch: the ":norm" table serves more rows, in blocks of 32.
+    assert row_bound("sm_90", norm=True) == 96 and row_bound("sm_80", norm=True) == 32
+    normed = plan_linear(65, 2112, 7168, torch.bfloat16, "sm_90", 132, norm=True)
+    assert normed.kernel and normed.config.block_m == 32 and normed.row_blocks == 3
+    assert plan_linear(17, 64, 64, torch.bfloat16, "sm_90", 132, norm=True).config.block_m == 16
+    assert not plan_linear(97, 64, 64, torch.bfloat16, "sm_90", 132, norm=True).kernel
+    with pytest.raises(ValueError, match="no config table for architecture 'sm_75'"):
+        plan_linear(4, 64, 64, torch.bfloat16, "sm_75", 132, norm=True)
     big = plan_linear(300, 64, 64, torch.bfloat16, "sm_90", 132, LinearConfig(64, 64, 64, 4, 3))
     assert big.kernel and big.row_blocks == 5  # a given config runs the kernel at any row count
     assert not plan_linear(4, 64, 64, torch.float32, "sm_90", 132).kernel  # fp32 rows: the composed ops
@@ -119,8 +127,10 @@ def test_config_tables(arch):
     """Every table's tiles are at least 16 (``tl.dot``) and cover its largest bucket's rows in whole row blocks; the
     AOT audit checks that each compiles within the architecture's shared memory and without spills."""
     table = LINEAR_CONFIGS[arch]
-    assert max(table) == row_bound(arch) >= 16
-    for cfg in table.values():
+    assert max(table) == row_bound(arch) >= 16 and row_bound(arch, norm=True) >= row_bound(arch)
+    norm_table = LINEAR_CONFIGS.get(f"{arch}:norm", {})
+    assert all(bound % cfg.block_m == 0 for bound, cfg in norm_table.items())
+    for cfg in [*table.values(), *norm_table.values()]:
         assert min(cfg.block_m, cfg.block_n, cfg.block_k) >= 16 and cfg.num_stages >= 1
         assert 1 <= L.sum_unroll(cfg) <= 8
 
@@ -193,7 +203,7 @@ def test_fake_impl_and_compile():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("N,K", [(1536, 7168), (576, 7168), (2048, 512), (7168, 1024)])
-@pytest.mark.parametrize("M", [1, 17, 32, 65, 300])
+@pytest.mark.parametrize("M", [1, 17, 32, 65, 96, 97, 300])
 def test_gpu_projection_shapes(M, N, K):
     x, w, eps, b, r = _inputs(M, N, K, torch.bfloat16, M + N, True, False, True)
     _check(x, w, eps, None, r)
@@ -224,17 +234,18 @@ def test_gpu_graph_replay_equals_eager():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("N", [1280, 2112])
-@pytest.mark.parametrize("M", [1, 8])
+@pytest.mark.parametrize("M", [1, 8, 40])
 @pytest.mark.parametrize("splits", [3, 7, 8])
 def test_gpu_k_splits_with_the_row_norm_repeat_bitwise(N, M, splits):
     """The split reduction with the row norm at the draft's and the target's 7168-column shapes, odd and even split
-    counts, one row and eight: against the reference, and 20 repeats (fresh poison between them) bit-identical (the
-    partials are summed in split order, so any difference is a race)."""
+    counts, one row, eight and two blocks of the ":norm" table's 32 rows: against the reference, and 20 repeats
+    (fresh poison between them) bit-identical (the partials are summed in split order, so any difference is a
+    race)."""
     K = 7168
     x, w, eps, b, r = _inputs(M, N, K, torch.bfloat16, N + M + splits, True, False, False)
-    cfg = LINEAR_CONFIGS["sm_90"][32]
+    cfg = L.config_for("sm_90", M, norm=True)
     per = -(-(K // cfg.block_k) // splits)
-    plan = L.LinearPlan(True, cfg, 1, -(-N // cfg.block_n), -(-(K // cfg.block_k) // per), per * cfg.block_k)
+    plan = L.LinearPlan(True, cfg, -(-M // cfg.block_m), -(-N // cfg.block_n), -(-(K // cfg.block_k) // per), per * cfg.block_k)
     first = _check(x, w, eps, None, None, plan=plan).clone()
     for _ in range(20):
         _poison_workspaces()

@@ -406,16 +406,20 @@ def moe_block_reports(archs=None) -> list[CompileReport]:
 
 
 def linear_reports(archs=None) -> list[CompileReport]:
-    """The skinny linear (``linear._linear_kernel``) for every GPU config of ``linear.LINEAR_CONFIGS``, bf16 and
+    """The skinny linear (``linear._linear_kernel``) for every GPU config of ``linear.LINEAR_CONFIGS`` (an
+    architecture's plain and ``":norm"`` tables), bf16 and
     fp16 (fp32 rows run the composed ops on a GPU), one K split and several, with the RMSNorm prologue (and its
     weight), the bias, the SiLU-and-mul epilogue and the residual and without them."""
     from .linear import LINEAR_CONFIGS, _linear_kernel, sum_unroll
 
+    per_arch: dict[str, dict] = {}  # an architecture's configs over its tables (plain and ":norm"), each once
+    for key, table in LINEAR_CONFIGS.items():
+        per_arch.setdefault(key.split(":")[0], {}).update(dict.fromkeys(table.values()))
     reports = []
-    for arch, table in LINEAR_CONFIGS.items():
+    for arch, configs in per_arch.items():
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
-        for cfg in dict.fromkeys(table.values()):
+        for cfg in configs:
             for dtype, split, fused in (("bf16", 1, False), ("bf16", 4, True), ("bf16", 4, False), ("fp16", 1, True)):
                 sig = {"X": "*" + dtype, "W": "*" + dtype, "Bias": "*" + dtype, "Res": "*" + dtype,
                        "Out": "*" + dtype, "Part": "*fp32", "SumSq": "*fp32", "Count": "*i32", "NormW": "*" + dtype,

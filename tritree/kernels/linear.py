@@ -22,7 +22,8 @@ At decode ``M`` is a few rows and the op is a weight stream. One launch of :func
 
 The plan (:func:`plan_linear`) picks the tile by ``M`` and splits K until ``programs_per_sm`` programs an SM stream
 the weight. Past the rows of the architecture's table (:func:`row_bound`: 32 on sm_90, where cuBLAS is as fast
-at 33-64 rows and faster beyond, bench/RESULTS.md "Skinny linear") the op runs the composed PyTorch ops.
+at 33-64 rows and faster beyond; 96 with the row norm, where the composed ops add a launch; bench/RESULTS.md
+"Skinny linear") the op runs the composed PyTorch ops.
 
 Arrival counters: :func:`tritree.kernels._launch.arrival_counters` (left at 0; concurrent calls on different streams
 of one device are not supported). No host sync: CUDA-graph capturable once warm. Under Triton's interpreter the
@@ -254,13 +255,19 @@ class LinearConfig:
 # Row bucket -> config: a launch of M rows takes the first bucket >= M; past the largest bucket the composed ops
 # run. The weight tile [BLOCK_N, BLOCK_K] is the MMA's wide side; BLOCK_M covers the rows. sm_90, measured on an
 # H100 (bench/RESULTS.md, "Skinny linear"): blocks of 16 rows (two row blocks at 17-32 rows) and a K split for one
-# program an SM were the fastest of twelve configs at 1 and 17 rows; beyond 32 rows cuBLAS wins. sm_120 and sm_80
-# (not measured) the same rows and columns; on sm_120 in 8 warps and K tiles of 64 (with 4 warps, or K tiles of
-# 128 and every epilogue, triton 3.9's builds keep an 8-32 byte stack). Bounded by the ahead-of-time audit
+# program an SM were the fastest of twelve configs at 1 and 17 rows; beyond 32 rows cuBLAS wins. Calls with the
+# row norm (``rms_eps``) look in ``"<arch>:norm"`` where there is one: there the composed ops launch an RMSNorm
+# before cuBLAS, and blocks of 32 rows beat both up to 65 rows (the same section). sm_120 and sm_80 (not
+# measured) the same rows and columns; on sm_120 in 8 warps and K tiles of 64 (with 4 warps, or K tiles of 128
+# and every epilogue, triton 3.9's builds keep an 8-32 byte stack). Bounded by the ahead-of-time audit
 # (tests/kernels/test_aot_audit.py: sm_120 101,376 B of shared memory, no spills; triton 3.6 and 3.9).
 LINEAR_CONFIGS: dict[str, dict[int, LinearConfig]] = {
     "sm_90": {32: LinearConfig(16, 64, 128, 4, 4, programs_per_sm=1)},
+    "sm_90:norm": {32: LinearConfig(16, 64, 128, 4, 4, programs_per_sm=1),
+                   96: LinearConfig(32, 64, 128, 4, 4, programs_per_sm=1)},
     "sm_120": {32: LinearConfig(16, 64, 64, 8, 4, programs_per_sm=1)},
+    "sm_120:norm": {32: LinearConfig(16, 64, 64, 8, 4, programs_per_sm=1),
+                    96: LinearConfig(32, 64, 64, 8, 4, programs_per_sm=1)},
     "sm_80": {32: LinearConfig(16, 64, 128, 4, 3, programs_per_sm=1)},
     # Interpreter: few, large programs; a few splits (num_sms() is 4 there) so the tests exercise the reduction.
     "cpu": {256: LinearConfig(32, 32, 32, 4, 1)},
@@ -304,24 +311,33 @@ class LinearPlan:
         return cls(bool(v[0]), LinearConfig(*v[1:7]), *v[7:11])
 
 
-def row_bound(arch: str) -> int:
-    """The most rows the kernel serves on ``arch`` (its table's largest bucket); more run the composed ops."""
-    return max(arch_table(LINEAR_CONFIGS, arch))
+def table_key(arch: str, norm: bool = False) -> str:
+    """The key of ``LINEAR_CONFIGS`` a call reads: ``"<arch>:norm"`` for calls with the row norm where the
+    architecture has that table, else ``arch``."""
+    return f"{arch}:norm" if norm and f"{arch}:norm" in LINEAR_CONFIGS else arch
 
 
-def config_for(arch: str, M: int) -> LinearConfig:
+def row_bound(arch: str, norm: bool = False) -> int:
+    """The most rows the kernel serves on ``arch`` (its table's largest bucket; ``norm``: calls with the row norm);
+    more run the composed ops."""
+    arch_table(LINEAR_CONFIGS, arch)
+    return max(LINEAR_CONFIGS[table_key(arch, norm)])
+
+
+def config_for(arch: str, M: int, norm: bool = False) -> LinearConfig:
     """The table's config for ``M`` rows (the largest bucket's past it; :func:`tritree.kernels.configs.lookup`)."""
-    return lookup(LINEAR_CONFIGS, arch, M)
+    arch_table(LINEAR_CONFIGS, arch)
+    return lookup(LINEAR_CONFIGS, table_key(arch, norm), M)
 
 
 @functools.lru_cache(maxsize=1024)
 def plan_linear(M: int, N: int, K: int, dtype: torch.dtype, arch: str, sms: int,
-                config: LinearConfig | None = None) -> LinearPlan:
-    """The launch plan of one shape: the kernel for 16-bit rows up to :func:`row_bound` (and fp32 under the
-    interpreter, for tests), else the composed ops; the config by rows, the grid, and a K split that brings the
-    programs up to ``programs_per_sm x sms`` when the tiles are fewer (each split whole K tiles, none empty).
-    ``config`` replaces the table's (and the row bound)."""
-    cfg = config if config is not None else config_for(arch, M)
+                config: LinearConfig | None = None, norm: bool = False) -> LinearPlan:
+    """The launch plan of one shape: the kernel for 16-bit rows up to :func:`row_bound` (``norm``: a call with the
+    row norm, whose table may reach further; fp32 rows under the interpreter, for tests), else the composed ops;
+    the config by rows, the grid, and a K split that brings the programs up to ``programs_per_sm x sms`` when the
+    tiles are fewer (each split whole K tiles, none empty). ``config`` replaces the table's (and the row bound)."""
+    cfg = config if config is not None else config_for(arch, M, norm)
     row_blocks = max(1, -(-M // cfg.block_m))
     col_tiles = max(1, -(-N // cfg.block_n))
     k_tiles = max(1, -(-K // cfg.block_k))
@@ -330,7 +346,7 @@ def plan_linear(M: int, N: int, K: int, dtype: torch.dtype, arch: str, sms: int,
     split = 1 if programs >= target else max(1, min(MAX_SPLIT_K, k_tiles, -(-target // programs)))
     per = -(-k_tiles // split)
     split = -(-k_tiles // per)
-    kernel = (M <= row_bound(arch) or config is not None) and (dtype != torch.float32 or arch == "cpu")
+    kernel = (M <= row_bound(arch, norm) or config is not None) and (dtype != torch.float32 or arch == "cpu")
     return LinearPlan(kernel, cfg, row_blocks, col_tiles, split, per * cfg.block_k)
 
 
@@ -454,7 +470,8 @@ class _LinearPlanLaunch:
         self.rms_eps = rms_eps
         self.glu = act == "silu_mul"
         self.plan = plan if plan is not None else (
-            plan_linear(M, N, K, x.dtype, arch_of(dev), num_sms(dev)) if uses_kernel(dev) else None)
+            plan_linear(M, N, K, x.dtype, arch_of(dev), num_sms(dev), norm=rms_eps is not None)
+            if uses_kernel(dev) else None)
         self.kernel = self.plan is not None and self.plan.kernel
         if not self.kernel:
             return
@@ -505,7 +522,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     :func:`linear_reference`'s.
 
     On CUDA (and under ``TRITON_INTERPRET=1``) one launch of the Triton kernel for ``M <= row_bound(arch)`` (32 on
-    sm_90 and sm_120), no host sync (CUDA-graph capturable once warm); more rows, fp32 rows on a GPU, other devices
+    sm_90 and sm_120; 96 there with ``rms_eps``), no host sync (CUDA-graph capturable once warm); more rows, fp32 rows on a GPU, other devices
     and calls that need gradients run the composed PyTorch ops (``F.rms_norm`` rounds the normalised rows to
     ``x``'s dtype before the product; the kernel applies ``1 / rms`` to the fp32 sums). Eager calls run a plan
     cached per static signature; under torch.compile the ops ``tritree::linear`` / ``tritree::linear_out``.
