@@ -79,3 +79,5 @@ def test_the_auto_steps_excess_is_added_once_not_per_layer():
     assert row == pytest.approx([crow[0] + 0.1, crow[1] + 0.15])
     # a step that shrinks with a layer (timing noise) is never extrapolated below its measured time
     assert BD.extrapolate_steps([1.0], [0.9], [1.0], [0.9], 2, 61)[1] == [1.0]
+    # over a span of three layers the time a layer is a third of the difference
+    assert BD.extrapolate_steps([2.0], [2.6], [2.0], [2.6], 2, 61, 3)[1] == pytest.approx([2.0 + 59 * 0.2])

@@ -405,9 +405,10 @@ def calibrate(args) -> int:
     layer: the auto step (the draft and tree graph at the static tree of ``--max-budget + 1`` tokens, the host
     read of the size, the verify graph of each grid size; the sizes of :func:`tritree.budget.tree_buckets` and
     the root alone by default) timed between CUDA events (median), beside each grid size in one graph captured
-    at that size (a fixed-budget step), both at ``--layers`` and one more layer (:func:`extrapolate_steps`: the
-    captured step extrapolated to 61 layers as ``bench decode`` does, the table's ``captured_ms``; the auto step
-    is that plus what it adds at equal layers, ``step_ms``), printed side by side. What is measured: draft, tree
+    at that size (a fixed-budget step), both at ``--layers`` and ``CALIBRATE_SPAN`` more layers
+    (:func:`extrapolate_steps`: the captured step extrapolated to 61 layers by its time a layer over that span,
+    the table's ``captured_ms``; the auto step is that plus what it adds at equal layers, ``step_ms``), printed
+    side by side. What is measured: draft, tree
     build, verify (rank 0 of TP8: :func:`build`, no collectives), accept, commit. Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this
     GPU's name, other GPUs' tables kept."""
     from .budget import DEFAULT_COST_PATH, save_cost_table, tree_buckets
@@ -423,11 +424,11 @@ def calibrate(args) -> int:
         per_ctx = []
         for L in ctxs:
             (a, ca), (b, cb) = (_calibrate_slice(n, L, B, static, trees, args.experts, reps)
-                                for n in (args.layers, args.layers + 1))
+                                for n in (args.layers, args.layers + CALIBRATE_SPAN))
             for what, x, y in (("auto step", a, b), ("one graph of that size", ca, cb)):
-                print(f"batch {B} ctx {L}: ms with {args.layers} / {args.layers + 1} target layers, {what}: "
+                print(f"batch {B} ctx {L}: ms with {args.layers} / {args.layers + CALIBRATE_SPAN} target layers, {what}: "
                       + ", ".join(f"{t}: {u:.3f} / {v:.3f}" for t, u, v in zip(trees, x, y)), flush=True)
-            row, crow, extra = extrapolate_steps(a, b, ca, cb, args.layers, full)
+            row, crow, extra = extrapolate_steps(a, b, ca, cb, args.layers, full, CALIBRATE_SPAN)
             print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(
                 f"{t}: auto {v:.2f}, one graph {c:.2f} (+{e:.3f} ms, {v / c:.3f}x)"
                 for t, v, c, e in zip(trees, row, crow, extra)), flush=True)
@@ -437,7 +438,7 @@ def calibrate(args) -> int:
     table = CostTable(gpu, tuple(batches), tuple(ctxs), tuple(trees),
                       tuple(tuple(tuple(r) for r, _ in g) for g in grid), static,
                       f"python -m tritree bench calibrate: Kimi K2.6 TP8 rank-0 slice ({args.experts} experts, "
-                      f"no collectives), {args.layers} and {args.layers + 1} layers; captured_ms: each tree size in one "
+                      f"no collectives), {args.layers} and {args.layers + CALIBRATE_SPAN} layers; captured_ms: each tree size in one "
                       f"graph, extrapolated to {full} layers; step_ms: that plus the auto step's excess at equal layers "
                       f"(tree graph at {static} tokens, host read, verify graph of the size)",
                       tuple(tuple(tuple(c) for _, c in g) for g in grid))
@@ -453,15 +454,19 @@ def calibrate(args) -> int:
     return 0
 
 
-def extrapolate_steps(auto, auto_more, captured, captured_more, layers: int, full: int):
-    """61-layer step times from the slice's at ``layers`` and ``layers + 1`` target layers, one entry a tree size:
-    ``(auto, captured, extra)`` ms. ``captured``: ``t(l) + (full - l) (t(l + 1) - t(l))`` (at least ``t(l)``),
-    as ``bench decode`` extrapolates. The auto step runs the verify graph of the same size, the same kernels a
-    layer; what it adds (the tree built at the largest size, the sizer, the host read of the size, a second graph
-    launch) does not grow with the layers, so ``extra`` is its mean excess over the captured step at equal layer
-    counts and ``auto = captured + extra`` (the difference of two graph times a layer apart, multiplied by 58, is
-    noise of a few ms: bench/RESULTS.md, "Decode step, single GPU")."""
-    cap = [max(x, x + (full - layers) * (y - x)) for x, y in zip(captured, captured_more)]
+# calibrate times the slice at --layers and this many more layers: a 3-layer graph's time moves by ~0.07 ms between
+# processes, ~4 ms once a one-layer difference is multiplied by 58 (bench/RESULTS.md, "Tree size per step").
+CALIBRATE_SPAN = 3
+
+
+def extrapolate_steps(auto, auto_more, captured, captured_more, layers: int, full: int, span: int = 1):
+    """Step times of ``full`` layers from the slice's at ``layers`` and ``layers + span`` target layers, one entry a
+    tree size: ``(auto, captured, extra)`` ms. ``captured``: ``t(l) + (full - l) (t(l + span) - t(l)) / span`` (at
+    least ``t(l)``). The auto step runs the verify graph of the same size, the same kernels a layer; what it adds
+    (the tree built at the largest size, the sizer, the host read of the size, a second graph launch) does not
+    grow with the layers, so ``extra`` is its mean excess over the captured step at equal layer counts and
+    ``auto = captured + extra``."""
+    cap = [max(x, x + (full - layers) * (y - x) / span) for x, y in zip(captured, captured_more)]
     extra = [((u - x) + (v - y)) / 2 for u, v, x, y in zip(auto, auto_more, captured, captured_more)]
     return [c + e for c, e in zip(cap, extra)], cap, extra
 
