@@ -310,6 +310,16 @@ def test_the_recorded_h200_fit_follows_the_measured_step():
             assert growth == pytest.approx(cap[bi][li][3] / cap[bi][li][0], rel=0.07)
 
 
+def test_a_table_is_not_extrapolated_below_its_smallest_tree():
+    """Below the smallest measured tree a step costs what that tree costs; above the largest the edge segment's
+    line goes on; between sizes, contexts and batches the table interpolates."""
+    ms = (((10.0, 20.0),), ((30.0, 50.0),))
+    t = CostTable("x", (1, 3), (1000,), (9, 17), ms, 17)
+    assert t.cost_ms(1, 1000, 5) == 10.0 and t.cost_ms(1, 1000, 1) == 10.0
+    assert t.cost_ms(1, 1000, 25) == pytest.approx(30.0) and t.cost_ms(1, 1000, 13) == pytest.approx(15.0)
+    assert t.cost_ms(2, 1000, 5) == pytest.approx(20.0) and t.cost_ms(3, 1000, 13) == pytest.approx(40.0)
+
+
 def test_the_recorded_h100_fit_follows_the_measured_step():
     """The captured steps of bench/RESULTS.md ("Tree size per step", H100): the recorded fit is what fit_cost
     finds with the H100's bandwidth, within 11.5% of every cell."""

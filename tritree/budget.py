@@ -18,7 +18,9 @@ per request, root included; ``L`` the mean committed context):
 
 - :class:`CostTable`: measured by ``python -m tritree bench calibrate`` on a GPU and stored as JSON
   (:func:`load_cost_file`), piecewise-linear in ``T``, ``L`` and ``B`` over the measured grid (linear
-  extrapolation past its edges; see :func:`parse_cost_json` for the schema).
+  extrapolation past its edges, except below the smallest measured tree, whose cost smaller trees take: a
+  line through two noisy sizes would make unmeasured small trees look cheap; see :func:`parse_cost_json` for
+  the schema).
 - :class:`AnalyticCost` (the default when no table is given): bytes over bandwidth and FLOPs over
   throughput of what this rank holds, each component at the larger of its two times (roofline):
   weights read once per step (every non-routed target and draft tensor; the draft's embedding and head
@@ -110,6 +112,7 @@ class CostTable:
 
 
 def _grid_at(ms, batch, ctx, tree, B: float, L: float, T: float) -> float:
+    T = max(T, tree[0])  # below the smallest measured tree: its cost (a smaller tree is not assumed cheaper)
     per_b = [_interp(L, ctx, [_interp(T, tree, row) for row in grid]) for grid in ms]
     return float(_interp(B, batch, per_b))
 
