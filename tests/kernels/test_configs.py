@@ -30,13 +30,14 @@ def test_fp8_pools_take_the_fp8_table_where_there_is_one(rows):
         lookup(VERIFY_MLA_CONFIGS, "sm_90", rows, page_size=1)
     # Architectures without an fp8 table keep their own.
     assert lookup(VERIFY_MLA_CONFIGS, "sm_80", rows, kv_fp8=True) == lookup(VERIFY_MLA_CONFIGS, "sm_80", rows)
-    # sm_120: bf16 and fp8 pools run the Gluon mma.sync kernel at every page size (the fp8 table's config, whose
-    # 32x32 tiles also serve the Triton kernel where the Gluon one cannot).
-    for P in (1, 16, 32, 64):
-        assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P, kv_fp8=True) == \
-            VERIFY_MLA_CONFIGS["sm_120:fp8"][1 << 30]
+    # sm_120: fp8 pools run the Gluon mma.sync kernel at every page size (the fp8 table's config, whose 32x32
+    # tiles also serve the Triton kernel where the Gluon one cannot); bf16 pools run it below 64-key pages and the
+    # Triton kernel's 16x64 tiles from 64 keys.
+    for P in (1, 16, 32, 64, 128):
         assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P, kv_fp8=True).kernel == "gluon-mma"
-        assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P).kernel == "gluon-mma"
+        assert lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P, kv_fp8=True).block_n == 32
+        bf16 = lookup(VERIFY_MLA_CONFIGS, "sm_120", rows, page_size=P)
+        assert (bf16.kernel, bf16.block_m, bf16.block_n) == (("gluon-mma", 32, 32) if P < 64 else ("triton", 16, 64))
 
 
 @pytest.mark.parametrize("P", [1, 16, 32, 64, 128])

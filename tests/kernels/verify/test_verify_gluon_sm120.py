@@ -114,16 +114,21 @@ def _launch_on(monkeypatch, *, major, sms, arch=None, B=1, T, H, P, L_keys=46_00
 
 @pytest.mark.parametrize("B,T,H", [(1, 65, 8), (1, 17, 8), (1, 8, 8), (1, 16, 64), (4, 65, 8), (4, 8, 8)])
 @pytest.mark.parametrize("P", [1, 16, 64, 128])
-def test_verify_mla_picks_the_mma_kernel_on_sm120(B, T, H, P, monkeypatch):
-    """bf16 on an RTX PRO 6000 (sm_120, 188 SMs): the Gluon mma.sync kernel at every page size, its 32x32 tiles,
-    fp32 partials, the balanced split count (waves against chunk length); an H200 under ``TRITREE_ARCH=sm_120``
-    the same with its 132 SMs."""
+def test_verify_mla_picks_the_faster_kernel_per_page_size_on_sm120(B, T, H, P, monkeypatch):
+    """bf16 on an RTX PRO 6000 (sm_120, 188 SMs), and on an H200 under ``TRITREE_ARCH=sm_120`` with its 132 SMs:
+    pages below 64 keys run the Gluon mma.sync kernel (its 32x32 tiles, fp32 partials, the balanced split count:
+    waves against chunk length); pages of 64+ keys the Triton kernel with 16x64 tiles (faster there in
+    emulation), its programs within one wave."""
     for major, sms, arch in ((12, RTX_PRO_6000_SMS, None), (9, H200_SMS, "sm_120")):
         launch = _launch_on(monkeypatch, major=major, sms=sms, arch=arch, B=B, T=T, H=H, P=P)
-        assert launch.route == "gluon-mma" and launch.config == MMA and launch.partials_dtype == torch.float32
-        want = balanced_num_splits(batch=B, row_blocks=-(-T * H // 32), max_keys=launch_pages(T, P) * P, block_n=32,
-                                   sms=sms)
-        assert launch.num_splits == want
+        if P < 64:
+            assert launch.route == "gluon-mma" and launch.config == MMA and launch.partials_dtype == torch.float32
+            want = balanced_num_splits(batch=B, row_blocks=-(-T * H // 32), max_keys=launch_pages(T, P) * P,
+                                       block_n=32, sms=sms)
+            assert launch.num_splits == want
+        else:
+            assert launch.route == "triton" and launch.config == AttnConfig(16, 64, 4, 2)
+            assert B * -(-T * H // 16) * launch.num_splits <= max(sms, B * -(-T * H // 16))
 
 
 @pytest.mark.parametrize("P", [1, 64])
@@ -153,15 +158,17 @@ def test_scale_args():
 
 @pytest.mark.parametrize("P", [1, 64])
 def test_sm120_calls_the_mma_kernel_cannot_serve(P, monkeypatch):
-    """fp16 queries (over an fp16 or an fp8 pool) and unaligned rows: the Triton kernel with the mma config's
-    tiles; an sm_80 GPU forced to the sm_120 table: the Triton kernel."""
+    """fp16 queries (over an fp16 or an fp8 pool) and unaligned rows: the Triton kernel with the table's tiles
+    (32x32 for fp8 pools and small pages, 16x64 for pages of 64 keys); an sm_80 GPU forced to the sm_120 table:
+    the Triton kernel."""
+    tiles = (32, 32) if P < 64 else (16, 64)
     fp8_fp16 = _launch_on(monkeypatch, major=12, sms=188, T=65, H=8, P=P, q_dtype=torch.float16,
                           kv_dtype=torch.float8_e4m3fn)
     assert fp8_fp16.route == "triton" and (fp8_fp16.config.block_m, fp8_fp16.config.block_n) == (32, 32)
     fp16 = _launch_on(monkeypatch, major=12, sms=188, T=65, H=8, P=P, q_dtype=torch.float16, kv_dtype=torch.float16)
-    assert fp16.route == "triton" and (fp16.config.block_m, fp16.config.block_n) == (32, 32)
+    assert fp16.route == "triton" and (fp16.config.block_m, fp16.config.block_n) == tiles
     unaligned = _launch_on(monkeypatch, major=12, sms=188, T=65, H=8, P=P, gather_layout=False)
-    assert unaligned.route == "triton"
+    assert unaligned.route == "triton" and (unaligned.config.block_m, unaligned.config.block_n) == tiles
     ampere = _launch_on(monkeypatch, major=8, sms=108, arch="sm_120", T=65, H=8, P=P)
     assert ampere.route == "triton"
 
@@ -171,9 +178,10 @@ def test_sm120_calls_the_mma_kernel_cannot_serve(P, monkeypatch):
        P=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]), L_keys=st.integers(0, 200_000),
        kv=st.sampled_from(["bf16", "fp8", "fp16"]), aligned=st.booleans(), sms=st.sampled_from([132, 170, 188]))
 def test_sm120_launch_decisions(B, T, H, P, L_keys, kv, aligned, sms):
-    """Every bf16-query call with 16-byte aligned rows on sm_120 runs the mma kernel with the balanced split
-    count (no chunk below 4 tiles of the page table's capacity unless one split); everything else the Triton
-    kernel, its programs within one wave of the SMs unless one split already exceeds it."""
+    """A bf16-query call with 16-byte aligned rows on sm_120 over an fp8 pool or pages below 64 keys runs the mma
+    kernel with the balanced split count (no chunk below 4 tiles of the page table's capacity unless one split);
+    everything else the Triton kernel (16x64 tiles for 16-bit pools of 64+ key pages, else 32x32), its programs
+    within one wave of the SMs unless one split already exceeds it."""
     _need_gluon()
     mp = pytest.MonkeyPatch()
     try:
@@ -183,11 +191,12 @@ def test_sm120_launch_decisions(B, T, H, P, L_keys, kv, aligned, sms):
                             kv_dtype=dtype, gather_layout=aligned)
     finally:
         mp.undo()
-    assert launch.route == ("gluon-mma" if aligned and kv != "fp16" else "triton")
-    assert (launch.config.block_m, launch.config.block_n) == (32, 32)
-    blocks = -(-T * H // 32)
+    wide = kv != "fp8" and P >= 64  # the main table's Triton tiles
+    assert launch.route == ("gluon-mma" if aligned and kv != "fp16" and not wide else "triton")
+    assert (launch.config.block_m, launch.config.block_n) == ((16, 64) if wide else (32, 32))
+    blocks = -(-T * H // launch.config.block_m)
     if launch.num_splits > 1:
-        assert launch.num_splits * 32 * 4 <= launch_pages(T, P, L_keys) * P
+        assert launch.num_splits * launch.config.block_n * 4 <= launch_pages(T, P, L_keys) * P
         if launch.route == "triton":
             assert B * blocks * launch.num_splits <= sms
     if launch.route == "gluon-mma":

@@ -49,12 +49,18 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
         16: AttnConfig(16, 64, 4, 2),
         1 << 30: AttnConfig(64, 64, 8, 3, tma=True, split_scores=True),
     },
+    # sm_120, bf16 pools: per page size, the faster kernel in emulation (an H100 under DISABLE_MMA_V3=1
+    # TRITREE_ARCH=sm_120, L = 46k, B = 1: bench/RESULTS.md, "sm_120"). Pages of 64+ keys: the Triton kernel,
+    # 16x64 tiles, 4 warps (98,304 B, no spill), 1.13-1.34x faster there than the Gluon mma.sync kernel at
+    # T = 8, 17, 65 (H = 8) and T = 16 (H = 64); 16x64 is what the 576-wide K tiles leave of the 101,376 B.
     "sm_120": {
-        # bf16 pools: the Gluon mma.sync kernel (``gluon_mma``: queries in registers, 32 x 32 tiles, 8
-        # warps, a two-slot ring of KV tiles by row gathers at any page size; 98,304 B). The same tiles serve
-        # the Triton kernel where the Gluon one does not (fp16 / fp32, unaligned rows, a triton without Gluon):
-        # 32x32x8x2 compiles without a spill at P = 1, 16 and 64 (emulated 20-25% slower than 16x64x4x2, the
-        # Triton kernel's best at P = 64).
+        1 << 30: AttnConfig(16, 64, 4, 2),
+    },
+    # Smaller pages: the Gluon mma.sync kernel (``gluon_mma``: queries in registers, 32 x 32 tiles, 8 warps, a
+    # two-slot ring of KV tiles by row gathers; 98,304 B), 1.09-1.13x faster than the Triton kernel at P = 1 at
+    # the same shapes. Its tiles serve the Triton kernel where the Gluon one does not (fp16 / fp32, unaligned
+    # rows, a triton without Gluon): one page id per row spills 16x64x4x2, 32x32x8x2 compiles without a spill.
+    "sm_120:small_pages": {
         1 << 30: AttnConfig(32, 32, 8, 2, kernel="gluon-mma"),
     },
     # fp8 (e4m3) pools on sm_120: the same Gluon kernel over 1-byte tiles (61,440 B), its fragments widened to
@@ -95,8 +101,9 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
     1. CPU tensors outside Triton's interpreter: the float reference.
     2. The config: ``config`` or the architecture's table (``VERIFY_MLA_CONFIGS``) by packed rows
        ``M = T * H``: on Hopper the plain Gluon schedule up to 64 rows and the warp-specialised one above,
-       the fp8 and small-page tables where they apply; on sm_120 the Gluon ``mma.sync`` kernel
-       (``"gluon-mma"``) for every shape and page size, bf16 and fp8 pools; Triton tiles on sm_80.
+       the fp8 and small-page tables where they apply; on sm_120 the Triton kernel for bf16 pools of pages of
+       64+ keys and the Gluon ``mma.sync`` kernel (``"gluon-mma"``) for smaller pages and fp8 pools; Triton
+       tiles on sm_80.
     3. A Gluon config runs its Gluon kernel where that kernel serves the call: bf16 q and pool (the
        ``mma.sync`` kernel: also fp8 pools), 576 channels, Gluon importable, a GPU the kernel runs on (the
        Hopper kernels: sm_90; ``"gluon-mma"``: sm_120, and sm_90 with the same instructions), q rows and pool
