@@ -93,10 +93,10 @@ def main(argv=None):
                     norm = variant.endswith("-norm")
                     try:
                         if variant.startswith("tritree"):
-                            p = plan_linear(M, N, K, dt, arch, sms, cfg)
+                            p = plan_linear(M, N, K, dt, arch, sms, cfg, norm=norm)  # the plan production runs
                             c = p.config
                             r["plan"] = (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
-                                         f"g{p.grid}{' *' if cfg else ''}")
+                                         f"g{p.grid}{' *' if cfg else ''}" if p.kernel else "composed ops")
 
                             def call(i, norm=norm, p=p):
                                 return linear(xs[i], wgs[i] if norm else ws[i], rms_eps=1e-6 if norm else None, plan=p)
