@@ -130,7 +130,8 @@ def main(args) -> int:
                      if table is not None else "")
             nodes = f", mean tree {row['tree_nodes_mean']:.1f} nodes" if "tree_nodes_mean" in row else ""
             print(f"temperature {temp}: {name:11s} acceptance length {row['acceptance']:5.2f} tokens/step{nodes}, "
-                  f"{dt:6.1f} s (plain {plain_s:.1f} s, speedup {plain_s / dt:.2f}x){extra}", flush=True)
+                  f"{dt:7.3f} s, {row['tokens'] / dt:,.0f} tokens/s (plain {plain_s:.3f} s, speedup {plain_s / dt:.2f}x)"
+                  f"{extra}", flush=True)
         if table is not None and 1 in table.tree:
             for L in table.ctx:
                 ms = modelled_ms(table, L, plain_steps, "plain", None, dcfg.block_size)
