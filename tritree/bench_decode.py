@@ -429,6 +429,10 @@ def calibrate(args) -> int:
                 print(f"batch {B} ctx {L}: ms with {args.layers} / {args.layers + CALIBRATE_SPAN} target layers, {what}: "
                       + ", ".join(f"{t}: {u:.3f} / {v:.3f}" for t, u, v in zip(trees, x, y)), flush=True)
             row, crow, extra = extrapolate_steps(a, b, ca, cb, args.layers, full, CALIBRATE_SPAN)
+            if any(v < u for u, v in zip(crow, crow[1:])):  # a larger tree never reads fewer bytes
+                print(f"batch {B} ctx {L}: warning: the extrapolated step falls with the tree size (timing noise of "
+                      f"the {args.layers}- and {args.layers + CALIBRATE_SPAN}-layer graphs); the sizer reads the "
+                      f"table made non-decreasing in the size; --gen sets how many steps are timed", flush=True)
             print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(
                 f"{t}: auto {v:.2f}, one graph {c:.2f} (+{e:.3f} ms, {v / c:.3f}x)"
                 for t, v, c, e in zip(trees, row, crow, extra)), flush=True)
