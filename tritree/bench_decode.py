@@ -401,15 +401,15 @@ def _calibrate_slice(layers, ctx, batch, static, trees, experts, reps) -> tuple[
 def calibrate(args) -> int:
     """``python -m tritree bench calibrate``: the step-cost table of ``--budget auto`` on this GPU.
 
-    For every (batch, context) of the grid, the slice of :func:`build` at ``--layers`` and one more
-    layer: the auto step (the draft and tree graph at the static tree of ``--max-budget + 1`` tokens, the host
+    For every (batch, context) of the grid, the slice of :func:`build` at ``--layers`` and ``CALIBRATE_SPAN`` more
+    layers: the auto step (the draft and tree graph at the static tree of ``--max-budget + 1`` tokens, the host
     read of the size, the verify graph of each grid size; the sizes of :func:`tritree.budget.tree_buckets` and
     the root alone by default) timed between CUDA events (median), beside each grid size in one graph captured
-    at that size (a fixed-budget step), both at ``--layers`` and ``CALIBRATE_SPAN`` more layers
-    (:func:`extrapolate_steps`: the captured step extrapolated to 61 layers by its time a layer over that span,
-    the table's ``captured_ms``; the auto step is that plus what it adds at equal layers, ``step_ms``), printed
-    side by side. What is measured: draft, tree
-    build, verify (rank 0 of TP8: :func:`build`, no collectives), accept, commit. Written into ``--out`` (default :data:`tritree.budget.DEFAULT_COST_PATH`) under this
+    at that size (a fixed-budget step). :func:`extrapolate_steps` makes the table: the captured step extrapolated
+    to 61 layers by its time a layer over the span (``captured_ms``), and that plus the auto step's excess at
+    equal layers (``step_ms``); the two are printed side by side. What is measured: draft, tree build, verify
+    (rank 0 of TP8: :func:`build`, no collectives), accept, commit. Written into ``--out`` (default
+    :data:`tritree.budget.DEFAULT_COST_PATH`) under this
     GPU's name, other GPUs' tables kept."""
     from .budget import DEFAULT_COST_PATH, save_cost_table, tree_buckets
 
@@ -458,8 +458,9 @@ def calibrate(args) -> int:
     return 0
 
 
-# calibrate times the slice at --layers and this many more layers: a 3-layer graph's time moves by ~0.07 ms between
-# processes, ~4 ms once a one-layer difference is multiplied by 58 (bench/RESULTS.md, "Tree size per step").
+# calibrate times the slice at --layers and this many more layers: a one-layer difference of two graph times,
+# multiplied by 58, carries their process-to-process noise into the table (bench/RESULTS.md, "Tree size per
+# step"); over three layers a third of it.
 CALIBRATE_SPAN = 3
 
 
