@@ -326,7 +326,6 @@ def row_bound(arch: str, norm: bool = False) -> int:
 
 def config_for(arch: str, M: int, norm: bool = False) -> LinearConfig:
     """The table's config for ``M`` rows (the largest bucket's past it; :func:`tritree.kernels.configs.lookup`)."""
-    arch_table(LINEAR_CONFIGS, arch)
     return lookup(LINEAR_CONFIGS, table_key(arch, norm), M)
 
 
