@@ -521,7 +521,7 @@ def chain_reports(archs=None) -> list[CompileReport]:
     sm_120 (``PDL``): the routing align (blocks of 8 and 16 rows, K2.6's 48 and 384 local experts), the KV write
     (bf16 rows of 576, pages of 64 and 1) and the split merge (fp32 and bf16 partials of 512 columns)."""
     from ._splitkv import _combine_kernel, combine_config
-    from .kv_cache import _block_e, _kv_write_kernel
+    from .kv_cache import WRITE_WARPS, _block_e, _kv_write_kernel
     from .moe.align import _align_kernel
 
     reports = []
@@ -540,8 +540,8 @@ def chain_reports(archs=None) -> list[CompileReport]:
                                                             "stride_nt", "stride_ptb", "T", "E", "max_pages",
                                                             "num_pages", "t_blocks")}}
             consts = dict(PAGE_SIZE=P, ROWS=16, BLOCK_E=_block_e(576), PDL=True)
-            reports.append(audit(_kv_write_kernel, sig, consts, arch, 4, 1, ("KV", "New", "stride_kp", "stride_ks"),
-                                 f"bf16 P{P} ROWS16 w4"))
+            reports.append(audit(_kv_write_kernel, sig, consts, arch, WRITE_WARPS, 1,
+                                 ("KV", "New", "stride_kp", "stride_ks"), f"bf16 P{P} ROWS16 w{WRITE_WARPS}"))
         for part, elem in (("fp32", 4), ("bf16", 2)):
             block_d, chunk, warps = combine_config(136, 8, 512, elem)
             sig = {"PartO": "*" + part, "PartLse": "*fp32", "Out": "*bf16", "Lse": "*fp32",

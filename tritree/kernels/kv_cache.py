@@ -102,6 +102,11 @@ def _check_table(page_table, kv_lens, B_expected, device):
     return B
 
 
+# The KV write's warps: with 4, ptxas builds the page-table form (pages of 64) for sm_120 with an 8-byte stack
+# (triton 3.6 and 3.9); with 8 nothing spills (``python -m tritree.kernels.aot``).
+WRITE_WARPS = 8
+
+
 def _block_e(E: int) -> int:
     return min(256, triton.next_power_of_2(E))
 
@@ -245,7 +250,7 @@ class _WritePlan:
                       page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks)
         pdl = pdl_capable(kv.device)
         self._launch = KernelLauncher(_kv_write_kernel, dict(PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e,
-                                                             PDL=pdl), num_warps=4, launch_pdl=pdl)
+                                                             PDL=pdl), num_warps=WRITE_WARPS, launch_pdl=pdl)
 
     def run(self, kv, page_table, kv_lens, new, tree_lens):
         if V.checks_values(kv.device):
@@ -292,7 +297,7 @@ def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
         *_pool_strides(kv, stacked),
         newv.stride(0), newv.stride(1), newv.stride(2),
         page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks,
-        PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, PDL=pdl_capable(kv.device), num_warps=4,
+        PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, PDL=pdl_capable(kv.device), num_warps=WRITE_WARPS,
         launch_pdl=pdl_capable(kv.device))
 
 
