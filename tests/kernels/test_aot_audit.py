@@ -36,11 +36,15 @@ def test_kernel_configs_compile(arch):
 
     mla = [r for r in reports if r.kernel == "_mla_kernel"]
     assert len(mla) == 2 * len(set(MLA_CONFIGS[arch].values())), [r.config for r in mla]
+    # The draft's per-head norm and rope: every config, three variants.
+    from tritree.kernels.head_rope import HEAD_ROPE_CONFIGS
+
+    assert len([r for r in reports if r.kernel == "_head_rope_kernel"]) == 3 * len(set(HEAD_ROPE_CONFIGS[arch].values()))
     # Every kernel a decode layer launches by programmatic dependent launch waits before its first global access
     # (r.ok checks it where r.chained is set); on sm_80 nothing is built for it.
     chained = {r.kernel for r in reports if r.chained}
     layer = {"_linear_kernel", "_mla_kernel", "_kv_write_kernel", "_combine_kernel", "_block_norm_kernel",
-             "_route_kernel", "_align_kernel", "_gate_up_mma_kernel", "_down_mma_kernel"}
+             "_route_kernel", "_align_kernel", "_gate_up_mma_kernel", "_down_mma_kernel", "_head_rope_kernel"}
     assert chained == (layer if arch != "sm_80" else set()), chained
 
 

@@ -554,6 +554,27 @@ def chain_reports(archs=None) -> list[CompileReport]:
     return reports
 
 
+def head_rope_reports(archs=None) -> list[CompileReport]:
+    """The per-head norm and rope kernel (``head_rope._head_rope_kernel``) for every config of its table at the
+    draft's heads of 128 (64 and 8 heads), bf16 and fp16, with and without the norm."""
+    from .head_rope import HEAD_ROPE_CONFIGS, _head_rope_kernel, plan_head_rope
+
+    reports = []
+    for arch in HEAD_ROPE_CONFIGS:
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for H, dtype, norm in ((64, "bf16", True), (8, "bf16", False), (64, "fp16", True)):
+            plan = plan_head_rope(8, H, 128, arch)
+            sig = {"X": "*" + dtype, "Out": "*" + dtype, "NormW": "*" + dtype, "Pos": "*i64", "InvFreq": "*fp32",
+                   **{n: "i32" for n in ("H", "D", "stride_xm", "stride_xh", "stride_om", "stride_oh")},
+                   "eps": "fp32", "amplitude": "fp32"}
+            consts = dict(BLOCK_H=plan.block_h, D_PAD=plan.d_pad, HAS_NORM=norm, PDL=pdl_arch(arch))
+            reports.append(audit(_head_rope_kernel, sig, consts, arch, plan.config.num_warps, 1,
+                                 ("X", "Out", "stride_xm", "stride_xh", "stride_om", "stride_oh"),
+                                 f"H{H} BH{plan.block_h} D128 {dtype}{' norm' if norm else ''}"))
+    return reports
+
+
 def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
                    kv_dtype: str | None = None, page_size: int = 64) -> CompileReport:
     from .verify.triton_kernel import launch_config
@@ -684,7 +705,7 @@ def main(argv=None) -> None:
                + moe_int4_mma_reports(archs=args.arch) + router_reports(archs=args.arch)
                + moe_block_reports(archs=args.arch) + linear_reports(archs=args.arch) + mla_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch)
-               + chain_reports(archs=args.arch))
+               + chain_reports(archs=args.arch) + head_rope_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return

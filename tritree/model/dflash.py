@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 
 from .. import dist
-from ..kernels import draft_attention, kv_write_
+from ..kernels import draft_attention, head_norm_rope, kv_write_
 from ..kernels.linear import linear as fused_linear
 from .config import DFlashConfig
-from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm
+from .layers import inv_freq_kept, linear, random_params, rms_norm
 
 
 def layer_prefix(i: int) -> str:
@@ -93,9 +93,11 @@ def new_cache(cfg: DFlashConfig, num_pages: int, page_size: int, page_table: tor
     return {"kv": kv, "page_table": page_table, "kv_lens": kv_lens}
 
 
-def _rope(cfg: DFlashConfig, positions, dtype):
+def _norm_rope(cfg: DFlashConfig, x, norm_weight, positions):
+    """The heads ``x [B, n, heads, D]`` RMS-normalised (``norm_weight``) and rotated at ``positions [B, n]``, one
+    launch (:func:`tritree.kernels.head_norm_rope`)."""
     inv = inv_freq_kept(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
-    return cos_sin(inv, positions, dtype, cfg.rope_amplitude)
+    return head_norm_rope(x, norm_weight, positions, inv, eps=cfg.rms_norm_eps, amplitude=cfg.rope_amplitude)
 
 
 def _sharded(cfg: DFlashConfig, tp) -> bool:
@@ -152,15 +154,12 @@ def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Te
     ``positions [B, n]``, ``v = v_proj ctx``. Per-layer GEMMs: stacking the weights would copy them."""
     B, n = ctx.shape[:2]
     Hkv, D = cfg.num_key_value_heads, cfg.head_dim
-    cos, sin = _rope(cfg, positions, ctx.dtype)
-    cos, sin = cos[:, :, None], sin[:, :, None]
     out = []
     for i in range(cfg.num_hidden_layers):
         p = layer_prefix(i) + "self_attn."
-        k = rms_norm(linear(ctx, params[p + "k_proj.weight"], params.get(p + "k_proj.bias")).view(B, n, Hkv, D),
-                     params[p + "k_norm.weight"], cfg.rms_norm_eps)
+        k = linear(ctx, params[p + "k_proj.weight"], params.get(p + "k_proj.bias")).view(B, n, Hkv, D)
         v = linear(ctx, params[p + "v_proj.weight"], params.get(p + "v_proj.bias")).view(B, n, Hkv, D)
-        out.append((apply_rope(k, cos, sin), v))
+        out.append((_norm_rope(cfg, k, params[p + "k_norm.weight"], positions), v))
     return out
 
 
@@ -207,8 +206,6 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
             return draft_attention(q.contiguous(), kv[i, :, :, 0], kv[i, :, :, 1], draft_cache["page_table"],
                                    draft_cache["kv_lens"], k.to(kv.dtype), v.to(kv.dtype), sm_scale=cfg.softmax_scale,
                                    window=cfg.windows[i])
-    cos, sin = _rope(cfg, positions, x.dtype)
-    cos, sin = cos[:, :, None], sin[:, :, None]
     eps = cfg.rms_norm_eps
     x2 = x.reshape(B * S, -1)
     for i in range(cfg.num_hidden_layers):
@@ -218,12 +215,11 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
         p = layer_prefix(i)
         a = p + "self_attn."
         g = params[p + "input_layernorm.weight"]
-        q = rms_norm(_normed_linear(x2, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"), g, eps)
-                     .view(B, S, Hq, D), params[a + "q_norm.weight"], eps)
-        k = rms_norm(_normed_linear(x2, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"), g, eps)
-                     .view(B, S, Hkv, D), params[a + "k_norm.weight"], eps)
+        q = _norm_rope(cfg, _normed_linear(x2, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"), g, eps)
+                       .view(B, S, Hq, D), params[a + "q_norm.weight"], positions)
+        k = _norm_rope(cfg, _normed_linear(x2, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"), g, eps)
+                       .view(B, S, Hkv, D), params[a + "k_norm.weight"], positions)
         v = _normed_linear(x2, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"), g, eps).view(B, S, Hkv, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attend(i, q, k, v)
         x2 = _residual_linear(o.reshape(B * S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"),
                               x2, cfg, tp)

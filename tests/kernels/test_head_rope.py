@@ -1,0 +1,106 @@
+"""``head_norm_rope`` (per-head RMSNorm and RoPE in one launch) against its float64 reference and against the composed
+model functions it replaces: head counts and sizes (non-powers of two), positions past 2^16, with and without the
+norm, amplitudes, strided inputs, poisoned outputs; validation; on a GPU the draft's shapes and a graph replay."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tritree.kernels.head_rope import head_norm_rope, head_norm_rope_reference
+from tritree.model.layers import apply_rope, cos_sin, rms_norm, yarn_inv_freq
+
+from ..conftest import DEVICE
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1.6e-2), torch.float16: (2e-3, 2e-3)}
+
+
+def _case(lead, H, D, dtype, seed, norm=True, max_pos=1 << 17, strided=False):
+    g = torch.Generator().manual_seed(seed)
+    xw = torch.randn(*lead, H, D + (6 if strided else 0), generator=g) * 3
+    x = xw[..., 2:2 + D] if strided else xw
+    w = 1 + 0.1 * torch.randn(D, generator=g) if norm else None
+    pos = torch.randint(0, max_pos, lead, generator=g)
+    inv = yarn_inv_freq(D, 50000.0, {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096})
+    dev = DEVICE
+    return (x.to(dtype).to(dev), None if w is None else w.to(dtype).to(dev), pos.to(dev), inv.to(dev))
+
+
+def _check(x, w, pos, inv, eps=1e-6, amplitude=1.0):
+    out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+    res = head_norm_rope(x, w, pos, inv, eps=eps, amplitude=amplitude, out=out)
+    assert res is out
+    assert not out.isnan().any()  # every element written
+    ref = head_norm_rope_reference(x.cpu(), None if w is None else w.cpu(), pos.cpu(), inv.cpu(), eps, amplitude)
+    atol, rtol = TOL[x.dtype]
+    torch.testing.assert_close(out.cpu().double(), ref, atol=atol * amplitude, rtol=rtol)
+
+
+@settings(max_examples=12, deadline=None)
+@given(B=st.integers(1, 3), S=st.integers(1, 5), H=st.integers(1, 9), D=st.sampled_from([2, 6, 16, 24, 64]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), norm=st.booleans(),
+       strided=st.booleans(), amplitude=st.sampled_from([1.0, 0.7]), seed=st.integers(0, 2**16))
+def test_head_norm_rope_matches_reference(B, S, H, D, dtype, norm, strided, amplitude, seed):
+    _check(*_case((B, S), H, D, dtype, seed, norm=norm, strided=strided), amplitude=amplitude)
+
+
+@pytest.mark.parametrize("lead", [(1,), (2, 3, 1)])
+def test_head_norm_rope_leading_dims_and_one_row(lead):
+    _check(*_case(lead, 3, 16, torch.float32, 7))
+
+
+def test_head_norm_rope_equals_the_composed_model_functions():
+    """What the draft computed before: rms_norm, cos_sin and apply_rope (float32: to rounding)."""
+    x, w, pos, inv = _case((2, 4), 5, 32, torch.float32, 3)
+    cos, sin = cos_sin(inv, pos, torch.float32, 0.9)
+    want = apply_rope(rms_norm(x, w, 1e-6), cos[:, :, None], sin[:, :, None])
+    got = head_norm_rope(x, w, pos, inv, eps=1e-6, amplitude=0.9)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_head_norm_rope_zero_rows():
+    x = torch.randn(0, 4, 16, device=DEVICE)
+    out = head_norm_rope(x, None, torch.zeros(0, dtype=torch.long, device=DEVICE),
+                         torch.ones(8, device=DEVICE))
+    assert out.shape == (0, 4, 16)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(x=torch.randn(4, 16)), "leading dimension"),
+    (dict(x=torch.randn(2, 4, 15)), "even"),
+    (dict(x=torch.randn(2, 4, 32)[..., ::2]), "contiguous"),
+    (dict(positions=torch.zeros(3, dtype=torch.long)), "positions"),
+    (dict(positions=torch.zeros(2)), "positions"),
+    (dict(inv_freq=torch.ones(4)), "inv_freq"),
+    (dict(inv_freq=torch.ones(8, dtype=torch.float64)), "inv_freq"),
+    (dict(norm_weight=torch.ones(8)), "norm_weight"),
+    (dict(eps=-1.0), "eps"),
+    (dict(out=torch.empty(2, 4, 16, dtype=torch.float16)), "out"),
+    (dict(out=torch.empty(2, 16, 4).transpose(1, 2)), "out"),
+])
+def test_head_norm_rope_rejects_bad_input(kw, match):
+    args = dict(x=torch.randn(2, 4, 16), norm_weight=torch.ones(16), positions=torch.zeros(2, dtype=torch.long),
+                inv_freq=torch.ones(8), eps=1e-6, out=None)
+    args.update(kw)
+    with pytest.raises((ValueError, TypeError), match=match):
+        head_norm_rope(args["x"], args["norm_weight"], args["positions"], args["inv_freq"], eps=args["eps"],
+                       out=args["out"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("H", [64, 8])
+def test_gpu_draft_shapes_and_graph_replay(H):
+    """K2.6's draft (heads of 128, block 8): bf16, positions near 128k, equal under a CUDA-graph replay."""
+    x, w, pos, inv = (t.cuda() for t in _case((1, 8), H, 128, torch.bfloat16, 11, max_pos=131072))
+    _check(x, w, pos, inv)
+    eager = head_norm_rope(x, w, pos, inv)
+    out = torch.empty_like(x)
+    head_norm_rope(x, w, pos, inv, out=out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        head_norm_rope(x, w, pos, inv, out=out)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, eager, atol=0, rtol=0)
