@@ -83,7 +83,7 @@ FAMILIES: list[tuple[str, str]] = [
     # argsort/searchsorted); a Triton router kernel is named _route...
     ("router", r"\b_route\w*|gatherTopK|[Tt]op[Kk]|[Ss]ort|sgemm|gemm_f32f32|_f32f32_f32f32|nvjet_sss"
                r"|(gemm|gemv)\w*<(int, int, )?float\b|splitKreduce_kernel<\d+, \d+, int, float, float, float, float\b"),
-    ("norms", r"layer_?norm|LayerNorm|rms_?norm|RMSNorm|RowwiseMoments|\b_block_norm_kernel\b"),
+    ("norms", r"layer_?norm|LayerNorm|rms_?norm|RMSNorm|RowwiseMoments|\b_(block_norm|head_rope)_kernel\b"),
     ("projections (dense GEMMs)", r"nvjet|gemm|gemv|cutlass|xmma|splitKreduce|cublas|\bdot_kernel|\b_(linear|mla)_kernel\b"),
     ("elementwise", r"CatArray|\btriton_(poi|red|per)_"),  # Inductor's names may say "_to_copy"
     ("copies", r"(?i)memcpy|memset|copy|roll_cuda_kernel"),
