@@ -1,8 +1,7 @@
 """The KV write and the verify attention of one layer, as a model's layer runs them (``kv_write_`` of the tree's
 latent rows, then ``verify_mla``), graph-timed back to back over rotated input sets. On Hopper the KV write
-signals its dependents at its start (``tritree.kernels._launch.chain_start``) and the warp-specialised verify split
-kernel is launched by programmatic dependent launch where its launch rule says so
-(``tritree.kernels.verify.gluon_launch``), so it is placed while the write runs.
+signals its dependents at its start and the warp-specialised verify split kernel is launched by programmatic
+dependent launch where its launch rule says so (``tritree.kernels.verify.gluon_launch``), so it is placed while the write runs.
 
     python -m bench.pdl_layer --ctx 46000 --T 65 --H 8 --rounds 3
 """

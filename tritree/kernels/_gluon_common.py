@@ -38,26 +38,6 @@ __all__ = ["gluon", "gl", "async_copy", "fence_async_shared", "mbarrier", "tma",
 
 
 @gluon.jit
-def _wait_prior_grid(any_int):
-    """Programmatic dependent launch: wait until the grids this one depends on have completed and their
-    writes are visible (``griddepcontrol.wait``; returns at once for a launch without ``launch_pdl``).
-    Before any global read of anything a prior kernel may write. ``any_int``: a scalar for the asm's
-    operand list."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r,r", [any_int],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _chain_start(any_int, PDL: gl.constexpr):
-    """The Gluon kernels' :func:`tritree.kernels._launch.chain_start`: with ``PDL``, signal that the next kernel
-    may be placed, then wait for the grids this one depends on (both no-ops for a launch without
-    ``launch_pdl``). A kernel's first statement, ahead of every global access."""
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; griddepcontrol.wait; mov.u32 $0, 0;", "=r,r",
-                                  [any_int], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _now(any_int):
     """``%globaltimer_lo`` (ns, wraps every 4.3 s): one stamp of ``TIMELINE``. ``any_int``: a
     scalar for the asm's operand list."""

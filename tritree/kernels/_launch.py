@@ -25,10 +25,7 @@ import os
 from collections import OrderedDict
 
 import torch
-import triton
-import triton.language as tl
 from triton import knobs
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 def interpreting() -> bool:
@@ -45,26 +42,6 @@ def uses_kernel(device: torch.device) -> bool:
 def eager() -> bool:
     """Whether the ops take their plan path (not traced by torch.compile)."""
     return not torch.compiler.is_compiling()
-
-
-def pdl_capable(device: torch.device) -> bool:
-    """Whether kernels on ``device`` are launched by programmatic dependent launch (``launch_pdl``, the kernel's
-    ``PDL`` constexpr, :func:`chain_start`): a GPU of compute capability 9.0 or above, not the interpreter."""
-    return (device.type == "cuda" and not interpreting()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-@triton.jit
-def chain_start(PDL: tl.constexpr):
-    """A decode kernel's first statement. With ``PDL`` (the kernel launched with ``launch_pdl``): signal that the
-    next kernel may be placed (``griddepcontrol.launch_dependents``), then wait until the grids this one depends
-    on have completed and their writes are visible (``griddepcontrol.wait``). Nothing of the kernel touches
-    global memory before the wait, so the launch's only effect is that a kernel's programs are placed, and its
-    launch paid, while the kernel before it still runs: a layer's dozen small kernels stop paying a launch and
-    a ramp each. A kernel launched without ``launch_pdl`` returns from both at once."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
 
 
 class KernelLauncher:

@@ -15,12 +15,12 @@ chunk had no visible key for the row).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
-
-from ._launch import KernelLauncher, chain_start, pdl_capable
+from triton.language.extra.cuda import gdc_launch_dependents
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -147,6 +147,22 @@ def split_destinations(out, lse, num_splits: int, rows: int, narrow: bool = Fals
             (dst_l.stride(0), 0, dst_l.stride(2), dst_l.stride(1)))
 
 
+# The merge signals dependents at its start (``griddepcontrol.launch_dependents``; a no-op unless the next
+# kernel is launched by programmatic dependent launch, as the warp-specialised verify split kernel is): that
+# kernel's grid is then placed while the merge runs and waits for the merge's completion itself (in
+# ``griddepcontrol.wait``), which takes ~1 us off each verify call (bench/RESULTS.md, verify attention).
+def pdl_capable(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can use programmatic dependent launch (``griddepcontrol``): a
+    Hopper-or-later GPU, not the interpreter."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def merge_signals(device: torch.device) -> bool:
+    """Whether the merge on ``device`` signals dependents at its start (``pdl_capable``)."""
+    return pdl_capable(device)
+
+
 @triton.jit
 def _combine_kernel(
     PartO, PartLse, Out, Lse,
@@ -157,12 +173,13 @@ def _combine_kernel(
     H, num_splits,
     SPLIT_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr = False,
+    SIGNAL: tl.constexpr = False,
 ):
     # One pass with a running maximum (the partials' lse are log2): each chunk's partial rows and
     # lse are loaded together, so a chunk costs one memory round trip and chunks can be in flight
     # together (the merge is bound by bytes in flight, not by arithmetic).
-    chain_start(PDL)
+    if SIGNAL:  # a kernel launched after this one by programmatic dependent launch may be placed now
+        gdc_launch_dependents()
     row = tl.program_id(0)
     b = tl.program_id(1)
     pid_d = tl.program_id(2)
@@ -236,13 +253,14 @@ class MergePlan:
 
     def __init__(self, B: int, S: int, M: int, D: int, H: int, partials_dtype: torch.dtype,
                  out_strides: tuple, lse_strides: tuple, device: torch.device):
+        from ._launch import KernelLauncher
+
         elem = torch.empty((), dtype=partials_dtype).element_size()
         block_d, chunk, num_warps = combine_config(B * M, S, D, elem)
         self.grid = (M, B, D // block_d)
         self.args = (S * M * D, M * D, D, S * M, M, *out_strides[:3], *lse_strides[:3], H, S)
-        pdl = pdl_capable(device)
-        self.launcher = KernelLauncher(_combine_kernel, dict(SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=pdl),
-                                       num_warps=num_warps, launch_pdl=pdl)
+        self.launcher = KernelLauncher(_combine_kernel, dict(SPLIT_CHUNK=chunk, BLOCK_D=block_d,
+                                                             SIGNAL=merge_signals(device)), num_warps=num_warps)
 
     def run(self, part_o, part_lse, out, lse) -> None:
         self.launcher(self.grid, part_o, part_lse, out, lse, *self.args)
@@ -265,7 +283,8 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse.stride(0), lse.stride(1), lse.stride(2),
         H, S,
         # Every constexpr passed, defaulted ones too: torch.compile's wrap_triton fills in no defaults.
-        SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=False, num_warps=num_warps,
+        SPLIT_CHUNK=chunk, BLOCK_D=block_d, SIGNAL=launch is None and merge_signals(part_o.device),
+        num_warps=num_warps,
     )
 
 

@@ -36,9 +36,6 @@ class CompileReport:
     shared: int
     registers: int
     spill_bytes: int  # local memory + stack frame, 0 when nothing spills
-    # Builds for programmatic dependent launch (``PDL``): whether the PTX signals dependents and waits
-    # (``griddepcontrol``) ahead of its first global memory access; None for other builds.
-    chained: bool | None = None
 
     @property
     def shared_limit(self) -> int:
@@ -46,29 +43,8 @@ class CompileReport:
 
     @property
     def ok(self) -> bool:
-        """Within the shared-memory limit, spill-free where the architecture demands it, and for PDL builds
-        waiting before any global access."""
-        return (self.shared <= self.shared_limit and (self.spill_bytes == 0 or self.arch not in NO_SPILL_ARCHS)
-                and self.chained is not False)
-
-
-# A global memory access in PTX: ld/st/atom/red on the global space (state and scope qualifiers may come
-# before ``.global``), and asynchronous copies (cp.async, TMA's cp.async.bulk).
-_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:(?:ld|st|atom|red)(?:\.\w+)*\.global\b|cp\.async)", re.M)
-
-
-def chained_before_global(ptx: str) -> bool:
-    """Whether ``ptx`` signals its dependents and waits for the grids it depends on (``griddepcontrol``) before
-    its first global memory access: what :func:`tritree.kernels._launch.chain_start` promises."""
-    wait, signal = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
-    first = _GLOBAL_ACCESS.search(ptx)
-    return 0 <= signal and 0 <= wait and (first is None or wait < first.start())
-
-
-def pdl_arch(arch: str) -> bool:
-    """Whether kernels built for ``arch`` are launched by programmatic dependent launch (compute capability 9.0
-    and above: ``_launch.pdl_capable``)."""
-    return CAPABILITY[arch] >= 90
+        """Within the shared-memory limit, and spill-free where the architecture demands it."""
+        return self.shared <= self.shared_limit and (self.spill_bytes == 0 or self.arch not in NO_SPILL_ARCHS)
 
 
 def _cuobjdump() -> str:
@@ -117,14 +93,9 @@ def audit_in_subprocess(archs) -> list[CompileReport]:
 
 def audit(fn, signature, constexprs, arch, num_warps, num_stages, divisible=(), label="") -> CompileReport:
     k = compile_kernel(fn, signature, constexprs, arch, num_warps, num_stages, divisible)
-    return _report(k, fn, arch, label, constexprs)
-
-
-def _report(k, fn, arch: str, label: str, constexprs: dict) -> CompileReport:
     use = resource_usage(k.asm["cubin"])
     return CompileReport(fn.__name__, arch, label, int(k.metadata.shared), use.get("REG", 0),
-                         use.get("LOCAL", 0) + use.get("STACK", 0),
-                         chained_before_global(k.asm["ptx"]) if constexprs.get("PDL") else None)
+                         use.get("LOCAL", 0) + use.get("STACK", 0))
 
 
 # Architectures whose verify configs are also compiled for fp8 (e4m3) pools (e4m3 needs sm_89+).
@@ -361,15 +332,17 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
             ):
                 cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, **({} if ct is None else {"CT": ct}),
                           DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
-                          OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0, PDL=True)
+                          OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
                 divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
                 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
                 k = triton.compile(GluonASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in cx}},
                                                   constexprs=cx, attrs=attrs),
                                    target=GPUTarget("cuda", CAPABILITY[arch], 32),
                                    options=M.launch_options(bm, torch.bfloat16 if dtype == "bf16" else torch.float16))
+                use = resource_usage(k.asm["cubin"])
                 label = f"BM{bm} w{M.WARPS} split{split}{'' if ct is None else f' cols{ct}'} {dtype}"
-                reports.append(_report(k, fn, arch, label, cx))
+                reports.append(CompileReport(fn.__name__, arch, label, int(k.metadata.shared), use.get("REG", 0),
+                                             use.get("LOCAL", 0) + use.get("STACK", 0)))
     return reports
 
 
@@ -402,8 +375,7 @@ def router_reports(archs=None) -> list[CompileReport]:
                            "Logits": "*fp32", "Cand": "*i64", "Count": "*i32", "Idx": "*i32", "Wt": "*fp32",
                            **{n: "i32" for n in ints}, "scaling": "fp32"}
                     assert tuple(sig)[:len(ptrs)] == ptrs
-                    consts = _constexprs(plan, N, H, E, tdt, tdt, top_k, n_group, topk_group, True, True, True,
-                                         pdl_arch(arch))
+                    consts = _constexprs(plan, N, H, E, tdt, tdt, top_k, n_group, topk_group, True, True, True)
                     consts["DOT_F32"] = dtype == "fp32"  # as on the GPU, also when this process interprets
                     label = (f"BT{cfg.block_t} BE{cfg.block_e} BK{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} "
                              f"{dtype} g{n_group}/{topk_group} split{plan.split_k} sel{plan.sel_rows}")
@@ -426,7 +398,7 @@ def moe_block_reports(archs=None) -> list[CompileReport]:
             sig = {"Res": "*" + dtype, "NormW": "*" + dtype, "Xn": "*" + dtype, "Xm": "*" + dtype, "Acc": "*fp32",
                    "Gacc": "*fp32", "H": "i32", "g_numel": "i32", "g_span": "i32", "eps": "fp32", "stride_r": "i32",
                    "stride_n": "i32", "stride_m": "i32", "stride_a": "i32"}
-            consts = {"RESIDUAL": residual, "BLOCK_H": 8192, "BLOCK_G": 2048, "PDL": pdl_arch(arch)}
+            consts = {"RESIDUAL": residual, "BLOCK_H": 8192, "BLOCK_G": 2048}
             reports.append(audit(_block_norm_kernel, sig, consts, arch, 8, 1,
                                  ("Res", "NormW", "Xn", "Xm", "Acc", "Gacc", "stride_r", "stride_n", "stride_m",
                                   "stride_a"), f"{dtype} H8192 w8{' residual' if residual else ''}"))
@@ -456,7 +428,7 @@ def linear_reports(archs=None) -> list[CompileReport]:
                        "k_split": "i32", "eps": "fp32"}
                 consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
                               HAS_NORM=fused, HAS_BIAS=fused, HAS_RES=fused, DOT_F32=False, EVEN_K=True,
-                              SUM_UNROLL=sum_unroll(cfg), HAS_NW=fused, GLU=fused, PDL=pdl_arch(arch))
+                              SUM_UNROLL=sum_unroll(cfg), HAS_NW=fused, GLU=fused)
                 label = (f"BM{cfg.block_m} BN{cfg.block_n} BK{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} {dtype} "
                          f"split{'1' if split == 1 else 'N'}{' norm(weight) bias silu_mul res' if fused else ''}")
                 reports.append(audit(_linear_kernel, sig, consts, arch, cfg.num_warps, cfg.num_stages,
@@ -484,7 +456,7 @@ def mla_reports(archs=None) -> list[CompileReport]:
                 sig = {**{p: "*bf16" for p in ptrs}, **{n: "i32" for n in ints}, "eps": "fp32"}
                 sig.update(PageTable="*i32", KvLens="*i32", TreeLens="*i32")
                 consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, QUERY=query, R=64,
-                              C_PAD=512, ROWS_L=cfg.rows_l, PAGE_SIZE=64, DOT_F32=False, PDL=pdl_arch(arch))
+                              C_PAD=512, ROWS_L=cfg.rows_l, PAGE_SIZE=64, DOT_F32=False, SIGNAL=arch == "sm_90")
                 label = (f"BM{cfg.block_m} BN{cfg.block_n} BK{cfg.block_k} w{cfg.num_warps} RL{cfg.rows_l} bf16 "
                          f"{'query' if query else 'output'}")
                 reports.append(audit(_mla_kernel, sig, consts, arch, cfg.num_warps, 1,
@@ -496,8 +468,9 @@ def mla_reports(archs=None) -> list[CompileReport]:
 
 def kv_reports(archs=None) -> list[CompileReport]:
     """The KV commit kernel at its launch layouts (``kv_cache._commit_layout``): latent rows of 576 in
-    bf16 (trees of 64 nodes in one chunk, of 128+ nodes in chunks of 128), fp32 and 1-byte rows; P 64 and 1."""
-    from .kv_cache import _commit_layout, _kv_commit_kernel
+    bf16 (trees of 64 nodes in one chunk, of 128+ nodes in chunks of 128), fp32 and 1-byte rows; P 64 and 1.
+    The KV write kernel (``kv_write_``): bf16 rows of 576, pages of 64 and 1, as launched (16-row blocks)."""
+    from .kv_cache import WRITE_WARPS, _block_e, _commit_layout, _kv_commit_kernel, _kv_write_kernel
 
     reports = []
     for arch in (archs or ("sm_90", "sm_120")):
@@ -513,44 +486,14 @@ def kv_reports(archs=None) -> list[CompileReport]:
             reports.append(audit(_kv_commit_kernel, sig, consts, arch, 4, 1,
                                  ("KV", "PageTable", "AcceptIdx", "stride_kl", "stride_kp", "stride_ks", "stride_ab"),
                                  f"{dtype} P{P} ROWS{rows} BE{block_e} w4"))
-    return reports
-
-
-def chain_reports(archs=None) -> list[CompileReport]:
-    """The smaller kernels a decode layer launches by programmatic dependent launch, built as launched on sm_90 and
-    sm_120 (``PDL``): the routing align (blocks of 8 and 16 rows, K2.6's 48 and 384 local experts), the KV write
-    (bf16 rows of 576, pages of 64 and 1) and the split merge (fp32 and bf16 partials of 512 columns)."""
-    from ._splitkv import _combine_kernel, combine_config
-    from .kv_cache import WRITE_WARPS, _block_e, _kv_write_kernel
-    from .moe.align import _align_kernel
-
-    reports = []
-    for arch in (archs or ("sm_90", "sm_120")):
-        if arch not in CAPABILITY or not pdl_arch(arch):
-            continue
-        for bm, E in ((8, 48), (16, 384)):
-            sig = {n: "*i32" for n in ("Idx", "SortedIdx", "BlockExpert", "BlockStart", "BlockEnd", "Used", "Scratch")}
-            sig.update(A="i32", E="i32", num_blocks="i32")
-            nb = 1 << (E + 1).bit_length()
-            consts = dict(BLOCK_M=bm, NB=nb, CHUNK_A=1024, CHUNK_B=max(1, min(64, 16384 // nb)), PDL=True)
-            reports.append(audit(_align_kernel, sig, consts, arch, 8, 1, ("Idx", "SortedIdx"), f"BM{bm} E{E} w8"))
         for P in (64, 1):
             sig = {"KV": "*bf16", "New": "*bf16", "PageTable": "*i32", "KvLens": "*i32", "TreeLens": "*i32",
                    "stride_kl": "i64", **{n: "i32" for n in ("stride_kp", "stride_ks", "stride_nl", "stride_nb",
                                                             "stride_nt", "stride_ptb", "T", "E", "max_pages",
                                                             "num_pages", "t_blocks")}}
-            consts = dict(PAGE_SIZE=P, ROWS=16, BLOCK_E=_block_e(576), PDL=True)
+            consts = dict(PAGE_SIZE=P, ROWS=16, BLOCK_E=_block_e(576), SIGNAL=CAPABILITY[arch] >= 90)
             reports.append(audit(_kv_write_kernel, sig, consts, arch, WRITE_WARPS, 1,
-                                 ("KV", "New", "stride_kp", "stride_ks"), f"bf16 P{P} ROWS16 w{WRITE_WARPS}"))
-        for part, elem in (("fp32", 4), ("bf16", 2)):
-            block_d, chunk, warps = combine_config(136, 8, 512, elem)
-            sig = {"PartO": "*" + part, "PartLse": "*fp32", "Out": "*bf16", "Lse": "*fp32",
-                   **{n: "i32" for n in ("stride_pob", "stride_pos", "stride_pom", "stride_plb", "stride_pls",
-                                         "stride_ob", "stride_ot", "stride_oh", "stride_lb", "stride_lt", "stride_lh",
-                                         "H", "num_splits")}}
-            consts = dict(SPLIT_CHUNK=chunk, BLOCK_D=block_d, PDL=True)
-            reports.append(audit(_combine_kernel, sig, consts, arch, warps, 1, ("PartO", "Out"),
-                                 f"{part} partials BD{block_d} chunk{chunk} w{warps}"))
+                                 ("KV", "New", "stride_kp", "stride_ks"), f"write bf16 P{P} ROWS16 w{WRITE_WARPS}"))
     return reports
 
 
@@ -568,7 +511,7 @@ def head_rope_reports(archs=None) -> list[CompileReport]:
             sig = {"X": "*" + dtype, "Out": "*" + dtype, "NormW": "*" + dtype, "Pos": "*i64", "InvFreq": "*fp32",
                    **{n: "i32" for n in ("H", "D", "stride_xm", "stride_xh", "stride_om", "stride_oh")},
                    "eps": "fp32", "amplitude": "fp32"}
-            consts = dict(BLOCK_H=plan.block_h, D_PAD=plan.d_pad, HAS_NORM=norm, PDL=pdl_arch(arch))
+            consts = dict(BLOCK_H=plan.block_h, D_PAD=plan.d_pad, HAS_NORM=norm)
             reports.append(audit(_head_rope_kernel, sig, consts, arch, plan.config.num_warps, 1,
                                  ("X", "Out", "stride_xm", "stride_xh", "stride_om", "stride_oh"),
                                  f"H{H} BH{plan.block_h} D128 {dtype}{' norm' if norm else ''}"))
@@ -705,15 +648,14 @@ def main(argv=None) -> None:
                + moe_int4_mma_reports(archs=args.arch) + router_reports(archs=args.arch)
                + moe_block_reports(archs=args.arch) + linear_reports(archs=args.arch) + mla_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch)
-               + chain_reports(archs=args.arch) + head_rope_reports(archs=args.arch))
+               + head_rope_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return
     for r in reports:
         status = "ok" if r.ok else "FAIL"
-        chain = "" if r.chained is None else f" waits first {r.chained}"
         print(f"{r.kernel:24s} {r.arch:7s} {r.config:32s} shared {r.shared:7d}/{r.shared_limit:7d} "
-              f"regs {r.registers:3d} spill {r.spill_bytes:5d}{chain}  {status}")
+              f"regs {r.registers:3d} spill {r.spill_bytes:5d}  {status}")
 
 
 def _exit_without_teardown_report(code) -> None:

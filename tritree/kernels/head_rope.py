@@ -12,9 +12,8 @@ Semantics (:func:`head_norm_rope_reference`, the specification): for ``x [..., H
 
 One kernel (:func:`_head_rope_kernel`): a program for ``BLOCK_H`` heads of one row, the norm and the rotation in
 float32, the output rounded once to ``x``'s dtype. It replaces the norm, the rope tables (cos, sin, their casts
-and concatenations) and the rotation: about ten launches a call in the composed form. On Hopper and later it is
-launched by programmatic dependent launch (``_launch.chain_start``). No host sync: CUDA-graph capturable. On the CPU
-(without Triton's interpreter) the reference runs in float32 for 16-bit inputs.
+and concatenations) and the rotation: about ten launches a call in the composed form. No host sync: CUDA-graph
+capturable. On the CPU (without Triton's interpreter) the reference runs in float32 for 16-bit inputs.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import triton
 import triton.language as tl
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, chain_start, eager, pdl_capable, scalars, signature, uses_kernel
+from ._launch import KernelLauncher, PlanCache, eager, scalars, signature, uses_kernel
 from .configs import arch_of, lookup
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -58,10 +57,9 @@ def head_norm_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor | None, 
 
 @triton.jit
 def _head_rope_kernel(X, Out, NormW, Pos, InvFreq, H, D, stride_xm, stride_xh, stride_om, stride_oh, eps, amplitude,
-                      BLOCK_H: tl.constexpr, D_PAD: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr):
+                      BLOCK_H: tl.constexpr, D_PAD: tl.constexpr, HAS_NORM: tl.constexpr):
     """Grid ``(M, cdiv(H, BLOCK_H))``: heads ``BLOCK_H j ..`` of row ``m``. ``X / Out [M, H, D]`` by their row and
     head strides (channels contiguous); ``NormW [D]``; ``Pos [M]``; ``InvFreq [D / 2]`` float32."""
-    chain_start(PDL)
     m = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, D_PAD)
@@ -164,10 +162,9 @@ class _HeadRopePlanLaunch:
         H, D = x.shape[-2:]
         self.plan = p = plan_head_rope(M, H, D, arch_of(x.device))
         self.grid = (M, triton.cdiv(H, p.block_h), 1)
-        pdl = pdl_capable(x.device)
         self._launcher = KernelLauncher(_head_rope_kernel, dict(BLOCK_H=p.block_h, D_PAD=p.d_pad,
-                                                                HAS_NORM=norm_weight is not None, PDL=pdl),
-                                        num_warps=p.config.num_warps, launch_pdl=pdl)
+                                                                HAS_NORM=norm_weight is not None),
+                                        num_warps=p.config.num_warps)
 
     def run(self, x, norm_weight, positions, inv_freq, out):
         needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, norm_weight))

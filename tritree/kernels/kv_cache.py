@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _validate as V
-from ._launch import KernelLauncher, PlanCache, chain_start, eager, full_lengths, pdl_capable, signature, uses_kernel
+from ._launch import KernelLauncher, PlanCache, eager, full_lengths, signature, uses_kernel
+from ._splitkv import pdl_capable
 
 KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.uint8)
 
@@ -135,8 +137,9 @@ def _kv_write_kernel(KV, New, PageTable, KvLens, TreeLens,
                      stride_kl, stride_kp, stride_ks,
                      stride_nl, stride_nb, stride_nt,
                      stride_ptb, T, E, max_pages, num_pages, t_blocks,
-                     PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
-    chain_start(PDL)
+                     PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, SIGNAL: tl.constexpr):
+    if SIGNAL:  # the next kernel (the verify split kernel, launched by programmatic dependent launch) may be placed
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     layer = tl.program_id(1).to(tl.int64)
     pid_e = tl.program_id(2)
@@ -248,9 +251,8 @@ class _WritePlan:
         self._grid = (B * t_blocks, pool.layers, triton.cdiv(pool.row, block_e))
         self._ints = (*_pool_strides(kv, stacked), newv.stride(0), newv.stride(1), newv.stride(2),
                       page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks)
-        pdl = pdl_capable(kv.device)
         self._launch = KernelLauncher(_kv_write_kernel, dict(PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e,
-                                                             PDL=pdl), num_warps=WRITE_WARPS, launch_pdl=pdl)
+                                                             SIGNAL=write_signals(kv.device)), num_warps=WRITE_WARPS)
 
     def run(self, kv, page_table, kv_lens, new, tree_lens):
         if V.checks_values(kv.device):
@@ -282,6 +284,16 @@ def _kv_write_op(kv: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tens
     _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked)
 
 
+# The KV write signals dependents at its start (``griddepcontrol.launch_dependents``): in a model's layer it
+# runs right before ``verify_mla``, whose warp-specialised split kernel (launched by programmatic dependent
+# launch) is then placed while the write still runs and waits for the write's completion itself, before its
+# first global read (bench/RESULTS.md, "one layer's KV write + verify"). A no-op before kernels launched
+# without programmatic dependent launch.
+def write_signals(device: torch.device) -> bool:
+    """Whether the KV write on ``device`` signals dependents (``_splitkv.pdl_capable``)."""
+    return pdl_capable(device)
+
+
 def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
     pool = _pool(kv, stacked)
     lead = 3 if stacked else 2
@@ -297,8 +309,7 @@ def _kv_write_launch(kv, page_table, kv_lens, new, tree_lens, stacked):
         *_pool_strides(kv, stacked),
         newv.stride(0), newv.stride(1), newv.stride(2),
         page_table.stride(0), T, pool.row, page_table.shape[1], pool.num_pages, t_blocks,
-        PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, PDL=pdl_capable(kv.device), num_warps=WRITE_WARPS,
-        launch_pdl=pdl_capable(kv.device))
+        PAGE_SIZE=pool.page_size, ROWS=rows, BLOCK_E=block_e, SIGNAL=write_signals(kv.device), num_warps=WRITE_WARPS)
 
 
 # --------------------------------------------------------------------------------------------------

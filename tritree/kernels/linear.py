@@ -46,10 +46,8 @@ from ._launch import (
     PlanCache,
     StreamScratch,
     arrival_counters,
-    chain_start,
     eager,
     interpreting,
-    pdl_capable,
     scalars,
     signature,
     uses_kernel,
@@ -147,15 +145,14 @@ def _linear_kernel(X, W, Bias, Res, Out, Part, SumSq, Count, NormW, M, N, K, str
                    k_split, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                    DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, SUM_UNROLL: tl.constexpr, HAS_NW: tl.constexpr,
-                   GLU: tl.constexpr, PDL: tl.constexpr):
+                   GLU: tl.constexpr):
     """Grid ``(row blocks, column tiles, SPLIT_K)``; see the module. ``X [M, K]``, ``W [N, K]``, ``Res`` and ``Out
     [M, N]`` by row strides (last dimension contiguous); ``Bias [N]``; ``Part [SPLIT_K, M, N]`` and
     ``SumSq [SPLIT_K, column tiles, M]`` fp32 (``SPLIT_K > 1``); ``Count``: int32 counters at 0, one a tile.
     ``k_split``: columns of K a split (whole ``BLOCK_K`` tiles). ``DOT_F32``: an IEEE fp32 dot (fp32 inputs, and
     the interpreter). ``HAS_NW``: the rows times ``NormW [K]`` by column (after their sums of squares). ``GLU``:
     ``W [2N, K]`` (gate rows, then up rows), ``Out [M, N] = silu(gate) * up`` (``Bias [2N]``, ``Part [SPLIT_K, M,
-    2N]``). ``PDL``: :func:`tritree.kernels._launch.chain_start`."""
-    chain_start(PDL)
+    2N]``)."""
     pm = tl.program_id(0)
     pn = tl.program_id(1)
     ks = tl.program_id(2)
@@ -417,11 +414,11 @@ def sum_unroll(config: LinearConfig) -> int:
     return max(1, min(8, SUM_REGISTERS // max(1, per_thread)))
 
 
-def _constexprs(plan: LinearPlan, K, dtype, has_norm, has_bias, has_res, has_nw, glu, pdl):
+def _constexprs(plan: LinearPlan, K, dtype, has_norm, has_bias, has_res, has_nw=False, glu=False):
     c = plan.config
     return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=plan.split_k, HAS_NORM=has_norm,
                 HAS_BIAS=has_bias, HAS_RES=has_res, DOT_F32=interpreting() or dtype == torch.float32,
-                EVEN_K=K % c.block_k == 0, SUM_UNROLL=sum_unroll(c), HAS_NW=has_nw, GLU=glu, PDL=pdl)
+                EVEN_K=K % c.block_k == 0, SUM_UNROLL=sum_unroll(c), HAS_NW=has_nw, GLU=glu)
 
 
 def _workspace(plan: LinearPlan, M: int, N: int, device, norm: bool):
@@ -454,10 +451,9 @@ def _launch(x, weight, bias, rms_eps, residual, out, plan: LinearPlan, launcher=
         launcher(plan.grid, *args)
     else:
         c = plan.config
-        pdl = pdl_capable(x.device)
         _linear_kernel[plan.grid](*args, **_constexprs(plan, K, x.dtype, rms_eps is not None, bias is not None,
-                                                       residual is not None, norm_weight is not None, glu, pdl),
-                                  num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
+                                                       residual is not None, norm_weight is not None, glu),
+                                  num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
 
@@ -481,11 +477,10 @@ class _LinearPlanLaunch:
         p = self.plan
         c = p.config
         norm = rms_eps is not None
-        pdl = pdl_capable(dev)
         self._launcher = KernelLauncher(
             _linear_kernel, _constexprs(p, K, x.dtype, norm, bias is not None, residual is not None,
-                                        norm_weight is not None, self.glu, pdl),
-            num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
+                                        norm_weight is not None, self.glu),
+            num_warps=c.num_warps, num_stages=c.num_stages)
         self._scratch = StreamScratch(lambda: _workspace(p, M, N, dev, norm))
 
     def run(self, x, weight, bias, norm_weight, residual, out):

@@ -20,8 +20,8 @@ latent to the pool's). One kernel (:func:`_mla_kernel`), grid 1-D: ``heads x col
 of the per-head product (``mla_query_``'s also rotate their head's ``q_pe`` in the first column tile), then, for
 ``mla_query_``, the latent programs (``ROWS_L`` rows each). At decode each weight is ~1 MB, read once a row block.
 
-No host sync: CUDA-graph capturable. On Hopper and later both ops are launched by programmatic dependent launch
-(``_launch.chain_start``). Under Triton's interpreter the programs run in
+No host sync: CUDA-graph capturable. The KV write signals dependents at its start as ``kv_write_`` does (the verify
+kernel after it may be placed early and waits for the write itself). Under Triton's interpreter the programs run in
 turn: the CPU tests run the same code path; other CPU calls run the reference in the inputs' dtype.
 """
 
@@ -33,21 +33,12 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _validate as V
-from ._launch import (
-    KernelLauncher,
-    PlanCache,
-    chain_start,
-    eager,
-    full_lengths,
-    interpreting,
-    pdl_capable,
-    signature,
-    uses_kernel,
-)
+from ._launch import KernelLauncher, PlanCache, eager, full_lengths, interpreting, signature, uses_kernel
 from .configs import arch_of, lookup
-from .kv_cache import _pool, _row_offsets, kv_write_reference
+from .kv_cache import _pool, _row_offsets, kv_write_reference, write_signals
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -111,14 +102,15 @@ def _mla_kernel(X, W, Out, Lat, NormW, Cos, Sin, KV, PageTable, KvLens, TreeLens
                 row_blocks, eps,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QUERY: tl.constexpr,
                 R: tl.constexpr, C_PAD: tl.constexpr, ROWS_L: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                DOT_F32: tl.constexpr, PDL: tl.constexpr):
+                DOT_F32: tl.constexpr, SIGNAL: tl.constexpr):
     """Grid ``(heads x col_tiles x row_blocks [+ latent programs],)``; see the module. ``X [M, H, *]`` by
     ``stride_xm / stride_xh`` (its first ``K`` channels multiplied; with ``QUERY`` the ``R`` after them rotated);
     ``W``: element ``(h, k, n)`` at ``h stride_wh + k stride_wk + n stride_wn``; ``Out [M, H, *]`` by
     ``stride_om / stride_oh`` (``N`` product columns, then with ``QUERY`` the ``R`` rotated ones). ``QUERY``:
     ``Lat [M, N + R]`` by ``stride_lm``, ``NormW [N]``, ``Cos / Sin [M, R]`` by ``stride_c``, the pool ``KV`` by
     ``stride_kp / stride_ks`` with its page table, lengths and ``T`` rows a request."""
-    chain_start(PDL)
+    if SIGNAL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     n_gemm = H * col_tiles * row_blocks
     if pid < n_gemm:
@@ -324,11 +316,11 @@ def _validate_output(o, w_uv, out):
 # Launch
 # --------------------------------------------------------------------------------------------------
 
-def _constexprs(plan: MlaPlan, dtype, query: bool, R: int, C: int, page_size: int, pdl: bool) -> dict:
+def _constexprs(plan: MlaPlan, dtype, query: bool, R: int, C: int, page_size: int, signal: bool) -> dict:
     c = plan.config
     return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, QUERY=query, R=R,
                 C_PAD=triton.next_power_of_2(C), ROWS_L=c.rows_l, PAGE_SIZE=page_size,
-                DOT_F32=interpreting() or dtype == torch.float32, PDL=pdl)
+                DOT_F32=interpreting() or dtype == torch.float32, SIGNAL=signal)
 
 
 def _query_args(q, latent, w_uk, norm_weight, cos, sin, kv, page_table, kv_lens, tree_lens, T, eps, out, plan):
@@ -357,8 +349,7 @@ def _launch_kernel(args, plan, H, constexprs, launcher=None):
     if launcher is not None:
         launcher(plan.grid(H), *args)
     else:
-        _mla_kernel[plan.grid(H)](*args, **constexprs, num_warps=plan.config.num_warps,
-                                  launch_pdl=constexprs["PDL"])
+        _mla_kernel[plan.grid(H)](*args, **constexprs, num_warps=plan.config.num_warps)
 
 
 class _QueryPlan:
@@ -375,9 +366,9 @@ class _QueryPlan:
         M, H, _ = q.shape
         self.plan = plan_mla(M, C, arch_of(q.device), True)
         self.H = H
-        pdl = pdl_capable(q.device)
-        self._launcher = KernelLauncher(_mla_kernel, _constexprs(self.plan, q.dtype, True, R, C, pool.page_size, pdl),
-                                        num_warps=self.plan.config.num_warps, launch_pdl=pdl)
+        self._launcher = KernelLauncher(_mla_kernel, _constexprs(self.plan, q.dtype, True, R, C, pool.page_size,
+                                                                 write_signals(q.device)),
+                                        num_warps=self.plan.config.num_warps)
 
     def run(self, q, latent, w_uk, norm_weight, cos, sin, kv, page_table, kv_lens, tree_lens, out):
         M, H, _ = q.shape
@@ -421,9 +412,8 @@ class _OutputPlan:
             return
         M, H, C = o.shape
         self.plan = plan_mla(M, w_uv.shape[1], arch_of(o.device), False)
-        pdl = pdl_capable(o.device)
-        self._launcher = KernelLauncher(_mla_kernel, _constexprs(self.plan, o.dtype, False, 2, C, 1, pdl),
-                                        num_warps=self.plan.config.num_warps, launch_pdl=pdl)
+        self._launcher = KernelLauncher(_mla_kernel, _constexprs(self.plan, o.dtype, False, 2, C, 1, False),
+                                        num_warps=self.plan.config.num_warps)
 
     def run(self, o, w_uv, out):
         M, H, _ = o.shape
@@ -532,7 +522,7 @@ def _mla_query_op(q: torch.Tensor, latent: torch.Tensor, w_uk: torch.Tensor, nor
     if q.shape[0] == 0:
         return
     cx = _constexprs(p, q.dtype, True, cos.shape[1], w_uk.shape[2], _pool(kv, False).page_size,
-                     pdl_capable(q.device))
+                     write_signals(q.device))
     _launch_kernel(_query_args(q, latent, w_uk, norm_weight, cos, sin, kv, page_table, kv_lens, tree_lens,
                               rows_per_request, eps, out, p), p, q.shape[1], cx)
 
@@ -543,8 +533,7 @@ def _mla_output_op(o: torch.Tensor, w_uv: torch.Tensor, plan: list[int]) -> torc
     M, H, C = o.shape
     out = o.new_empty(M, H * w_uv.shape[1])
     if M:
-        cx = _constexprs(p, o.dtype, False, 2, C, 1, pdl_capable(o.device))
-        _launch_kernel(_output_args(o, w_uv, out, p), p, H, cx)
+        _launch_kernel(_output_args(o, w_uv, out, p), p, H, _constexprs(p, o.dtype, False, 2, C, 1, False))
     return out
 
 

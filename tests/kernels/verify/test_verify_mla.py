@@ -446,7 +446,7 @@ def test_gpu_split_kernel_by_programmatic_dependent_launch(P, T):
     start): against the reference and replayed from a CUDA graph; and in a graph where a kernel writes the
     query, the lengths and the pool's tree keys right before each call (inputs poisoned before every
     replay), every call reads what that kernel wrote."""
-    from tritree.kernels._launch import pdl_capable
+    from tritree.kernels._splitkv import pdl_capable
 
     cfg = AttnConfig(64, 64, 8, 2, tma=P >= 64, split_scores=True, kernel="gluon-ws")
     case = poison_unused_slots(make_case(2, T, 8, P, [30_000, 1_000 + 5], [T, 11], ("random", "chain"),

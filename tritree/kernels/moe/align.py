@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import chain_start, interpreting, pdl_capable
+from .._launch import interpreting
 
 
 def min_blocks(assignments: int, E: int, block_m: int) -> int:
@@ -17,13 +17,10 @@ def min_blocks(assignments: int, E: int, block_m: int) -> int:
 
 @triton.jit
 def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Used, Scratch, A, E, num_blocks,
-                  BLOCK_M: tl.constexpr, NB: tl.constexpr, CHUNK_A: tl.constexpr, CHUNK_B: tl.constexpr,
-                  PDL: tl.constexpr):
+                  BLOCK_M: tl.constexpr, NB: tl.constexpr, CHUNK_A: tl.constexpr, CHUNK_B: tl.constexpr):
     """One program (see :func:`align_routing`). ``Scratch [4 NB]`` int32: cursors, then the cumulative
     blocks, first rows and ends of the experts. Buckets: ``[0, E)`` the local experts, ``E`` another rank's,
-    ``NB - 1`` (> E) the lanes past ``A``. ``Used [1]``: the blocks that own rows. ``PDL``:
-    :func:`tritree.kernels._launch.chain_start`."""
-    chain_start(PDL)
+    ``NB - 1`` (> E) the lanes past ``A``. ``Used [1]``: the blocks that own rows."""
     bins = tl.arange(0, NB)
     counts = tl.zeros([NB], dtype=tl.int32)
     for a0 in range(0, A, CHUNK_A):
@@ -82,6 +79,5 @@ def align_routing(topk_idx: torch.Tensor, E: int, block_m: int, num_blocks: int)
     scratch = torch.empty(4 * nb, dtype=torch.int32, device=dev)
     _align_kernel[(1,)](flat, sorted_idx, expert, start, end, used, scratch, A, E, num_blocks,
                         BLOCK_M=block_m, NB=nb, CHUNK_A=1024 if not interpreting() else 256,
-                        CHUNK_B=max(1, min(64, 16384 // nb)), PDL=pdl_capable(dev),
-                        num_warps=8 if not interpreting() else 1, launch_pdl=pdl_capable(dev))
+                        CHUNK_B=max(1, min(64, 16384 // nb)), num_warps=8 if not interpreting() else 1)
     return sorted_idx, expert, start, end, used

@@ -37,7 +37,6 @@ import triton
 import triton.language as tl
 
 from .. import _validate as V
-from .._launch import chain_start, pdl_capable
 from ..configs import arch_of, num_sms
 from . import router as R
 from .int4 import Int4Experts, moe_int4_reference, routed_experts_int4
@@ -89,12 +88,10 @@ def moe_block_reference(residual, norm_weight, router_weight, router_bias, exper
 
 @triton.jit
 def _block_norm_kernel(Res, NormW, Xn, Xm, Acc, Gacc, H, g_numel, g_span, eps, stride_r, stride_n, stride_m, stride_a,
-                 RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr):
+                 RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr):
     """Grid ``(N, 1 + zero programs)``. Program ``(r, 0)``: ``xn = Res[r] / rms(Res[r]) * NormW`` (fp32, one rounding)
     into ``Xn[r]`` and, in :func:`int4_mma.mma_order`, ``Xm[r]``; ``Acc[r]`` (fp32) = ``Res[r]`` (``RESIDUAL``)
-    or 0. Program ``(r, j > 0)``: zeroes ``g_span`` elements of ``Gacc`` (``g_numel`` in all). ``PDL``:
-    :func:`tritree.kernels._launch.chain_start`."""
-    chain_start(PDL)
+    or 0. Program ``(r, j > 0)``: zeroes ``g_span`` elements of ``Gacc`` (``g_numel`` in all)."""
     r = tl.program_id(0)
     j = tl.program_id(1)
     if j == 0:
@@ -338,7 +335,7 @@ def _launch(residual, norm_weight, router_weight, router_bias, tree_lens, w13, s
     _block_norm_kernel[(N, 1 + zero_programs)](
         residual, norm_weight, xn, xm, acc, work, H, g_numel, g_span, float(eps), residual.stride(0), xn.stride(0),
         xm.stride(0), acc.stride(0), RESIDUAL=bool(add_residual), BLOCK_H=triton.next_power_of_2(H), BLOCK_G=2048,
-        PDL=pdl_capable(dev), num_warps=8, launch_pdl=pdl_capable(dev))
+        num_warps=8)
     idx, w = R._launch(xn, router_weight, router_bias, tree_lens, None, plan.route, top_k, n_group, topk_group, norm,
                        scaling, expert_offset, rows_per_request)
     gs = work[:n_shared].view(N, 2 * Is) if n_shared else None

@@ -33,8 +33,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .._gluon_common import _chain_start, _cta_barrier
-from .._launch import arrival_counters, pdl_capable
+from .._gluon_common import _cta_barrier
+from .._launch import arrival_counters
 from .align import align_routing, min_blocks
 
 KT = 128  # columns of a K tile: eight 16-column MMA slices
@@ -414,7 +414,7 @@ def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, BlockExpert, Block
                         N, E, Hd, I, Is, NB, SS,
                         stride_x, stride_we, stride_wm, stride_se, stride_sm, stride_sw, stride_h, stride_g, stride_gs,
                         TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
-                        DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr, PDL: gl.constexpr):
+                        DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
     """Grid ``(NB + SS, max(I, Is) / (16 WARPS), SPLIT)``: h columns ``16 WARPS c .. + 16 WARPS``.
 
     Program ``b < NB``: routed block ``b``'s sorted rows against INT4 expert ``BlockExpert[b]`` (``Wp``/``Ws``:
@@ -426,11 +426,10 @@ def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, BlockExpert, Block
     ``Gs [N, 2 Is]`` (fp32, zeroed; h directly when ``SS`` is 1) and the last split of each (row block, column
     tile) writes h at rows ``N TOPK + token`` of ``Hbuf``.
     ``X [N, Hd]``: the activations in :func:`mma_order`. Arrival counters ``Count`` (left at 0). Each routed split's
-    K tiles must be even in number. ``PDL``: :func:`tritree.kernels._launch.chain_start`."""
+    K tiles must be even in number."""
     x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     b = gl.program_id(0)
-    _chain_start(b, PDL)
     c = gl.program_id(1)
     z = gl.program_id(2)
     n_c = gl.num_programs(1)
@@ -466,7 +465,7 @@ def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, BlockExpert, Block
 def _down_mma_kernel(Hbuf, Wp, Ws, Sd, Acc, Out, TopkW, Count, Used, BlockExpert, BlockStart, BlockEnd, SortedIdx,
                      N, E, Hd, I, Is, NB, SDS, stride_h, stride_we, stride_wm, stride_se, stride_sm, stride_sd, stride_a,
                      stride_o, TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
-                     CT: gl.constexpr, DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr, PDL: gl.constexpr):
+                     CT: gl.constexpr, DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
     """Grid ``(NB + SDS, Hd / (16 WARPS CT), SPLIT)``: ``Acc [N, Hd]`` fp32 (initialised by the caller) ``+=``
     output column tiles ``CT c .. CT c + CT`` of ``16 WARPS`` columns by atomics, then the column group's last
     program to arrive (counter ``c``, left at 0) writes them to ``Out [N, Hd]`` in its dtype.
@@ -475,13 +474,11 @@ def _down_mma_kernel(Hbuf, Wp, Ws, Sd, Acc, Out, TopkW, Count, Used, BlockExpert
     split ``z`` of its ``I / 128`` K tiles); the blocks past the ``Used[0]`` that own rows exit at once, without
     arriving (block 0 arrives always). Program ``b >= NB``: split ``b - NB`` of ``SDS`` of ``h Sd^T`` (``z = 0``
     only; every split arrives), the shared expert ``Sd [Hd, Is]`` (h rows ``N TOPK + token``), every token in
-    blocks of ``BM``. ``Hbuf``: h in :func:`mma_order`. Each routed split's K tiles must be even in number. ``PDL``:
-    :func:`tritree.kernels._launch.chain_start`."""
+    blocks of ``BM``. ``Hbuf``: h in :func:`mma_order`. Each routed split's K tiles must be even in number."""
     x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     cast_l: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])
     b = gl.program_id(0)
-    _chain_start(b, PDL)
     c = gl.program_id(1)
     z = gl.program_id(2)
     live = gl.minimum(gl.maximum(gl.load(Used), 1), NB)  # routed programs that arrive, a split each
@@ -682,13 +679,11 @@ def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaP
     count = arrival_counters(xm.device, max((plan.num_blocks + sb) * grid_gu[1], H // (16 * WARPS)))
     dt = gl.bfloat16 if xm.dtype == torch.bfloat16 else gl.float16
     scale = BF16_OUT_SCALE if xm.dtype == torch.bfloat16 else 1.0
-    pdl = pdl_capable(xm.device)
     _gate_up_mma_kernel[grid_gu](
         xm, w13, s13, sw13, hbuf, g, gs, count, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
         plan.num_blocks, max(ss, 1), xm.stride(0), w13.stride(0), 16 * w13.stride(1), s13.stride(0), 16 * s13.stride(1),
         sw13.stride(0), hbuf.stride(0), g.stride(0), gs.stride(0),
-        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=gsplit, DTYPE=dt, OUT_SCALE=scale, PDL=pdl, launch_pdl=pdl,
-        **launch_options(bm, xm.dtype))
+        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=gsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, xm.dtype))
     tw = topk_w.reshape(-1)
     if tw.dtype != torch.float32 or not tw.is_contiguous():
         tw = tw.float().contiguous()
@@ -697,8 +692,7 @@ def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaP
         hbuf, w2, s2, sd, acc, out, tw, count, used, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
         plan.num_blocks, sds, hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1),
         sd.stride(0), acc.stride(0), out.stride(0),
-        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, CT=ct, DTYPE=dt, OUT_SCALE=scale, PDL=pdl, launch_pdl=pdl,
-        **launch_options(bm, xm.dtype))
+        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=dsplit, CT=ct, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, xm.dtype))
 
 
 def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> None:

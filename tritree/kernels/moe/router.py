@@ -50,10 +50,8 @@ from .._launch import (
     PlanCache,
     StreamScratch,
     arrival_counters,
-    chain_start,
     eager,
     interpreting,
-    pdl_capable,
     scalars,
     signature,
     uses_kernel,
@@ -248,7 +246,7 @@ def _route_kernel(X, W, Bias, TreeLens, Part, Logits, Cand, Count, Idx, Wt,
                   TOPK_GROUP: tl.constexpr, G_PAD: tl.constexpr, GS_PAD: tl.constexpr, SEL_ROWS: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_LENS: tl.constexpr, NORM: tl.constexpr, DOT_F32: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_E: tl.constexpr, SUM_UNROLL: tl.constexpr, C_T: tl.constexpr,
-                  C_PAD: tl.constexpr, PDL: tl.constexpr):
+                  C_PAD: tl.constexpr):
     """Grid ``(row blocks, expert tiles, SPLIT_K)``; see the module. ``X [N, H]`` and ``W [E, H]`` by row strides;
     ``Part [SPLIT_K, N, E]`` fp32 (``SPLIT_K > 1``); ``Logits [N, E]`` fp32 by ``stride_l``; ``Count``: int32
     counters at 0, ``row blocks x expert tiles`` for the tiles then ``row blocks`` for the row blocks;
@@ -256,9 +254,7 @@ def _route_kernel(X, W, Bias, TreeLens, Part, Logits, Cand, Count, Idx, Wt,
     One group: ``Cand [N, n_cand]`` int64, ``C_T`` candidates a tile (``n_cand = tiles x C_T``, padded to
     ``C_PAD`` by the selection).
     ``ONE_TILE``: one expert tile (the row block's program selects without a counter). ``DOT_F32``: the tiles
-    converted to fp32 for an IEEE fp32 dot (fp32 or mixed inputs, and the interpreter). ``PDL``:
-    :func:`tritree.kernels._launch.chain_start`."""
-    chain_start(PDL)
+    converted to fp32 for an IEEE fp32 dot (fp32 or mixed inputs, and the interpreter)."""
     rb = tl.program_id(0)
     et = tl.program_id(1)
     ks = tl.program_id(2)
@@ -548,8 +544,7 @@ def _dot_f32(x_dtype, w_dtype) -> bool:
     return interpreting() or x_dtype != w_dtype or x_dtype == torch.float32
 
 
-def _constexprs(plan: RoutePlan, N, H, E, x_dtype, w_dtype, top_k, n_group, topk_group, norm, has_bias, has_lens,
-                pdl):
+def _constexprs(plan: RoutePlan, N, H, E, x_dtype, w_dtype, top_k, n_group, topk_group, norm, has_bias, has_lens):
     c = plan.config
     c_t, n_cand = _candidates(top_k, c.block_e, plan.expert_tiles)
     return dict(BLOCK_T=c.block_t, BLOCK_E=c.block_e, BLOCK_K=c.block_k, SPLIT_K=plan.split_k,
@@ -559,7 +554,7 @@ def _constexprs(plan: RoutePlan, N, H, E, x_dtype, w_dtype, top_k, n_group, topk
                 HAS_LENS=has_lens, NORM=norm, DOT_F32=_dot_f32(x_dtype, w_dtype),
                 EVEN_K=H % c.block_k == 0,  # then every split is whole K tiles (k_split is)
                 EVEN_E=E % c.block_e == 0, SUM_UNROLL=SUM_UNROLL, C_T=c_t,
-                C_PAD=triton.next_power_of_2(n_cand), PDL=pdl)
+                C_PAD=triton.next_power_of_2(n_cand))
 
 
 def _workspace(plan: RoutePlan, N: int, E: int, top_k: int, n_group: int, device, logits: bool):
@@ -596,10 +591,9 @@ def _launch(x, weight, bias, tree_lens, logits_out, plan: RoutePlan, top_k, n_gr
         launcher(plan.grid, *args)
     else:
         c = plan.config
-        pdl = pdl_capable(dev)
         _route_kernel[plan.grid](*args, **_constexprs(plan, N, H, E, x.dtype, weight.dtype, top_k, n_group, topk_group,
-                                                      norm, bias is not None, tree_lens is not None, pdl),
-                                 num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
+                                                      norm, bias is not None, tree_lens is not None),
+                                 num_warps=c.num_warps, num_stages=c.num_stages)
     return idx, w
 
 
@@ -622,11 +616,10 @@ class _RoutePlanLaunch:
         self.plan = plan if plan is not None else plan_moe_route(N, H, E, x.dtype, weight.dtype, top_k, n_group,
                                                                  topk_group, arch_of(dev), num_sms(dev))
         c = self.plan.config
-        pdl = pdl_capable(dev)
         self._launcher = KernelLauncher(
             _route_kernel, _constexprs(self.plan, N, H, E, x.dtype, weight.dtype, top_k, n_group, topk_group,
-                                       norm_topk_prob, bias is not None, tree_lens is not None, pdl),
-            num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
+                                       norm_topk_prob, bias is not None, tree_lens is not None),
+            num_warps=c.num_warps, num_stages=c.num_stages)
         need_logits = logits_out is None
         p = self.plan
         self._scratch = StreamScratch(lambda: _workspace(p, N, E, top_k, n_group, dev, need_logits))

@@ -31,9 +31,9 @@ P % 64 == 0, ``kernel="gluon-ws"`` above; pages below 64 take ``"gluon-ws"`` abo
   - Wide copies rule (over TMA): under the same condition, a pair's adjacent tiles as one 128-row box a
     column block (``WIDE_COPIES``; the 128-row descriptor).
   - Split PDL rule: under the same condition (pages of any size), on a device with programmatic dependent
-    launch (``_launch.pdl_capable``), the kernel is launched with ``launch_pdl`` and waits in
-    ``griddepcontrol.wait`` before its first global read (``WAIT_PRIOR``); the kernel before it (``mla_query_``,
-    ``kv_write_``: ``_launch.chain_start``) signals its dependents at its start.
+    launch (``_splitkv.pdl_capable``), the kernel is launched with ``launch_pdl`` and waits in
+    ``griddepcontrol.wait`` before its first global read (``WAIT_PRIOR``); the kernel before it signals its
+    dependents at its start.
   - TMA store rule: several splits (the launcher's contiguous ``[B, splits, rows, 512]`` 16-bit partials):
     the partial rows by TMA boxes (``TMA_STORE``; the partials descriptor); one split (the output, any
     strides): staged through the pair buffers and stored by the threads.

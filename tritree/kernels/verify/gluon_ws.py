@@ -78,7 +78,6 @@ from .._gluon_common import (
     _tail_rows,
     _tail_tile_p,
     _tma_store,
-    _wait_prior_grid,
     async_copy,
     fence_async_shared,
     gl,
@@ -98,6 +97,16 @@ from .gluon_ws_producer import (
     _tile_shift,
     _ws_producer,
 )
+
+
+@gluon.jit
+def _wait_prior_grid(any_int):
+    """Programmatic dependent launch: wait until the grids this one depends on have completed and their
+    writes are visible (``griddepcontrol.wait``; returns at once for a launch without ``launch_pdl``).
+    Before any global read of anything a prior kernel may write. ``any_int``: a scalar for the asm's
+    operand list."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r,r", [any_int],
+                              dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
