@@ -224,8 +224,7 @@ def head_norm_rope(x: torch.Tensor, norm_weight: torch.Tensor | None, positions:
 @torch.library.custom_op("tritree::head_norm_rope", mutates_args=())
 def _head_rope_op(x: torch.Tensor, norm_weight: torch.Tensor | None, positions: torch.Tensor, inv_freq: torch.Tensor,
                   eps: float, amplitude: float) -> torch.Tensor:
-    return _HeadRopePlanLaunch(x, norm_weight, positions, inv_freq, eps, amplitude, None).run(
-        x, norm_weight, positions, inv_freq, None)
+    return head_norm_rope(x, norm_weight, positions, inv_freq, eps=eps, amplitude=amplitude)  # the cached plans
 
 
 @_head_rope_op.register_fake

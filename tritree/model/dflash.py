@@ -93,11 +93,10 @@ def new_cache(cfg: DFlashConfig, num_pages: int, page_size: int, page_table: tor
     return {"kv": kv, "page_table": page_table, "kv_lens": kv_lens}
 
 
-def _norm_rope(cfg: DFlashConfig, x, norm_weight, positions):
-    """The heads ``x [B, n, heads, D]`` RMS-normalised (``norm_weight``) and rotated at ``positions [B, n]``, one
-    launch (:func:`tritree.kernels.head_norm_rope`)."""
-    inv = inv_freq_kept(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
-    return head_norm_rope(x, norm_weight, positions, inv, eps=cfg.rms_norm_eps, amplitude=cfg.rope_amplitude)
+def _norm_rope(cfg: DFlashConfig, x, norm_weight, positions, inv_freq):
+    """The heads ``x [B, n, heads, D]`` RMS-normalised (``norm_weight``) and rotated at ``positions [B, n]`` with the
+    rope's ``inv_freq`` (:func:`tritree.model.layers.inv_freq_kept`), one launch (:func:`tritree.kernels.head_norm_rope`)."""
+    return head_norm_rope(x, norm_weight, positions, inv_freq, eps=cfg.rms_norm_eps, amplitude=cfg.rope_amplitude)
 
 
 def _sharded(cfg: DFlashConfig, tp) -> bool:
@@ -154,12 +153,13 @@ def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Te
     ``positions [B, n]``, ``v = v_proj ctx``. Per-layer GEMMs: stacking the weights would copy them."""
     B, n = ctx.shape[:2]
     Hkv, D = cfg.num_key_value_heads, cfg.head_dim
+    inv = inv_freq_kept(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
     out = []
     for i in range(cfg.num_hidden_layers):
         p = layer_prefix(i) + "self_attn."
         k = linear(ctx, params[p + "k_proj.weight"], params.get(p + "k_proj.bias")).view(B, n, Hkv, D)
         v = linear(ctx, params[p + "v_proj.weight"], params.get(p + "v_proj.bias")).view(B, n, Hkv, D)
-        out.append((_norm_rope(cfg, k, params[p + "k_norm.weight"], positions), v))
+        out.append((_norm_rope(cfg, k, params[p + "k_norm.weight"], positions, inv), v))
     return out
 
 
@@ -207,6 +207,7 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
                                    draft_cache["kv_lens"], k.to(kv.dtype), v.to(kv.dtype), sm_scale=cfg.softmax_scale,
                                    window=cfg.windows[i])
     eps = cfg.rms_norm_eps
+    inv = inv_freq_kept(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
     x2 = x.reshape(B * S, -1)
     for i in range(cfg.num_hidden_layers):
         # Per layer: q, k and v each with the input norm in the launch (kernels.linear), the per-head q / k norms
@@ -216,9 +217,9 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
         a = p + "self_attn."
         g = params[p + "input_layernorm.weight"]
         q = _norm_rope(cfg, _normed_linear(x2, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"), g, eps)
-                       .view(B, S, Hq, D), params[a + "q_norm.weight"], positions)
+                       .view(B, S, Hq, D), params[a + "q_norm.weight"], positions, inv)
         k = _norm_rope(cfg, _normed_linear(x2, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"), g, eps)
-                       .view(B, S, Hkv, D), params[a + "k_norm.weight"], positions)
+                       .view(B, S, Hkv, D), params[a + "k_norm.weight"], positions, inv)
         v = _normed_linear(x2, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"), g, eps).view(B, S, Hkv, D)
         o = attend(i, q, k, v)
         x2 = _residual_linear(o.reshape(B * S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"),
