@@ -225,24 +225,9 @@ def accept_tree(tp: TPGroup | None, tokens, parents, tree_lens, logits, vocab_si
 
 
 def accept_with_picks(tokens, parents, tree_lens, picks):
-    """The walk of :func:`tritree.accept_tree` for given per-node ``picks [B, T]`` (global token ids).
+    """The walk of :func:`tritree.accept_tree` for given per-node ``picks [B, T]`` (global token ids), in one
+    launch (:func:`tritree.kernels.accept_picks`). Returns ``(accept_idx, accept_len, bonus, picks)`` like
+    ``accept_tree``."""
+    from .kernels import accept_picks
 
-    The walk only compares node tokens with picks, so it runs through ``accept_tree`` itself on a
-    relabelled vocabulary of ``T + 1`` ids: a node's token becomes the index of the first valid node
-    carrying the same token, a pick the index of the first valid node carrying it (``T`` when none),
-    and the picks become one-hot logits ``[B, T, T + 1]``. Static shapes, no host sync.
-    Returns ``(accept_idx, accept_len, bonus, picks)`` like ``accept_tree``."""
-    from .kernels import accept_tree as accept_full
-
-    B, T = tokens.shape
-    dev = tokens.device
-    valid = torch.arange(T, device=dev)[None, :] < tree_lens[:, None]
-    tok = torch.where(valid, tokens, -1)  # padding nodes never match a pick (ids are >= 0)
-    code_tok = torch.argmax((tok[:, :, None] == tok[:, None, :]).to(torch.int32), dim=-1)  # first equal node
-    hit = (picks[:, :, None] == tok[:, None, :]).to(torch.int32)  # [B, node i, node c]
-    code_pick = torch.where(hit.amax(-1) > 0, torch.argmax(hit, dim=-1), T)
-    onehot = (code_pick[..., None] == torch.arange(T + 1, device=dev)).float()  # one_hot: no value checks
-    idx, n, _, _ = accept_full(code_tok.to(torch.int32), parents, tree_lens, onehot)
-    last = torch.gather(idx, 1, (n - 1).clamp(min=0)[:, None].long()).clamp(min=0).long()
-    bonus = torch.where(n > 0, torch.gather(picks, 1, last)[:, 0], -1).to(torch.int32)
-    return idx, n, bonus, picks
+    return (*accept_picks(tokens, parents, tree_lens, picks), picks)

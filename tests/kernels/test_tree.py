@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels.accept import accept_tree, accept_tree_reference
+from tritree.kernels.accept import accept_picks, accept_tree, accept_tree_reference
 from tritree.kernels.tree import build_tree, build_tree_reference, topk_per_depth
+from tritree.testing import random_trees
 
 from ..conftest import DEVICE, HAS_GPU
 
@@ -257,6 +258,63 @@ def test_sampling_is_reproducible_and_keyed_by_step():
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def walk_cases(draw):
+    """Random trees (every shape random_trees draws), a small vocabulary so that siblings share tokens and picks
+    often match, tree_lens from 0 to T, and picks as a column-sliced view (strided rows) half of the time."""
+    B = draw(st.integers(1, 4))
+    T = draw(st.integers(1, 70))
+    V = draw(st.integers(1, 4))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    parents = random_trees(B, T, (draw(st.sampled_from(["random", "wide", "chain"])),), generator=g)
+    tokens = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+    tree_lens = torch.tensor(draw(st.lists(st.integers(0, T), min_size=B, max_size=B)), dtype=torch.int32)
+    wide = torch.randint(0, V, (B, T + draw(st.sampled_from([0, 3]))), generator=g, dtype=torch.int32)
+    return tokens, parents, tree_lens, wide[:, :T]
+
+
+@settings(max_examples=60)
+@given(walk_cases())
+def test_accept_picks_matches_the_reference_walk(case):
+    tokens, parents, tree_lens, picks = case
+    want = accept_tree_reference(tokens, parents, tree_lens, picks)
+    got = accept_picks(*(t.to(DEVICE) for t in (tokens, parents, tree_lens)), picks.to(DEVICE))
+    for a, b in zip(got, want):  # every element compared: accept_idx is -1 past the path
+        assert a.device == DEVICE and a.dtype == torch.int32
+        assert torch.equal(a.cpu(), b)
+
+
+def test_accept_picks_equals_accept_tree_on_the_picks_of_its_logits():
+    g = torch.Generator().manual_seed(5)
+    B, T, V = 3, 9, 3
+    parents = random_trees(B, T, ("random",), generator=g).to(DEVICE)
+    tokens = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32).to(DEVICE)
+    tree_lens = torch.tensor([9, 0, 4], dtype=torch.int32, device=DEVICE)
+    logits = torch.randn(B, T, V, generator=g).to(DEVICE)
+    idx, n, bonus, picks = accept_tree(tokens, parents, tree_lens, logits)
+    for a, b in zip(accept_picks(tokens, parents, tree_lens, picks), (idx, n, bonus)):
+        assert torch.equal(a, b)
+    assert int(n[1]) == 0 and int(bonus[1]) == -1
+
+
+def test_accept_picks_bad_inputs(monkeypatch):
+    monkeypatch.setattr("tritree.kernels._validate.DEBUG_CHECKS", True)
+    tokens = torch.zeros(1, 4, dtype=torch.int32, device=DEVICE)
+    parents = torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32, device=DEVICE)
+    lens = torch.full((1,), 4, dtype=torch.int32, device=DEVICE)
+    picks = torch.zeros(1, 4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(TypeError, match="picks must have dtype"):
+        accept_picks(tokens, parents, lens, picks.long())
+    with pytest.raises(ValueError, match="picks must have shape"):
+        accept_picks(tokens, parents, lens, picks[:, :3])
+    with pytest.raises(ValueError, match="parents-first"):
+        accept_picks(tokens, torch.tensor([[-1, 0, 3, 1]], dtype=torch.int32, device=DEVICE), lens, picks)
+    with pytest.raises(ValueError, match="tree_lens"):
+        accept_picks(tokens, parents, torch.full((1,), 5, dtype=torch.int32, device=DEVICE), picks)
+    with pytest.raises(TypeError, match="tokens"):
+        accept_picks(tokens.tolist(), parents, lens, picks)
 
 def test_bad_inputs(monkeypatch):
     monkeypatch.setattr("tritree.kernels._validate.DEBUG_CHECKS", True)

@@ -1,9 +1,10 @@
-"""Tree acceptance by the target: ``accept_tree``.
+"""Tree acceptance by the target: ``accept_tree`` and ``accept_picks``.
 
-The target's pick at every node (argmax with the lowest id on ties at temperature 0, else a Gumbel-max
-sample from the temperature / top-k / top-p filtered distribution with a counter-based Philox stream keyed
-by (seed, step, request, node)), then the walk from the root into the child whose token equals the pick,
-on the GPU, no host sync.
+``accept_tree``: the target's pick at every node (argmax with the lowest id on ties at temperature 0, else a
+Gumbel-max sample from the temperature / top-k / top-p filtered distribution with a counter-based Philox stream
+keyed by (seed, step, request, node)), then the walk from the root into the child whose token equals the pick,
+on the GPU, no host sync. ``accept_picks``: the walk alone, over picks made elsewhere (under tensor parallelism,
+from the vocabulary shards).
 """
 
 from __future__ import annotations
@@ -94,12 +95,12 @@ def _walk_tree(Tokens, Parents, TreeLens, AcceptIdx, AcceptLen, Bonus, b, pick, 
 
 
 @triton.jit
-def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, T,
+def _walk_kernel(Tokens, Parents, TreeLens, Picks, AcceptIdx, AcceptLen, Bonus, stride_tb, stride_pb, stride_kb, T,
                  BLOCK_T: tl.constexpr):
-    """One program per request: :func:`_walk_tree` over ``Picks`` (int32, contiguous ``[B, T]``)."""
+    """One program per request: :func:`_walk_tree` over ``Picks`` (int32 ``[B, T]``, rows by ``stride_kb``)."""
     b = tl.program_id(0)
     node = tl.arange(0, BLOCK_T)
-    pick = tl.load(Picks + b.to(tl.int64) * T + node, mask=node < T, other=0)
+    pick = tl.load(Picks + b.to(tl.int64) * stride_kb + node, mask=node < T, other=0)
     _walk_tree(Tokens, Parents, TreeLens, AcceptIdx, AcceptLen, Bonus, b, pick, stride_tb, stride_pb, T, BLOCK_T)
 
 
@@ -270,7 +271,7 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
         bonus = torch.empty(B, dtype=torch.int32, device=dev)
         picks = picks.contiguous()
         _walk_kernel[(B,)](tokens, parents, tree_lens, picks, accept_idx, accept_len, bonus,
-                           tokens.stride(0), parents.stride(0), T, BLOCK_T=triton.next_power_of_2(T), num_warps=4)
+                           tokens.stride(0), parents.stride(0), T, T, BLOCK_T=triton.next_power_of_2(T), num_warps=4)
         return accept_idx, accept_len, bonus, picks
     try:
         key = (signature(tokens, parents, tree_lens, target_logits), scalars(temperature, top_k, top_p))
@@ -308,6 +309,12 @@ def _check_rng(seed, step):
 
 
 def _check_accept_values(parents, tree_lens, target_logits):
+    _check_tree_values(parents, tree_lens)
+    if bool(torch.isnan(target_logits).any()):
+        raise ValueError("target_logits contains NaN")
+
+
+def _check_tree_values(parents, tree_lens):
     T = parents.shape[1]
     V.check_value_range("tree_lens", tree_lens, 0, T, f" (T = {T} nodes)")
     idx = torch.arange(T)
@@ -318,8 +325,6 @@ def _check_accept_values(parents, tree_lens, target_logits):
     if not bool(ok.all()):
         b = int(torch.nonzero(~ok)[0, 0])
         raise ValueError(f"parents[{b}] is not a tree in parents-first order: {par[b].tolist()}")
-    if bool(torch.isnan(target_logits).any()):
-        raise ValueError("target_logits contains NaN")
 
 
 class _AcceptPlan:
@@ -348,7 +353,7 @@ class _AcceptPlan:
                                                    torch.zeros(B, dtype=torch.int32, device=dev)))
         else:
             self._walk = KernelLauncher(_walk_kernel, dict(BLOCK_T=triton.next_power_of_2(T)), num_warps=4)
-            self._ints = (tokens.stride(0), parents.stride(0), T)
+            self._ints = (tokens.stride(0), parents.stride(0), T, T)
 
     def run(self, tokens, parents, tree_lens, target_logits, seed, step):
         if V.checks_values(self.device):
@@ -375,3 +380,81 @@ class _AcceptPlan:
 
 
 _ACCEPT_PLANS = PlanCache("accept_tree", _AcceptPlan)
+
+
+# --------------------------------------------------------------------------------------------------
+# The walk over given picks
+# --------------------------------------------------------------------------------------------------
+
+def accept_picks(tokens, parents, tree_lens, picks):
+    """The walk of :func:`accept_tree` over picks made elsewhere: from the root into the child whose token equals
+    its node's pick (the lowest-index such child), while one exists.
+
+    Args:
+        tokens, parents: ``[B, T]`` int32 (a :class:`Tree`'s); tree_lens: ``[B]`` int32 (nodes past it are
+            ignored; 0: nothing accepted, bonus -1).
+        picks: ``[B, T]`` int32, the token the target picks after each node (e.g. :func:`tritree.dist.greedy_picks`
+            of vocabulary-sharded logits); rows may be strided.
+    Returns ``(accept_idx [B, T] int32 (root first, -1 padded), accept_len [B] int32, bonus [B] int32)``: the
+    same as :func:`accept_tree` given logits whose picks these are. One launch, no host sync; eager calls run a
+    plan cached per static signature.
+    """
+    if not eager():  # traced by torch.compile: the kernel launched as Dynamo traces launches
+        _validate_walk(tokens, parents, tree_lens, picks)
+        B, T = tokens.shape
+        dev = tokens.device
+        if not uses_kernel(dev):
+            return accept_tree_reference(tokens, parents, tree_lens, picks)
+        outs = _walk_outputs(B, T, dev)
+        if B and T:
+            _walk_kernel[(B,)](tokens, parents, tree_lens, picks, *outs, tokens.stride(0), parents.stride(0),
+                               picks.stride(0), T, BLOCK_T=triton.next_power_of_2(T), num_warps=4)
+        return outs
+    try:
+        plan = _WALK_PLANS.get(signature(tokens, parents, tree_lens, picks), tokens, parents, tree_lens, picks)
+    except (AttributeError, TypeError):  # not tensors: validation says which
+        _WalkPlan(tokens, parents, tree_lens, picks)
+        raise
+    return plan.run(tokens, parents, tree_lens, picks)
+
+
+def _validate_walk(tokens, parents, tree_lens, picks):
+    V.check_tensor("tokens", tokens, ndim=2, dtypes=(torch.int32,))
+    dev = tokens.device
+    B, T = tokens.shape
+    V.check_tensor("parents", parents, ndim=2, dtypes=(torch.int32,), device=dev)
+    V.check_shape("parents", parents, (B, T), "[B, T]")
+    V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=dev)
+    V.check_shape("tree_lens", tree_lens, (B,), "[B]")
+    V.check_tensor("picks", picks, ndim=2, dtypes=(torch.int32,), device=dev)
+    V.check_shape("picks", picks, (B, T), "[B, T]")
+
+
+def _walk_outputs(B, T, dev):
+    return (torch.empty(B, T, dtype=torch.int32, device=dev), torch.empty(B, dtype=torch.int32, device=dev),
+            torch.empty(B, dtype=torch.int32, device=dev))
+
+
+class _WalkPlan:
+    """accept_picks for one static signature: validated, the walk kernel bound once (one program a request)."""
+
+    def __init__(self, tokens, parents, tree_lens, picks):
+        _validate_walk(tokens, parents, tree_lens, picks)
+        self.B, self.T = tokens.shape
+        self.device = tokens.device
+        self.reference = not uses_kernel(self.device)
+        self._walk = KernelLauncher(_walk_kernel, dict(BLOCK_T=triton.next_power_of_2(max(self.T, 1))), num_warps=4)
+        self._ints = (tokens.stride(0), parents.stride(0), picks.stride(0), self.T)
+
+    def run(self, tokens, parents, tree_lens, picks):
+        if V.checks_values(self.device):
+            _check_tree_values(parents, tree_lens)
+        if self.reference:
+            return accept_tree_reference(tokens, parents, tree_lens, picks)
+        outs = _walk_outputs(self.B, self.T, self.device)
+        if self.B and self.T:
+            self._walk((self.B, 1, 1), tokens, parents, tree_lens, picks, *outs, *self._ints)
+        return outs
+
+
+_WALK_PLANS = PlanCache("accept_picks", _WalkPlan)
