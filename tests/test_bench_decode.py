@@ -55,6 +55,13 @@ def test_slice_is_rank_0_of_tp8_and_its_step_runs(tiny, experts):
     for k in [k for k in dwant if k.endswith(".mlp.gate_proj.weight")]:  # as the Engine holds them: gate|up rows
         gate, _ = dwant.pop(k), dwant.pop(k.replace("gate_proj", "up_proj"))
         dwant[k.replace("gate_proj", "gate_up_proj")] = (2 * gate[0], gate[1])
+    for k in [k for k in dwant if k.endswith(".self_attn.q_proj.weight")]:  # and q|k|v rows, per-head q and k norms
+        a = k[:-len("q_proj.weight")]
+        q, kk, v = (dwant.pop(a + n + "_proj.weight") for n in "qkv")
+        D = dwant.pop(a + "q_norm.weight")[0]
+        dwant.pop(a + "k_norm.weight")
+        dwant[a + "qkv_proj.weight"] = (q[0] + kk[0] + v[0], q[1])
+        dwant[a + "qk_norm.weight"] = ((q[0] + kk[0]) // D, D)
     assert {k: tuple(v.shape) for k, v in dp.items()} == dwant and dcfg.tp_world == 8
     assert state["dkv"].shape[-2] == dcfg.num_key_value_heads == 1
     before = state["kv_lens"].clone()

@@ -101,7 +101,7 @@ class Engine:
         # INT4 experts in the layout this GPU's kernels stream, converted in place (no second copy); the shared
         # expert's gate|up and each layer's q_a|kv_a rows concatenated (:func:`tritree.model.kimi_k2.to_kernel_layout_`).
         to_kernel_layout_(tparams, self.device)
-        dflash.to_kernel_layout_(dparams)  # the draft's gate|up rows concatenated
+        dflash.to_kernel_layout_(dparams)  # the draft's q|k|v and gate|up rows concatenated, per-head q and k norms
         self.tparams, self.tcfg, self.dparams, self.dcfg = tparams, tcfg, dparams, dcfg
         self.dtype = dtype or tparams["lm_head.weight"].dtype
         self.page_size, self.num_pages = page_size, num_pages

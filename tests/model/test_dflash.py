@@ -78,11 +78,18 @@ CASES = [  # (heads, kv_heads, window, amplitude)
 ]
 
 
+@pytest.mark.parametrize("layout", ["checkpoint", "kernel"])
 @pytest.mark.parametrize("heads,kv_heads,window,amplitude", CASES)
-def test_draft_matches_reference_model(tmp_path, heads, kv_heads, window, amplitude):
+def test_draft_matches_reference_model(tmp_path, heads, kv_heads, window, amplitude, layout):
+    """The checkpoint's tensors as loaded, and as the Engine holds them (``to_kernel_layout_``: q | k | v and gate | up
+    rows concatenated, per-head q and k norms)."""
     model = ref_model(heads, kv_heads, window, amplitude)
     save(model, tmp_path)
     params, cfg = load_dflash_params(str(tmp_path), device=DEVICE)
+    if layout == "kernel":
+        dflash.to_kernel_layout_(params)
+        assert dflash.to_kernel_layout_(dict(params)).keys() == params.keys()  # idempotent
+        assert not any(k.endswith((".q_proj.weight", ".k_norm.weight", ".gate_proj.weight")) for k in params)
     assert cfg.windows == (window, window) and cfg.block_size == 5 and cfg.target_layer_ids == (0, 2, 3)
     want_amp = amplitude if amplitude is not None else 0.1 * math.log(64) + 1
     assert cfg.rope_amplitude == pytest.approx(want_amp)

@@ -499,7 +499,7 @@ def kv_reports(archs=None) -> list[CompileReport]:
 
 def head_rope_reports(archs=None) -> list[CompileReport]:
     """The per-head norm and rope kernel (``head_rope._head_rope_kernel``) for every config of its table at the
-    draft's heads of 128 (64 and 8 heads), bf16 and fp16, with and without the norm."""
+    draft's heads of 128 (64 and 8 heads), bf16 and fp16, with and without the norm (a weight a head)."""
     from .head_rope import HEAD_ROPE_CONFIGS, _head_rope_kernel, plan_head_rope
 
     reports = []
@@ -509,7 +509,7 @@ def head_rope_reports(archs=None) -> list[CompileReport]:
         for H, dtype, norm in ((64, "bf16", True), (8, "bf16", False), (64, "fp16", True)):
             plan = plan_head_rope(8, H, 128, arch)
             sig = {"X": "*" + dtype, "Out": "*" + dtype, "NormW": "*" + dtype, "Pos": "*i64", "InvFreq": "*fp32",
-                   **{n: "i32" for n in ("H", "D", "stride_xm", "stride_xh", "stride_om", "stride_oh")},
+                   **{n: "i32" for n in ("H", "D", "stride_xm", "stride_xh", "stride_om", "stride_oh", "stride_wh")},
                    "eps": "fp32", "amplitude": "fp32"}
             consts = dict(BLOCK_H=plan.block_h, D_PAD=plan.d_pad, HAS_NORM=norm)
             reports.append(audit(_head_rope_kernel, sig, consts, arch, plan.config.num_warps, 1,

@@ -3,8 +3,8 @@
 Semantics (:func:`head_norm_rope_reference`, the specification): for ``x [..., H, D]`` (``D`` even), ``positions
 [...]`` (integers, the leading dimensions of ``x``) and the rope's inverse frequencies ``inv_freq [D / 2]`` (float32),
 
-- ``y = x / sqrt(mean(x^2 over D) + eps) * norm_weight`` per head (the head's RMSNorm; skipped when
-  ``norm_weight`` is None);
+- ``y = x / sqrt(mean(x^2 over D) + eps) * norm_weight`` per head (the head's RMSNorm, ``norm_weight [D]`` for every
+  head or ``[H, D]`` one row a head; skipped when ``norm_weight`` is None);
 - ``out = y * cos + rot(y) * sin`` in the halves layout (channel ``i`` pairs with ``i + D / 2``: ``rot(y) = [-y2,
   y1]``), ``cos / sin`` of the angle ``float32(float32(position) * inv_freq[i mod D / 2])`` times ``amplitude``:
   what :func:`tritree.model.layers.rms_norm`, :func:`~tritree.model.layers.cos_sin` and
@@ -43,7 +43,7 @@ def head_norm_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor | None, 
     """The specification (module docstring), computed in ``dtype`` (the angle in float32 first); returns
     ``[..., H, D]`` in ``dtype``."""
     y = x.to(dtype)
-    if norm_weight is not None:
+    if norm_weight is not None:  # [D] or [H, D]: broadcast over the heads, or one row a head
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(dtype)
     ang = (positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)).to(dtype)  # [..., D / 2]
     c, s = ang.cos() * amplitude, ang.sin() * amplitude
@@ -56,10 +56,11 @@ def head_norm_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor | None, 
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _head_rope_kernel(X, Out, NormW, Pos, InvFreq, H, D, stride_xm, stride_xh, stride_om, stride_oh, eps, amplitude,
-                      BLOCK_H: tl.constexpr, D_PAD: tl.constexpr, HAS_NORM: tl.constexpr):
+def _head_rope_kernel(X, Out, NormW, Pos, InvFreq, H, D, stride_xm, stride_xh, stride_om, stride_oh, stride_wh, eps,
+                      amplitude, BLOCK_H: tl.constexpr, D_PAD: tl.constexpr, HAS_NORM: tl.constexpr):
     """Grid ``(M, cdiv(H, BLOCK_H))``: heads ``BLOCK_H j ..`` of row ``m``. ``X / Out [M, H, D]`` by their row and
-    head strides (channels contiguous); ``NormW [D]``; ``Pos [M]``; ``InvFreq [D / 2]`` float32."""
+    head strides (channels contiguous; ``Out`` may be ``X``: a program stores only the heads it loaded);
+    ``NormW`` a head's row at ``h * stride_wh`` (0: one ``[D]`` for all); ``Pos [M]``; ``InvFreq [D / 2]`` float32."""
     m = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, D_PAD)
@@ -73,8 +74,9 @@ def _head_rope_kernel(X, Out, NormW, Pos, InvFreq, H, D, stride_xm, stride_xh, s
     xr = tl.load(px + dr[None, :], mask=ok, other=0.0).to(tl.float32)
     if HAS_NORM:
         rstd = tl.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]
-        x = x * rstd * tl.load(NormW + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        xr = xr * rstd * tl.load(NormW + dr, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        pw = NormW + h[:, None] * stride_wh
+        x = x * rstd * tl.load(pw + d[None, :], mask=ok, other=0.0).to(tl.float32)
+        xr = xr * rstd * tl.load(pw + dr[None, :], mask=ok, other=0.0).to(tl.float32)
     ang = tl.load(Pos + m).to(tl.float32) * tl.load(InvFreq + d % half, mask=d_ok, other=0.0)
     c = tl.cos(ang) * amplitude
     s = tl.sin(ang) * amplitude
@@ -138,15 +140,30 @@ def _validate(x, norm_weight, positions, inv_freq, eps, amplitude, out) -> None:
     V.check_tensor("inv_freq", inv_freq, ndim=1, dtypes=(torch.float32,), device=dev)
     V.check_shape("inv_freq", inv_freq, (D // 2,), "[D / 2]")
     if norm_weight is not None:
-        V.check_tensor("norm_weight", norm_weight, ndim=1, dtypes=DTYPES, device=dev)
-        V.check_shape("norm_weight", norm_weight, (D,), "[D]")
+        V.check_tensor("norm_weight", norm_weight, dtypes=DTYPES, device=dev)
+        if tuple(norm_weight.shape) not in ((D,), (H, D)) or norm_weight.stride(-1) != 1:
+            raise ValueError(f"norm_weight must have shape [D] = [{D}] or [H, D] = [{H}, {D}] with contiguous "
+                             f"channels, got {tuple(norm_weight.shape)} (strides {tuple(norm_weight.stride())})")
     V.check_float("eps", eps, lo=0.0)
     V.check_float("amplitude", amplitude)
     if out is not None:
         V.check_tensor("out", out, dtypes=(x.dtype,), device=dev)
         V.check_shape("out", out, tuple(x.shape), "x's shape")
-        if not out.is_contiguous():
-            raise ValueError(f"out must be contiguous, got strides {tuple(out.stride())}")
+        if _rows(out) is None:
+            raise ValueError(f"out must have contiguous channels and leading dimensions that merge into one row "
+                             f"stride (x itself, a view of heads of a wider tensor, or a new tensor), got strides "
+                             f"{tuple(out.stride())}")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor | None:
+    """``t [..., H, D]`` as ``[M, H, D]`` without a copy (its leading dimensions merged), or None where they do not
+    merge or the channels are not contiguous."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return None
+    try:
+        return t.view(-1, *t.shape[-2:])
+    except RuntimeError:
+        return None
 
 
 class _HeadRopePlanLaunch:
@@ -176,10 +193,11 @@ class _HeadRopePlanLaunch:
             out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if positions.numel():
             H, D = x.shape[-2:]
-            xr, orows = x.reshape(-1, H, D), out.view(-1, H, D)
+            xr, orows = x.reshape(-1, H, D), _rows(out)
+            w_h = norm_weight.stride(0) if norm_weight is not None and norm_weight.dim() == 2 else 0
             self._launcher(self.grid, xr, orows, norm_weight if norm_weight is not None else inv_freq,
                            positions.reshape(-1), inv_freq, H, D, xr.stride(0), xr.stride(1), orows.stride(0),
-                           orows.stride(1), self.eps, self.amplitude)
+                           orows.stride(1), w_h, self.eps, self.amplitude)
         return out
 
 
@@ -193,11 +211,13 @@ def head_norm_rope(x: torch.Tensor, norm_weight: torch.Tensor | None, positions:
     Args:
         x: ``[..., H, D]`` bf16/fp16/fp32, ``D`` even, channels contiguous (the leading dimensions are flattened:
             a copy where they do not collapse).
-        norm_weight: ``[D]`` the heads' RMSNorm weight (any float dtype), or None for the rotation alone.
+        norm_weight: ``[D]`` the heads' RMSNorm weight, or ``[H, D]`` one a head (any float dtype, channels
+            contiguous), or None for the rotation alone.
         positions: ``[...]`` int32/int64, x's leading dimensions: each row's absolute position.
         inv_freq: ``[D / 2]`` float32 (:func:`tritree.model.layers.yarn_inv_freq`).
         eps: the norm's epsilon; amplitude: the tables' factor (YaRN's attention scaling).
-        out: optional contiguous destination of x's shape and dtype.
+        out: optional destination of x's shape and dtype, channels contiguous, leading dimensions merging into one
+            row stride (a new tensor, a view of heads of a wider tensor, or ``x`` itself: in place).
 
     Returns ``out`` (or a new tensor) in x's dtype. Calls that need gradients, and CPU calls without Triton's
     interpreter, run the reference in float32 (differentiable). Eager calls run a plan cached per static signature (also under

@@ -3,7 +3,8 @@
 Parameters are keyed by the z-lab checkpoint names (``fc.weight``, ``hidden_norm.weight``,
 ``norm.weight``, ``layers.i.self_attn.q_proj.weight`` ...); the draft has no embedding or lm_head of
 its own and takes the target's. :func:`to_kernel_layout_` (the Engine and ``bench decode`` call it once after
-loading) concatenates each layer's gate and up rows (``GATE_UP_KEY``); the functions take either form.
+loading) concatenates each layer's q, k and v rows (``QKV_KEY``, ``QKV_BIAS_KEY``), its q and k norms one row a head
+(``QK_NORM_KEY``) and its gate and up rows (``GATE_UP_KEY``); the functions take either form.
 
 The draft cache holds every draft layer's context keys and values in one stacked pool
 ``kv: [layers, num_pages, P, 2, Hkv, D]`` (index 0 = K, 1 = V) with a page table and lengths, so one
@@ -36,16 +37,61 @@ def layer_prefix(i: int) -> str:
 # :func:`tritree.kernels.linear` computes ``silu(gate) * up`` with the norm in it), replacing ``mlp.gate_proj.weight``
 # and ``mlp.up_proj.weight``.
 GATE_UP_KEY = "mlp.gate_up_proj.weight"
+# A layer's q, k and v rows in one tensor ``[(Hq + 2 Hkv) D, hidden]`` (and their biases ``[(Hq + 2 Hkv) D]``) after
+# :func:`to_kernel_layout_`, replacing ``self_attn.{q,k,v}_proj.{weight,bias}``: the block's q, k and v in one launch,
+# the context's k and v from the k | v rows (a view) in one launch a layer.
+QKV_KEY = "self_attn.qkv_proj.weight"
+QKV_BIAS_KEY = "self_attn.qkv_proj.bias"
+# A layer's q_norm weight once for each of its Hq heads, then its k_norm weight once for each of its Hkv heads,
+# ``[Hq + Hkv, D]`` after :func:`to_kernel_layout_`, replacing ``self_attn.{q,k}_norm.weight``: the block's q and k
+# heads normalised and rotated in one launch.
+QK_NORM_KEY = "self_attn.qk_norm.weight"
 
 
 def to_kernel_layout_(params: dict) -> dict:
-    """Every layer's ``mlp.gate_proj`` and ``mlp.up_proj`` rows concatenated into ``GATE_UP_KEY`` (in place, no
-    second copy kept); after loading (and sharding), before the first forward. Idempotent; the functions take
-    either form."""
+    """Every layer's ``mlp.gate_proj`` and ``mlp.up_proj`` rows concatenated into ``GATE_UP_KEY``, its q, k and v
+    projections into ``QKV_KEY`` (and ``QKV_BIAS_KEY``), its q and k norms into ``QK_NORM_KEY`` (in place, no second
+    copy kept); after loading (and sharding: the heads are the rank's), before the first forward. Idempotent; the
+    functions take either form."""
     for k in [k for k in params if k.endswith(".mlp.gate_proj.weight")]:
         p = k[:-len("gate_proj.weight")]
         params[p + "gate_up_proj.weight"] = torch.cat([params.pop(k), params.pop(p + "up_proj.weight")])
+    for k in [k for k in params if k.endswith(".self_attn.q_proj.weight")]:
+        p = k[:-len("self_attn.q_proj.weight")]
+        norm = _qk_norm(params, p)
+        params[p + QKV_KEY], bias = _qkv(params, p)
+        if bias is not None:
+            params[p + QKV_BIAS_KEY] = bias
+        for name in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias", "v_proj.bias",
+                     "q_norm.weight", "k_norm.weight"):
+            params.pop(p + "self_attn." + name, None)
+        params[p + QK_NORM_KEY] = norm
     return params
+
+
+def _qkv(params, p: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Layer prefix ``p``'s ``[q; k; v]`` rows and biases (None without biases), concatenated here when the params
+    were not passed through :func:`to_kernel_layout_`."""
+    w = params.get(p + QKV_KEY)
+    if w is not None:
+        return w, params.get(p + QKV_BIAS_KEY)
+    a = p + "self_attn."
+    w = torch.cat([params[a + n + "_proj.weight"] for n in "qkv"])
+    b = params.get(a + "q_proj.bias")
+    return w, None if b is None else torch.cat([params[a + n + "_proj.bias"] for n in "qkv"])
+
+
+def _qk_norm(params, p: str) -> torch.Tensor:
+    """Layer prefix ``p``'s per-head norm weights ``[Hq + Hkv, D]`` (``QK_NORM_KEY``; built here from ``q_norm``,
+    ``k_norm`` and the projections' row counts when the params were not passed through :func:`to_kernel_layout_`)."""
+    w = params.get(p + QK_NORM_KEY)
+    if w is not None:
+        return w
+    a = p + "self_attn."
+    qn, kn = params[a + "q_norm.weight"], params[a + "k_norm.weight"]
+    D = qn.shape[0]
+    hq, hkv = params[a + "q_proj.weight"].shape[0] // D, params[a + "k_proj.weight"].shape[0] // D
+    return torch.cat([qn.expand(hq, D), kn.expand(hkv, D)])
 
 
 def _gate_up(params, p: str) -> torch.Tensor:
@@ -120,7 +166,7 @@ def _reduced_linear(x, w, b, cfg, tp):
 
 def _normed_linear(x2, w, b, g, eps, act=None):
     """``act(rmsnorm(x2, g) w^T + b)`` in one :func:`tritree.kernels.linear` (the norm's weight given to the op: ``w``
-    is also read unnormalised elsewhere, e.g. ``k_proj`` and ``v_proj`` by :func:`context_kv`)."""
+    is also read unnormalised elsewhere, e.g. the k | v rows of ``QKV_KEY`` by :func:`context_kv`)."""
     return fused_linear(x2, w.to(x2.dtype), None if b is None else b.to(x2.dtype), rms_eps=eps,
                         norm_weight=g.to(x2.dtype), act=act)
 
@@ -150,16 +196,20 @@ def context_features(params, cfg: DFlashConfig, taps: torch.Tensor, tp=None) -> 
 
 def context_kv(params, cfg: DFlashConfig, ctx: torch.Tensor, positions: torch.Tensor) -> list:
     """Every layer's context ``(k, v)``, each ``[B, n, Hkv, D]``: ``k = rope(k_norm(k_proj ctx))`` at
-    ``positions [B, n]``, ``v = v_proj ctx``. Per-layer GEMMs: stacking the weights would copy them."""
+    ``positions [B, n]``, ``v = v_proj ctx`` (a view). Per layer one GEMM of the k | v rows of its ``QKV_KEY`` (a
+    view of the weight) and one :func:`tritree.kernels.head_norm_rope`: stacking every layer's rows would copy
+    them."""
     B, n = ctx.shape[:2]
-    Hkv, D = cfg.num_key_value_heads, cfg.head_dim
+    Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     inv = inv_freq_kept(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
+    x2 = ctx.reshape(B * n, -1)
     out = []
     for i in range(cfg.num_hidden_layers):
-        p = layer_prefix(i) + "self_attn."
-        k = linear(ctx, params[p + "k_proj.weight"], params.get(p + "k_proj.bias")).view(B, n, Hkv, D)
-        v = linear(ctx, params[p + "v_proj.weight"], params.get(p + "v_proj.bias")).view(B, n, Hkv, D)
-        out.append((_norm_rope(cfg, k, params[p + "k_norm.weight"], positions, inv), v))
+        p = layer_prefix(i)
+        w, b = _qkv(params, p)
+        kv = fused_linear(x2, w[Hq * D:].to(x2.dtype), None if b is None else b[Hq * D:].to(x2.dtype))
+        kv = kv.view(B, n, 2, Hkv, D)
+        out.append((_norm_rope(cfg, kv[:, :, 0], _qk_norm(params, p)[Hq:], positions, inv), kv[:, :, 1]))
     return out
 
 
@@ -182,9 +232,10 @@ def materialize_context_(params, cfg: DFlashConfig, taps: torch.Tensor, position
     kv = draft_cache["kv"]
     ctx = context_features(params, cfg, taps.to(kv.dtype), tp)
     L, Hkv, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
-    # one copy into [layers, B, n, 2, Hkv, D]: every layer's K and V stacked, then laid out as the pool's rows
-    flat = torch.stack([t for kv_i in context_kv(params, cfg, ctx, positions) for t in kv_i], dim=0)
-    new = flat.view(L, 2, B, n, Hkv, D).permute(0, 2, 3, 1, 4, 5).contiguous().to(kv.dtype)
+    # one copy, every layer's K and V stacked as [B, n, layers, 2, Hkv, D]; kv_write_ reads it as [layers, B, n, 2,
+    # Hkv, D] through its strides (a token's K and V of a layer one run, as the pool's rows)
+    flat = torch.stack([t for kv_i in context_kv(params, cfg, ctx, positions) for t in kv_i], dim=2)
+    new = flat.view(B, n, L, 2, Hkv, D).permute(2, 0, 1, 3, 4, 5).to(kv.dtype)
     kv_write_(kv, draft_cache["page_table"], draft_cache["kv_lens"], new, counts, stacked=True)
     added = counts if counts is not None else torch.full_like(draft_cache["kv_lens"], n)
     return {**draft_cache, "kv_lens": draft_cache["kv_lens"] + added}
@@ -203,24 +254,22 @@ def block_hidden(params, cfg: DFlashConfig, x: torch.Tensor, positions: torch.Te
         kv = draft_cache["kv"]
 
         def attend(i, q, k, v):
-            return draft_attention(q.contiguous(), kv[i, :, :, 0], kv[i, :, :, 1], draft_cache["page_table"],
+            return draft_attention(q, kv[i, :, :, 0], kv[i, :, :, 1], draft_cache["page_table"],
                                    draft_cache["kv_lens"], k.to(kv.dtype), v.to(kv.dtype), sm_scale=cfg.softmax_scale,
                                    window=cfg.windows[i])
     eps = cfg.rms_norm_eps
     inv = inv_freq_kept(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
     x2 = x.reshape(B * S, -1)
     for i in range(cfg.num_hidden_layers):
-        # Per layer: q, k and v each with the input norm in the launch (kernels.linear), the per-head q / k norms
-        # and rotations, attention, o_proj with the residual add, gate|up with the post-attention norm and
+        # Per layer: q, k and v in one launch with the input norm in it (kernels.linear), the per-head q and k norms
+        # and rotations in one, attention, o_proj with the residual add, gate|up with the post-attention norm and
         # SiLU-and-mul in one launch, down with the residual add.
         p = layer_prefix(i)
         a = p + "self_attn."
-        g = params[p + "input_layernorm.weight"]
-        q = _norm_rope(cfg, _normed_linear(x2, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"), g, eps)
-                       .view(B, S, Hq, D), params[a + "q_norm.weight"], positions, inv)
-        k = _norm_rope(cfg, _normed_linear(x2, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"), g, eps)
-                       .view(B, S, Hkv, D), params[a + "k_norm.weight"], positions, inv)
-        v = _normed_linear(x2, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"), g, eps).view(B, S, Hkv, D)
+        w, b = _qkv(params, p)
+        qkv = _normed_linear(x2, w, b, params[p + "input_layernorm.weight"], eps).view(B, S, Hq + 2 * Hkv, D)
+        qk = _norm_rope(cfg, qkv[:, :, :Hq + Hkv], _qk_norm(params, p), positions, inv)
+        q, k, v = qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:]
         o = attend(i, q, k, v)
         x2 = _residual_linear(o.reshape(B * S, Hq * D), params[a + "o_proj.weight"], params.get(a + "o_proj.bias"),
                               x2, cfg, tp)
