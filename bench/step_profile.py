@@ -85,7 +85,7 @@ FAMILIES: list[tuple[str, str]] = [
                r"|(gemm|gemv)\w*<(int, int, )?float\b|splitKreduce_kernel<\d+, \d+, int, float, float, float, float\b"),
     ("norms", r"layer_?norm|LayerNorm|rms_?norm|RMSNorm|RowwiseMoments|\b_(block_norm|head_rope)_kernel\b"),
     ("projections (dense GEMMs)", r"nvjet|gemm|gemv|cutlass|xmma|splitKreduce|cublas|\bdot_kernel|\b_(linear|mla)_kernel\b"),
-    ("elementwise", r"CatArray|\btriton_(poi|red|per)_"),  # Inductor's names may say "_to_copy"
+    ("elementwise", r"CatArray|\btriton_(poi|red|per)_|\b_embed_kernel\b"),  # Inductor's names may say "_to_copy"
     ("copies", r"(?i)memcpy|memset|copy|roll_cuda_kernel"),
     ("elementwise", r"elementwise|reduce_kernel|index|[Gg]ather|[Ss]catter|[Ss]oft[Mm]ax|cumsum|[Ss]can|[Ff]ill"
                     r"|arange|where"),

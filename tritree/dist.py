@@ -145,17 +145,19 @@ def vocab_shard(vocab_size: int, tp: TPGroup | None) -> tuple[int, int, int]:
     return start, min(per, vocab_size - start), per
 
 
-def embed(tp: TPGroup | None, table: torch.Tensor, tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``table[tokens]`` with ``table`` this rank's vocabulary shard ``[Vs, hidden]``: each rank looks up
-    the tokens it holds (zeros elsewhere) and an all-reduce adds them; exactly one rank contributes
-    to each row, so the result is exact. ``tokens [...]`` -> ``[..., hidden]``."""
+def embed(tp: TPGroup | None, table: torch.Tensor, tokens: torch.Tensor, vocab_size: int,
+          scale: float = 1.0) -> torch.Tensor:
+    """``table[tokens] * scale`` with ``table`` this rank's vocabulary shard ``[Vs, hidden]``: each rank looks up
+    the tokens it holds (zeros elsewhere, one launch: :func:`tritree.kernels.embed_rows`) and an all-reduce adds
+    them; exactly one rank contributes to each row, so the result is exact. In one process an id out of range is
+    an indexing error. ``tokens [...]`` -> ``[..., hidden]``."""
     if not active(tp):
-        return table[tokens]
+        x = table[tokens]
+        return x if scale == 1.0 else x * scale
+    from .kernels import embed_rows
+
     start, rows, _ = vocab_shard(vocab_size, tp)
-    local = tokens - start
-    mine = (local >= 0) & (local < rows)
-    x = torch.where(mine[..., None], table[local.clamp(0, table.shape[0] - 1)], 0)
-    return tp.all_reduce_(x)
+    return tp.all_reduce_(embed_rows(table, tokens, start=start, rows=rows, scale=scale))
 
 
 def lm_logits(tp: TPGroup | None, h: torch.Tensor, head: torch.Tensor, vocab_size: int,

@@ -40,6 +40,10 @@ def test_kernel_configs_compile(arch):
     from tritree.kernels.head_rope import HEAD_ROPE_CONFIGS
 
     assert len([r for r in reports if r.kernel == "_head_rope_kernel"]) == 3 * len(set(HEAD_ROPE_CONFIGS[arch].values()))
+    # The vocabulary-shard lookup: every config, three variants.
+    from tritree.kernels.embed import EMBED_CONFIGS
+
+    assert len([r for r in reports if r.kernel == "_embed_kernel"]) == 3 * len(set(EMBED_CONFIGS[arch].values()))
 
 
 def test_gluon_verify_kernels_compile_for_sm90():

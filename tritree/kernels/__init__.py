@@ -6,6 +6,7 @@ from ._validate import set_debug
 from .accept import accept_picks, accept_tree, accept_tree_reference
 from .configs import AttnConfig, arch_of
 from .draft_attention import DraftAttentionPlan, draft_attention, draft_attention_reference
+from .embed import embed_rows, embed_rows_reference
 from .head_rope import head_norm_rope, head_norm_rope_reference
 from .kv_cache import kv_commit_, kv_commit_reference, kv_gather, kv_gather_reference, kv_write_, kv_write_reference
 from .kv_pool import PagePool, PoolExhausted, defrag_, page_table_from_token_table, token_table_from_page_table
@@ -39,4 +40,5 @@ __all__ = ["AttnConfig", "arch_of", "tree_mask_from_parents", "verify_mla", "ver
            "routed_experts_int4", "kernel_layout", "RoutePlan", "moe_route", "moe_route_reference", "plan_moe_route",
            "MoeBlockPlan", "moe_block", "moe_block_reference", "plan_moe_block", "LinearPlan", "linear",
            "linear_reference", "plan_linear", "mla_query_", "mla_query_reference", "mla_output",
-           "mla_output_reference", "head_norm_rope", "head_norm_rope_reference"]
+           "mla_output_reference", "head_norm_rope", "head_norm_rope_reference", "embed_rows",
+           "embed_rows_reference"]

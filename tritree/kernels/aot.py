@@ -518,6 +518,25 @@ def head_rope_reports(archs=None) -> list[CompileReport]:
     return reports
 
 
+def embed_reports(archs=None) -> list[CompileReport]:
+    """The vocabulary-shard lookup (``embed._embed_kernel``) for every config of its table at K2.x's rows of 7,168:
+    bf16 with and without the scale (int32 ids), fp32 with int64 ids."""
+    from .embed import EMBED_CONFIGS, _embed_kernel, plan_embed
+
+    reports = []
+    for arch in EMBED_CONFIGS:
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for dtype, ids, scale in (("bf16", "*i32", False), ("bf16", "*i32", True), ("fp32", "*i64", False)):
+            plan = plan_embed(17, 7168, arch)
+            sig = {"Table": "*" + dtype, "Tokens": ids, "Out": "*" + dtype, "start": "i32", "rows": "i32",
+                   **{n: "i32" for n in ("H", "stride_t", "stride_o")}, "scale": "fp32"}
+            reports.append(audit(_embed_kernel, sig, dict(BLOCK=plan.block, SCALE=scale), arch,
+                                 plan.config.num_warps, 1, ("Table", "Out", "H", "stride_t", "stride_o"),
+                                 f"H7168 B{plan.block} {dtype}{' scale' if scale else ''}"))
+    return reports
+
+
 def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
                    kv_dtype: str | None = None, page_size: int = 64) -> CompileReport:
     from .verify.triton_kernel import launch_config
@@ -648,7 +667,7 @@ def main(argv=None) -> None:
                + moe_int4_mma_reports(archs=args.arch) + router_reports(archs=args.arch)
                + moe_block_reports(archs=args.arch) + linear_reports(archs=args.arch) + mla_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch)
-               + head_rope_reports(archs=args.arch))
+               + head_rope_reports(archs=args.arch) + embed_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return

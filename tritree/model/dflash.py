@@ -300,7 +300,7 @@ def draft(params, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor,
     S = cfg.block_size
     tokens = torch.full((B, S), cfg.mask_token_id, dtype=torch.long, device=anchor.device)
     tokens[:, 0] = anchor
-    x = dist.embed(tp, embed, tokens, cfg.vocab_size) * cfg.input_embedding_scale
+    x = dist.embed(tp, embed, tokens, cfg.vocab_size, cfg.input_embedding_scale)
     x = x.to(draft_cache["kv"].dtype)
     positions = start.to(torch.long)[:, None] + torch.arange(S, device=anchor.device)
     h = block_hidden(params, cfg, x, positions, draft_cache, tp=tp)
