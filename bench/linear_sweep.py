@@ -43,10 +43,12 @@ SHAPES = {
     "tp8-o": (7168, 1024),
     "tp8-dense-gate_up": (4608, 7168),
     "tp8-dense-down": (7168, 2304),
+    "tp8-lm_head": (20480, 7168),  # the vocabulary shard (163,840 / 8 rows): verify's and the draft's logits
     "draft-qkv": (1280, 7168),
     "draft-o": (7168, 1024),
     "draft-gate_up": (4608, 7168),
     "draft-down": (7168, 2304),
+    "draft-context-kv": (256, 7168),  # a layer's k | v rows (the context K/V of the accepted tokens)
 }
 VARIANTS = ("tritree", "cublas", "tritree-norm", "cublas-norm")
 

@@ -41,6 +41,8 @@ def test_slice_is_rank_0_of_tp8_and_its_step_runs(tiny, experts):
         m = "model.layers.1.mlp.shared_experts."
         gate, _ = want.pop(m + "gate_proj.weight"), want.pop(m + "up_proj.weight")
         want[m + "gate_up_proj.weight"] = (2 * gate[0], gate[1])
+    gate, _ = want.pop("model.layers.0.mlp.gate_proj.weight"), want.pop("model.layers.0.mlp.up_proj.weight")
+    want["model.layers.0.mlp.gate_up_proj.weight"] = (2 * gate[0], gate[1])  # the dense layer's gate|up rows
     for i in range(2):  # and every layer's q_a and kv_a rows, and q_b with the q_a norm in it
         a = f"model.layers.{i}.self_attn."
         qa, kva = want.pop(a + "q_a_proj.weight"), want.pop(a + "kv_a_proj_with_mqa.weight")

@@ -46,7 +46,7 @@ from ..kernels.moe.block import moe_block
 from ..kernels.moe.int4 import GROUP, Int4Experts, kernel_layout, routed_experts_int4
 from ..kernels.moe.router import moe_route
 from .config import KimiK2Config
-from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm, swiglu
+from .layers import apply_rope, cos_sin, inv_freq_kept, linear, random_params, rms_norm
 
 # --------------------------------------------------------------------------------------------------
 # RoPE
@@ -80,6 +80,10 @@ DENSE_EXPERT_KEYS = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
 # The shared expert's gate and up rows in one tensor ``[2 Is, H]`` after :func:`to_kernel_layout_` (one pass of
 # the MoE block's gate_up reads both), replacing ``shared_experts.gate_proj.weight`` and ``up_proj.weight``.
 SHARED_GATE_UP_KEY = "shared_experts.gate_up_proj.weight"
+# A dense (non-MoE) layer's gate and up rows in one tensor ``[2 I, H]`` after :func:`to_kernel_layout_` (one launch
+# of :func:`tritree.kernels.linear` normalises the rows and computes ``silu(gate) * up``), replacing
+# ``mlp.gate_proj.weight`` and ``mlp.up_proj.weight``.
+DENSE_GATE_UP_KEY = "mlp.gate_up_proj.weight"
 # ``q_a_proj``'s rows then ``kv_a_proj_with_mqa``'s in one tensor ``[q_lora_rank + latent_dim, H]`` after
 # :func:`to_kernel_layout_`, the layer's input RMSNorm weight ``g`` folded into its columns (``W * g``:
 # ``rmsnorm(x, g) W^T = rms(x) (W * g)^T``, so one launch of :func:`tritree.kernels.linear` normalises the rows and
@@ -194,7 +198,8 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
       in ``layout`` when given, converted one expert at a time and filed under the layout's keys
       (``mlp.experts.w13_mma`` ... for ``"mma"``);
     - the shared expert's gate and up rows concatenated into ``mlp.shared_experts.gate_up_proj.weight``
-      (``[2 Is, H]``: the MoE block's operand, :func:`tritree.kernels.moe.block`);
+      (``[2 Is, H]``: the MoE block's operand, :func:`tritree.kernels.moe.block`), and a dense layer's into
+      ``mlp.gate_up_proj.weight`` (``DENSE_GATE_UP_KEY``, ``[2 I, H]``);
     - every layer's ``q_a_proj`` and ``kv_a_proj_with_mqa`` rows (and biases) concatenated into
       ``self_attn.qkv_a_proj.weight`` (``QKV_A_KEY``, ``[q_lora_rank + latent_dim, H]``), times the layer's input
       RMSNorm weight by column (rounded once to the weights' dtype): one projection of the hidden state with the
@@ -203,6 +208,9 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
 
     ``params`` itself is updated and returned; call it once after loading (and sharding), before the first
     forward. Idempotent."""
+    for k in [k for k in params if k.endswith(".mlp.gate_proj.weight")]:  # dense layers (experts are "experts.")
+        p = k[:-len("gate_proj.weight")]
+        params[p + "gate_up_proj.weight"] = torch.cat([params.pop(k), params.pop(p + "up_proj.weight")])
     for k in [k for k in params if k.endswith(".self_attn.q_a_proj.weight")]:
         p = k[:-len("q_a_proj.weight")]
         g = params[p[:-len("self_attn.")] + "input_layernorm.weight"]
@@ -231,6 +239,15 @@ def to_kernel_layout_(params: dict, device=None, layout: str | None = None) -> d
             del params[p + a]
             params[p + b] = t
     return params
+
+
+def _dense_gate_up(params, p: str) -> torch.Tensor:
+    """A dense layer's ``[gate; up]`` rows of MLP prefix ``p`` (concatenated here when the params were not passed
+    through :func:`to_kernel_layout_`)."""
+    w = params.get(p + "gate_up_proj.weight")
+    if w is None:
+        w = torch.cat([params[p + "gate_proj.weight"], params[p + "up_proj.weight"]])
+    return w
 
 
 def _shared_gate_up(params, p: str) -> torch.Tensor:
@@ -295,15 +312,26 @@ def _expert_offset(params, cfg: KimiK2Config, i: int, packed: Int4Experts | None
 
 
 def ffn(params, cfg: KimiK2Config, i: int, x: torch.Tensor, tp=None, tree_lens=None) -> torch.Tensor:
-    """Layer ``i``'s feed-forward half on the residual stream ``x [B, S, hidden]``: ``x + mlp(rms_norm(x))``.
+    """Layer ``i``'s feed-forward half on the residual stream ``x [B, S, hidden]``: ``x + mlp(rms_norm(x))`` (a
+    SwiGLU in dense layers, the MoE in the others; intermediate-sharded under ``tp``, then all-reduced).
 
     INT4 MoE layers run :func:`tritree.kernels.moe.block` (post-attention norm, router, routed and shared experts
     and the residual add: five launches on sm_90 / sm_120 at decode row counts); under ``tp`` rank 0 adds the
-    residual and the all-reduce follows. Other layers: the norm, :func:`mlp` and the add."""
+    residual and the all-reduce follows. Dense layers: two launches of :func:`tritree.kernels.linear` at decode row
+    counts (the norm with gate | up and SiLU-and-mul, down with the residual; rank 0 adds it under ``tp``). Layers
+    of dense (bf16) experts: the norm, :func:`moe` and the add."""
     p = layer_prefix(i)
-    packed = int4_experts(params, i) if cfg.is_moe(i) else None
+    if not cfg.is_moe(i):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        h = fused_linear(x2, _dense_gate_up(params, p + "mlp.").to(x.dtype), rms_eps=cfg.rms_norm_eps,
+                         norm_weight=params[p + "post_attention_layernorm.weight"].to(x.dtype), act="silu_mul")
+        out = fused_linear(h, params[p + "mlp.down_proj.weight"].to(x.dtype),
+                           residual=x2 if not dist.active(tp) or tp.rank == 0 else None)
+        return dist.all_reduce_(tp, out).view(shape)
+    packed = int4_experts(params, i)
     if packed is None:
-        return x + mlp(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps),
+        return x + moe(params, cfg, i, rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps),
                        tp, tree_lens)
     m = p + "mlp."
     shape = x.shape
@@ -315,16 +343,6 @@ def ffn(params, cfg: KimiK2Config, i: int, x: torch.Tensor, tp=None, tree_lens=N
                     tree_lens=tree_lens, rows_per_request=None if tree_lens is None else shape[1],
                     add_residual=not dist.active(tp) or tp.rank == 0)
     return dist.all_reduce_(tp, out).view(shape)
-
-
-def mlp(params, cfg, i, h, tp=None, tree_lens=None):
-    """Layer ``i``'s MoE or dense SwiGLU (intermediate-sharded under ``tp``, then all-reduced);
-    ``tree_lens``: padding rows of ``h [B, T, hidden]`` skip the routed experts (:func:`moe`)."""
-    if cfg.is_moe(i):
-        return moe(params, cfg, i, h, tp, tree_lens)
-    p = layer_prefix(i) + "mlp."
-    out = swiglu(h, params[p + "gate_proj.weight"], params[p + "up_proj.weight"], params[p + "down_proj.weight"])
-    return dist.all_reduce_(tp, out)
 
 
 def _fold_norm(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -26,10 +26,6 @@ def linear(x, w, b=None):
     return F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
 
 
-def swiglu(x, gate, up, down):
-    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
-
-
 # --------------------------------------------------------------------------------------------------
 # RoPE (halves layout: channel i pairs with i + d/2)
 # --------------------------------------------------------------------------------------------------
