@@ -282,7 +282,8 @@ def accept_tree(tokens, parents, tree_lens, target_logits, *, temperature: float
     return plan.run(tokens, parents, tree_lens, target_logits, seed, step)
 
 
-def _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p):
+def _validate_tree(tokens, parents, tree_lens) -> tuple[int, int]:
+    """The tree's tensors (types, shapes, one device); returns ``(B, T)``."""
     V.check_tensor("tokens", tokens, ndim=2, dtypes=(torch.int32,))
     dev = tokens.device
     B, T = tokens.shape
@@ -290,6 +291,12 @@ def _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top
     V.check_shape("parents", parents, (B, T), "[B, T]")
     V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=dev)
     V.check_shape("tree_lens", tree_lens, (B,), "[B]")
+    return B, T
+
+
+def _validate_accept(tokens, parents, tree_lens, target_logits, temperature, top_k, top_p):
+    B, T = _validate_tree(tokens, parents, tree_lens)
+    dev = tokens.device
     V.check_tensor("target_logits", target_logits, ndim=3, dtypes=(torch.float32, torch.float16, torch.bfloat16),
                    device=dev, last_contiguous=False)
     if target_logits.shape[:2] != (B, T) or target_logits.shape[2] < 1:
@@ -419,14 +426,8 @@ def accept_picks(tokens, parents, tree_lens, picks):
 
 
 def _validate_walk(tokens, parents, tree_lens, picks):
-    V.check_tensor("tokens", tokens, ndim=2, dtypes=(torch.int32,))
-    dev = tokens.device
-    B, T = tokens.shape
-    V.check_tensor("parents", parents, ndim=2, dtypes=(torch.int32,), device=dev)
-    V.check_shape("parents", parents, (B, T), "[B, T]")
-    V.check_tensor("tree_lens", tree_lens, ndim=1, dtypes=(torch.int32,), device=dev)
-    V.check_shape("tree_lens", tree_lens, (B,), "[B]")
-    V.check_tensor("picks", picks, ndim=2, dtypes=(torch.int32,), device=dev)
+    B, T = _validate_tree(tokens, parents, tree_lens)
+    V.check_tensor("picks", picks, ndim=2, dtypes=(torch.int32,), device=tokens.device)
     V.check_shape("picks", picks, (B, T), "[B, T]")
 
 
