@@ -67,6 +67,14 @@ def test_head_norm_rope_in_place_on_heads_of_a_wider_tensor(dtype):
                                                                             1e-6), atol=atol, rtol=rtol)
 
 
+def test_head_norm_rope_far_positions():
+    """Positions up to 2^20 (angles past the 105,615 where float32 sine reductions change method): float32 within
+    the dtype's tolerance of the exact cosine and sine of the float32 angle."""
+    x, w, pos, inv = _case((3, 40), 2, 128, torch.float32, 9, max_pos=1 << 20)
+    pos[0, :4] = torch.tensor([105614, 105616, (1 << 20) - 1, 1 << 17], device=pos.device)
+    _check(x, w, pos, inv)
+
+
 @pytest.mark.parametrize("lead", [(1,), (2, 3, 1)])
 def test_head_norm_rope_leading_dims_and_one_row(lead):
     _check(*_case(lead, 3, 16, torch.float32, 7))
