@@ -474,6 +474,55 @@ def sample_accept_tree(draw, device) -> Sample:
                   run_scalar=lambda t, k, v: tritree.accept_tree(*(t[n] for n in names), **{k: v}))
 
 
+def sample_accept_picks(draw, device) -> Sample:
+    B, T, Vv = draw(st.integers(1, 3)), draw(st.integers(1, 20)), draw(st.integers(1, 4))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    kinds = tuple(draw(st.lists(st.sampled_from(TT.TREE_KINDS), min_size=1, max_size=3)))
+    parents = TT.random_trees(B, T, kinds, generator=g)
+    tokens = torch.randint(0, Vv, (B, T), generator=g, dtype=torch.int32)
+    picks = torch.randint(0, Vv, (B, T), generator=g, dtype=torch.int32)
+    tree_lens = torch.tensor(_lists(draw, B, 0, T, (T,)), dtype=torch.int32)
+    t = dict(tokens=tokens.to(device), parents=parents.to(device), tree_lens=tree_lens.to(device),
+             picks=picks.to(device))
+    names = tuple(t)
+
+    def check(got, want):
+        for a, b, what in zip(got, want, ("accept_idx", "accept_len", "bonus")):
+            equal(a, b, what)
+
+    def bad_parents(t):
+        t = _set(t, "parents", 0, 0, 0) if T == 1 else _set(t, "parents", 0, T, T - 1)
+        return _set(t, "tree_lens", 0, T)
+
+    return Sample("accept_picks", t, dict(tokens=("B", "T"), parents=("B", "T"), tree_lens=("B",), picks=("B", "T")),
+                  lambda t: tritree.accept_picks(*(t[n] for n in names)),
+                  lambda t: tritree.accept_tree_reference(*(t[n].cpu() for n in names)), check,
+                  values={"tree_lens": lambda t: _set(t, "tree_lens", 0, T + 1), "parents": bad_parents})
+
+
+def sample_embed_rows(draw, device) -> Sample:
+    R, H = draw(st.integers(1, 12)), draw(st.integers(1, 80))
+    n, start = draw(st.integers(0, 7)), draw(st.integers(0, 20))
+    rows = draw(st.integers(0, R))
+    scale = draw(st.sampled_from([1.0, 0.5, 3.0]))
+    dtype = draw(st.sampled_from(FLOATS))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
+    t = dict(table=torch.randn(R, H, generator=g).to(dtype).to(device),
+             tokens=torch.randint(0, start + R + 3, (1, n), generator=g).to(device))
+
+    def call(t, **kw):
+        opts = dict(start=start, rows=rows, scale=scale)
+        opts.update(kw)
+        return tritree.embed_rows(t["table"], t["tokens"], **opts)
+
+    return Sample("embed_rows", t, dict(table=("R", "H"), tokens=("m", "n")), call,
+                  lambda t: tritree.embed_rows_reference(t["table"].cpu(), t["tokens"].cpu(), start, rows, scale),
+                  lambda got, want: close(got, want, dtype, "out"),
+                  lead={"tokens": 2}, strided_last=("tokens",),  # ids of any shape and strides
+                  scalars={"start": [-1, 1.5, None], "rows": [R + 1, -1, 2.0], "scale": [float("nan"), "2"]},
+                  run_scalar=lambda t, k, v: call(t, **{k: v}))
+
+
 def sample_token_tables(draw, device) -> Sample:
     B, n_pages = draw(st.integers(0, 3)), draw(st.integers(1, 5))
     P = draw(st.sampled_from([1, 2, 8]))
@@ -657,7 +706,8 @@ def sample_moe_route(draw, device) -> Sample:
 
 SAMPLES = {s.__name__.removeprefix("sample_"): s for s in (
     sample_verify_mla, sample_draft_attention, sample_kv_write_, sample_kv_commit_, sample_kv_gather,
-    sample_tree_mask_from_parents, sample_build_tree, sample_accept_tree, sample_token_tables,
+    sample_tree_mask_from_parents, sample_build_tree, sample_accept_tree, sample_accept_picks, sample_embed_rows,
+    sample_token_tables,
     sample_page_table_from_token_table, sample_expected_accept, sample_routed_experts_int4, sample_moe_route)}
 
 

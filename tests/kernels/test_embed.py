@@ -60,6 +60,8 @@ def test_embed_rows_no_tokens_and_strided_table():
     assert embed_rows(table, torch.zeros(0, dtype=torch.long, device=DEVICE)).shape == (0, 16)
     tokens = torch.tensor([3, 0, 7], device=DEVICE)
     torch.testing.assert_close(embed_rows(table, tokens), table[tokens], atol=0, rtol=0)
+    strided = torch.tensor([[3, 9, 0, 9, 7, 9]], device=DEVICE)[:, ::2]  # ids read through their stride
+    torch.testing.assert_close(embed_rows(table, strided), table[strided], atol=0, rtol=0)
 
 
 def test_embed_rows_is_differentiable_in_the_table():

@@ -530,7 +530,7 @@ def embed_reports(archs=None) -> list[CompileReport]:
         for dtype, ids, scale in (("bf16", "*i32", False), ("bf16", "*i32", True), ("fp32", "*i64", False)):
             plan = plan_embed(17, 7168, arch)
             sig = {"Table": "*" + dtype, "Tokens": ids, "Out": "*" + dtype, "start": "i32", "rows": "i32",
-                   **{n: "i32" for n in ("H", "stride_t", "stride_o")}, "scale": "fp32"}
+                   **{n: "i32" for n in ("H", "stride_t", "stride_k", "stride_o")}, "scale": "fp32"}
             reports.append(audit(_embed_kernel, sig, dict(BLOCK=plan.block, SCALE=scale), arch,
                                  plan.config.num_warps, 1, ("Table", "Out", "H", "stride_t", "stride_o"),
                                  f"H7168 B{plan.block} {dtype}{' scale' if scale else ''}"))

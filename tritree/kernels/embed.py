@@ -53,13 +53,13 @@ def embed_rows_reference(table: torch.Tensor, tokens: torch.Tensor, start: int =
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _embed_kernel(Table, Tokens, Out, start, rows, H, stride_t, stride_o, scale, BLOCK: tl.constexpr,
+def _embed_kernel(Table, Tokens, Out, start, rows, H, stride_t, stride_k, stride_o, scale, BLOCK: tl.constexpr,
                   SCALE: tl.constexpr):
     """Grid ``(M, cdiv(H, BLOCK))``: columns ``BLOCK j ..`` of token ``m``'s row. ``Table [R, H]`` and ``Out [M, H]``
-    by their row strides (columns contiguous); ``Tokens [M]``."""
+    by their row strides (columns contiguous); ``Tokens [M]`` by its stride."""
     m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    local = tl.load(Tokens + m).to(tl.int64) - start
+    local = tl.load(Tokens + m.to(tl.int64) * stride_k).to(tl.int64) - start
     mine = (local >= 0) & (local < rows)
     x = tl.load(Table + tl.where(mine, local, 0) * stride_t + cols, mask=cols < tl.where(mine, H, 0), other=0.0)
     if SCALE:
@@ -107,7 +107,7 @@ def plan_embed(M: int, H: int, arch: str) -> EmbedPlan:
 
 def _validate(table, tokens, start, rows, scale, out) -> None:
     V.check_tensor("table", table, ndim=2, dtypes=DTYPES)
-    V.check_tensor("tokens", tokens, dtypes=TOKEN_DTYPES, device=table.device)
+    V.check_tensor("tokens", tokens, dtypes=TOKEN_DTYPES, device=table.device, last_contiguous=False)
     V.check_int("start", start, 0)
     if rows is not None:
         V.check_int("rows", rows, 0)
@@ -144,8 +144,9 @@ class _EmbedPlanLaunch:
         if out is None:
             out = torch.empty(*tokens.shape, H, dtype=table.dtype, device=table.device)
         if tokens.numel() and H:
-            self._launcher(self.grid, table, tokens.reshape(-1), out, self.start, self.rows, H, table.stride(0),
-                           H, self.scale)
+            flat = tokens.reshape(-1)  # a view where the dimensions merge (its stride fixed by the signature)
+            self._launcher(self.grid, table, flat, out, self.start, self.rows, H, table.stride(0), flat.stride(0), H,
+                           self.scale)
         return out
 
 
