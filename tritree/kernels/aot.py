@@ -212,7 +212,7 @@ def tree_reports(archs=None) -> list[CompileReport]:
 
 def accept_reports(archs=None) -> list[CompileReport]:
     """Tree acceptance: the greedy single launch at K2.6's vocabulary (bf16 logits, trees of 9 to 1024 nodes)
-    and the walk after the sampled picks."""
+    and the walk over given picks (after the sampled picks, and ``accept_picks``)."""
     from .accept import _greedy_accept_kernel, _walk_kernel, greedy_accept_layout
 
     ints = ("stride_lb", "stride_lt", "stride_lv", "stride_tb", "stride_pb", "T", "V", "chunk", "n_chunks",
@@ -221,7 +221,8 @@ def accept_reports(archs=None) -> list[CompileReport]:
                   "PartIdx": "*i32", "Arrive": "*i32", "Picks": "*i32", "AcceptIdx": "*i32", "AcceptLen": "*i32",
                   "Bonus": "*i32", **{n: "i32" for n in ints}}
     walk_sig = {"Tokens": "*i32", "Parents": "*i32", "TreeLens": "*i32", "Picks": "*i32", "AcceptIdx": "*i32",
-                "AcceptLen": "*i32", "Bonus": "*i32", "stride_tb": "i32", "stride_pb": "i32", "T": "i32"}
+                "AcceptLen": "*i32", "Bonus": "*i32", "stride_tb": "i32", "stride_pb": "i32", "stride_kb": "i32",
+                "T": "i32"}
     reports = []
     for arch in (archs or ("sm_90", "sm_120")):
         if arch not in CAPABILITY:
