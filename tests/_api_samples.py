@@ -440,16 +440,30 @@ def sample_build_tree(draw, device) -> Sample:
                   run_scalar=lambda t, k, v: tritree.build_tree(t["draft_logits"], v, t["root_tokens"]))
 
 
-def sample_accept_tree(draw, device) -> Sample:
-    B, T, Vv = draw(st.integers(1, 3)), draw(st.integers(1, 20)), draw(st.integers(2, 12))
+def _draw_tree(draw, device, vocab):
+    """A batch of random trees for the acceptance walk: (B, T, generator, dict of tokens, parents, tree_lens)."""
+    B, T = draw(st.integers(1, 3)), draw(st.integers(1, 20))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
     kinds = tuple(draw(st.lists(st.sampled_from(TT.TREE_KINDS), min_size=1, max_size=3)))
     parents = TT.random_trees(B, T, kinds, generator=g)
-    tokens = torch.randint(0, Vv, (B, T), generator=g, dtype=torch.int32)
-    logits = torch.randn(B, T, Vv, generator=g).to(draw(st.sampled_from(FLOATS)))
+    tokens = torch.randint(0, vocab, (B, T), generator=g, dtype=torch.int32)
     tree_lens = torch.tensor(_lists(draw, B, 0, T, (T,)), dtype=torch.int32)
-    t = dict(tokens=tokens.to(device), parents=parents.to(device), tree_lens=tree_lens.to(device),
-             target_logits=logits.to(device))
+    return B, T, g, dict(tokens=tokens.to(device), parents=parents.to(device), tree_lens=tree_lens.to(device))
+
+
+def _bad_parents(T):
+    """A root with a parent, or a node after its parent, in a row that is not padding."""
+    def bad(t):
+        t = _set(t, "parents", 0, 0, 0) if T == 1 else _set(t, "parents", 0, T, T - 1)
+        return _set(t, "tree_lens", 0, T)
+    return bad
+
+
+def sample_accept_tree(draw, device) -> Sample:
+    Vv = draw(st.integers(2, 12))
+    B, T, g, t = _draw_tree(draw, device, Vv)
+    logits = torch.randn(B, T, Vv, generator=g).to(draw(st.sampled_from(FLOATS)))
+    t["target_logits"] = logits.to(device)
     names = tuple(t)
 
     def reference(t):
@@ -461,43 +475,29 @@ def sample_accept_tree(draw, device) -> Sample:
         for a, b, what in zip(got, want, ("accept_idx", "accept_len", "bonus", "picks")):
             equal(a, b, what)
 
-    def bad_parents(t):  # a root with a parent, or a node after its parent (in a row that is not padding)
-        t = _set(t, "parents", 0, 0, 0) if T == 1 else _set(t, "parents", 0, T, T - 1)
-        return _set(t, "tree_lens", 0, T)
-
     return Sample("accept_tree", t, dict(tokens=("B", "T"), parents=("B", "T"), tree_lens=("B",),
                                          target_logits=("B", "T", "V")),
                   lambda t: tritree.accept_tree(*(t[n] for n in names)), reference, check,
                   strided_last=("target_logits",),
-                  values={"tree_lens": lambda t: _set(t, "tree_lens", 0, T + 1), "parents": bad_parents},
+                  values={"tree_lens": lambda t: _set(t, "tree_lens", 0, T + 1), "parents": _bad_parents(T)},
                   scalars={"temperature": [-1.0, float("nan"), "hot"], "top_k": [0, 1.5], "top_p": [0.0, 1.5]},
                   run_scalar=lambda t, k, v: tritree.accept_tree(*(t[n] for n in names), **{k: v}))
 
 
 def sample_accept_picks(draw, device) -> Sample:
-    B, T, Vv = draw(st.integers(1, 3)), draw(st.integers(1, 20)), draw(st.integers(1, 4))
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2**20)))
-    kinds = tuple(draw(st.lists(st.sampled_from(TT.TREE_KINDS), min_size=1, max_size=3)))
-    parents = TT.random_trees(B, T, kinds, generator=g)
-    tokens = torch.randint(0, Vv, (B, T), generator=g, dtype=torch.int32)
-    picks = torch.randint(0, Vv, (B, T), generator=g, dtype=torch.int32)
-    tree_lens = torch.tensor(_lists(draw, B, 0, T, (T,)), dtype=torch.int32)
-    t = dict(tokens=tokens.to(device), parents=parents.to(device), tree_lens=tree_lens.to(device),
-             picks=picks.to(device))
+    Vv = draw(st.integers(1, 4))
+    B, T, g, t = _draw_tree(draw, device, Vv)
+    t["picks"] = torch.randint(0, Vv, (B, T), generator=g, dtype=torch.int32).to(device)
     names = tuple(t)
 
     def check(got, want):
         for a, b, what in zip(got, want, ("accept_idx", "accept_len", "bonus")):
             equal(a, b, what)
 
-    def bad_parents(t):
-        t = _set(t, "parents", 0, 0, 0) if T == 1 else _set(t, "parents", 0, T, T - 1)
-        return _set(t, "tree_lens", 0, T)
-
     return Sample("accept_picks", t, dict(tokens=("B", "T"), parents=("B", "T"), tree_lens=("B",), picks=("B", "T")),
                   lambda t: tritree.accept_picks(*(t[n] for n in names)),
                   lambda t: tritree.accept_tree_reference(*(t[n].cpu() for n in names)), check,
-                  values={"tree_lens": lambda t: _set(t, "tree_lens", 0, T + 1), "parents": bad_parents})
+                  values={"tree_lens": lambda t: _set(t, "tree_lens", 0, T + 1), "parents": _bad_parents(T)})
 
 
 def sample_embed_rows(draw, device) -> Sample:
