@@ -109,7 +109,8 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
     store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool wherever
     ``configs.lookup`` can serve one from that table: ``"<arch>:fp8"`` tables with that pool only; an
     architecture's main table not with it when it has an fp8 table (``"<arch>:small_pages"`` still:
-    fp8 pools with pages below a TMA tile reach it)."""
+    fp8 pools with pages below a TMA tile reach it); ``"<arch>:fp32"`` tables with fp32 queries and pools only,
+    at 64-key and one-key pages."""
     from .verify.triton_kernel import _verify_mla_kernel
 
     reports = []
@@ -118,13 +119,16 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
         fp8_only = key.endswith(":fp8")  # "sm_90:fp8" serves fp8 pools only
-        no_fp8 = key == arch and f"{arch}:fp8" in VERIFY_MLA_CONFIGS
+        fp32 = key.endswith(":fp32")  # "sm_90:fp32" serves fp32 queries and pools only, any page size
+        no_fp8 = fp32 or (key == arch and f"{arch}:fp8" in VERIFY_MLA_CONFIGS)
         kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.tma, c.split_scores): c for c in table.values()}
         # Small-pages tables serve pages below a tile: one page id per row (the P = 1 and P = 16 compiles).
         # Small-pages tables serve pages below a tile; where an architecture that must not spill has none, its
         # main table serves them too (one page id per row, a different compile).
         if key.endswith(":small_pages"):
             page_sizes = SMALL_PAGE_SIZES
+        elif fp32:
+            page_sizes = (64, 1)
         elif arch in NO_SPILL_ARCHS and f"{arch}:small_pages" not in VERIFY_MLA_CONFIGS and key == arch:
             page_sizes = (64,) + SMALL_PAGE_SIZES
         else:
@@ -132,7 +136,8 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
             for splits, P in itertools.product(split_variants, page_sizes):
                 if not fp8_only:
-                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits, page_size=P))
+                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, "fp32" if fp32 else dtype, splits,
+                                                  page_size=P))
                 if arch in FP8_KV_ARCHS and not no_fp8:
                     reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits, kv_dtype="fp8e4nv",
                                                   page_size=P))
@@ -549,7 +554,8 @@ def _verify_report(fn, arch: str, cfg: AttnConfig, dtype: str, num_splits: int,
                                      kv_dtype=dtypes[kv_dtype or dtype], page_size=page_size)
     label = (f"BM{cfg.block_m} BN{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{' tma' if cfg.tma else ''}"
              f"{' hoist' if cfg.hoist_pages else ''}{' split' if cfg.split_scores else ''} "
-             f"splits{'1' if num_splits == 1 else 'N'}{' kv ' + kv_dtype if kv_dtype else ''}"
+             f"splits{'1' if num_splits == 1 else 'N'}{' q ' + dtype if dtype != 'bf16' else ''}"
+             f"{' kv ' + kv_dtype if kv_dtype else ''}"
              f"{f' P{page_size}' if page_size != 64 else ''}")
     return audit(fn, sig, constexprs, arch, cfg.num_warps, cfg.num_stages, verify_abi.DIVISIBLE, label)
 

@@ -280,12 +280,14 @@ def test_mma_over_page_layouts(T, H, P, layout):
 def test_mma_verify_mla_at_46k(T, H, P, monkeypatch):
     """``verify_mla`` under ``TRITREE_ARCH=sm_120`` (the H200; sm_120 natively) at the target shapes, two
     requests of 46,000 and 5,000 prefix keys, a fragmented pool with its unused slots NaN, the second tree
-    shorter: routed to the mma kernel, against the reference into poisoned outputs."""
+    shorter: routed as the sm_120 plan says (the mma kernel below 64-key pages, the Triton 16x64 tiles for
+    bf16 pools of 64-key pages; ``test_mma_over_page_layouts`` runs the mma kernel there), against the
+    reference into poisoned outputs."""
     monkeypatch.setenv("TRITREE_ARCH", "sm_120")
     case = poison_unused_slots(make_case(2, T, H, P, [46_000, 5_000 + 7], [T, T // 2 + 1], ("random", "chain"),
                                          torch.bfloat16, seed=T * H + P))
     q, kv, pt = case["q"], case["kv"], case["page_table"]
-    assert policy.launch_of(q, kv, pt, None, None).route == "gluon-mma"
+    assert policy.launch_of(q, kv, pt, None, None).route == ("triton" if P >= 64 else "gluon-mma")
     check_against_reference(case, torch.bfloat16)
 
 

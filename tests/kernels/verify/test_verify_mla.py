@@ -370,6 +370,15 @@ def test_kernel_clamps_bad_page_ids_without_faulting(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,H,P", [(8, 3, 1), (9, 3, 16), (65, 8, 64), (16, 64, 1)])
+def test_gpu_fp32_default_plan(T, H, P):
+    """fp32 queries and pools through the default plan (the architecture's fp32 tiles) at small and large row
+    counts and page sizes, against the float64 reference into poisoned outputs."""
+    case = make_case(2, T, H, P, [700, 3_000], [T, T // 2 + 1], ("random", "chain"), torch.float32, seed=T * H + P)
+    check_against_reference(case, torch.float32)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("B,T,H,P,L", [(1, 8, 8, 64, 46_000), (1, 17, 8, 64, 20_000), (1, 64, 8, 64, 8_000),
                                        (2, 16, 64, 1, 4_000), (4, 33, 16, 64, 3_000), (1, 128, 8, 16, 2_000)])
 def test_gpu_bf16_large(B, T, H, P, L):

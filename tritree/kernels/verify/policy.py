@@ -25,7 +25,7 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_90": {
         16: AttnConfig(16, 64, 4, 2),
         # Pools with P >= BLOCK_N, 64x64 tiles in two warpgroups that split the score tile. On Hopper with
-        # bf16 the Gluon kernels serve; elsewhere (fp16/fp32, other GPUs, triton without Gluon) the Triton
+        # bf16 the Gluon kernels serve; elsewhere (fp16, other GPUs, triton without Gluon) the Triton
         # kernel with TMA tiles and the same split. One program per SM with the split count rounded down to
         # whole waves: fewer splits, fewer partials to write and merge than at two or four programs an SM
         # (10-15% faster at T=64,H=8, T=16,H=64 and T=65,H=8). The plain schedule up to 64 rows.
@@ -37,7 +37,7 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     # Pools with pages smaller than those tiles (P=1: token-granular trees). On Hopper with bf16 the
     # warp-specialised kernel whose producer partition gathers the rows (cp.async by column halves, one page
     # id per row), one program per SM: 5-15% faster than a gather in the consumers. The Triton kernel, which
-    # still serves fp16/fp32 and other GPUs with these tiles, is 1.4-1.9x slower.
+    # still serves fp16 and other GPUs with these tiles, is 1.4-1.9x slower.
     "sm_90:small_pages": {
         16: AttnConfig(16, 64, 4, 2),
         1 << 30: AttnConfig(64, 64, 8, 2, split_scores=True, kernel="gluon-ws"),
@@ -58,7 +58,7 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     },
     # Smaller pages: the Gluon mma.sync kernel (``gluon_mma``: queries in registers, 32 x 32 tiles, 8 warps, a
     # two-slot ring of KV tiles by row gathers; 98,304 B), 1.09-1.13x faster than the Triton kernel at P = 1 at
-    # the same shapes. Its tiles serve the Triton kernel where the Gluon one does not (fp16 / fp32, unaligned
+    # the same shapes. Its tiles serve the Triton kernel where the Gluon one does not (fp16, unaligned
     # rows, a triton without Gluon): one page id per row spills 16x64x4x2, 32x32x8x2 compiles without a spill.
     "sm_120:small_pages": {
         1 << 30: AttnConfig(32, 32, 8, 2, kernel="gluon-mma"),
@@ -73,6 +73,19 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_80": {
         16: AttnConfig(16, 32, 4, 2),
         1 << 30: AttnConfig(32, 64, 8, 2),
+    },
+    # fp32 queries and pools (the Triton kernel, IEEE dots): 4-byte Q and K tiles staged in shared memory take
+    # twice the bytes of the tables above (64x64 tiles: 311,552 B; 16x64: 192,576 B, spilling). 16x32 tiles
+    # in 8 warps: 114,752 B, no spill on sm_90; sm_120: 16x16 in 8 warps, 2 stages (75,840 B; no spill with triton
+    # 3.9, 24-32 B with 3.6 at 64-key pages, where every 16x16 form spills).
+    "sm_90:fp32": {
+        1 << 30: AttnConfig(16, 32, 8, 2),
+    },
+    "sm_120:fp32": {
+        1 << 30: AttnConfig(16, 16, 8, 2),
+    },
+    "sm_80:fp32": {
+        1 << 30: AttnConfig(16, 32, 8, 2),
     },
     # Triton interpreter: large tiles mean fewer (slow) interpreted operations.
     "cpu": {
@@ -103,13 +116,13 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
        ``M = T * H``: on Hopper the plain Gluon schedule up to 64 rows and the warp-specialised one above,
        the fp8 and small-page tables where they apply; on sm_120 the Triton kernel for bf16 pools of pages of
        64+ keys and the Gluon ``mma.sync`` kernel (``"gluon-mma"``) for smaller pages and fp8 pools; Triton
-       tiles on sm_80.
+       tiles on sm_80; fp32 queries: the ``"<arch>:fp32"`` tables' Triton tiles, whatever the pool's pages.
     3. A Gluon config runs its Gluon kernel where that kernel serves the call: bf16 q and pool (the
        ``mma.sync`` kernel: also fp8 pools), 576 channels, Gluon importable, a GPU the kernel runs on (the
        Hopper kernels: sm_90; ``"gluon-mma"``: sm_120, and sm_90 with the same instructions), q rows and pool
        rows 16-byte aligned (``gluon_layout``: pools of P % 64 == 0 as one matrix for the Hopper kernels' TMA
        tiles; ``gather_layout``, default ``gluon_layout``: rows alone, for the row gathers of ``"gluon-mma"``).
-       Anything else (fp8 pools elsewhere, fp16 / fp32, other GPUs, unaligned views) runs the Triton kernel
+       Anything else (fp8 pools elsewhere, fp16, other GPUs, unaligned views) runs the Triton kernel
        with the config's tiles, by tensor descriptors where the pool is one contiguous matrix (``tma_layout``).
     4. Splits: enough (row block, split) programs for one wave of the SMs in whole waves (one resident
        program an SM), no chunk shorter than 4 tiles of the page table's capacity. The ``mma.sync`` kernel's
@@ -125,7 +138,8 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
         cfg = config or AttnConfig(32, 32, 4, 1)
         return VerifyLaunch("reference", cfg, 1, torch.float32, False)
     kv_fp8 = kv_dtype == KV_FP8
-    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(device), M, page_size=page_size, kv_fp8=kv_fp8)
+    cfg = config or lookup(VERIFY_MLA_CONFIGS, arch_of(device), M, page_size=page_size, kv_fp8=kv_fp8,
+                           fp32=q_dtype == torch.float32)
     if cfg.kernel not in KERNELS:
         raise ValueError(f"config.kernel must be 'triton' or one of {GLUON_KERNELS}, got {cfg.kernel!r}")
     bf16 = q_dtype == kv_dtype == torch.bfloat16
