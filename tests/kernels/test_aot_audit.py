@@ -40,12 +40,16 @@ def test_kernel_configs_compile(arch):
     from tritree.kernels.head_rope import HEAD_ROPE_CONFIGS
 
     assert len([r for r in reports if r.kernel == "_head_rope_kernel"]) == 3 * len(set(HEAD_ROPE_CONFIGS[arch].values()))
-    # The verify kernel with fp32 queries and pools: the fp32 table's tiles at 64-key and one-key pages, one split
-    # and several.
+    # The verify kernel with fp32 queries: the fp32 table's tiles at 64-key and one-key pages, one split and
+    # several, over fp32 pools and (where fp8 pools are compiled) fp8 ones.
+    from tritree.kernels.aot import FP8_KV_ARCHS
     from tritree.kernels.verify.policy import VERIFY_MLA_CONFIGS
 
-    fp32 = [r for r in reports if r.kernel == "_verify_mla_kernel" and " q fp32" in r.config]
-    assert len(fp32) == 4 * len(set(VERIFY_MLA_CONFIGS[f"{arch}:fp32"].values())), [r.config for r in fp32]
+    fp32 = [r.config for r in reports if r.kernel == "_verify_mla_kernel" and " q fp32" in r.config]
+    fp8_table = VERIFY_MLA_CONFIGS.get(f"{arch}:fp32:fp8", VERIFY_MLA_CONFIGS[f"{arch}:fp32"])
+    assert len([c for c in fp32 if " kv " not in c]) == 4 * len(set(VERIFY_MLA_CONFIGS[f"{arch}:fp32"].values())), fp32
+    assert len([c for c in fp32 if " kv fp8e4nv" in c]) == (4 * len(set(fp8_table.values()))
+                                                            if arch in FP8_KV_ARCHS else 0), fp32
     # The vocabulary-shard lookup: every config, three variants.
     from tritree.kernels.embed import EMBED_CONFIGS
 

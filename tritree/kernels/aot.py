@@ -109,8 +109,8 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
     store paths, which differ), and on ``FP8_KV_ARCHS`` also with a float8_e4m3fn pool wherever
     ``configs.lookup`` can serve one from that table: ``"<arch>:fp8"`` tables with that pool only; an
     architecture's main table not with it when it has an fp8 table (``"<arch>:small_pages"`` still:
-    fp8 pools with pages below a TMA tile reach it); ``"<arch>:fp32"`` tables with fp32 queries and pools only,
-    at 64-key and one-key pages."""
+    fp8 pools with pages below a TMA tile reach it); ``"<arch>:fp32"`` tables with fp32 queries only (fp32 pools,
+    and fp8 ones unless a ``"<arch>:fp32:fp8"`` table serves them), at 64-key and one-key pages."""
     from .verify.triton_kernel import _verify_mla_kernel
 
     reports = []
@@ -118,13 +118,13 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
         arch = key.split(":")[0]  # "sm_90:small_pages" compiles for sm_90
         if arch not in CAPABILITY or (archs and arch not in archs):
             continue
-        fp8_only = key.endswith(":fp8")  # "sm_90:fp8" serves fp8 pools only
-        fp32 = key.endswith(":fp32")  # "sm_90:fp32" serves fp32 queries and pools only, any page size
-        no_fp8 = fp32 or (key == arch and f"{arch}:fp8" in VERIFY_MLA_CONFIGS)
+        fp8_only = key.endswith(":fp8")  # "sm_90:fp8", "sm_120:fp32:fp8" serve fp8 pools only
+        fp32 = ":fp32" in key  # "sm_90:fp32" serves fp32 queries only, any page size
+        q_dtype = "fp32" if fp32 else dtype
+        no_fp8 = key in (arch, f"{arch}:fp32") and f"{key}:fp8" in VERIFY_MLA_CONFIGS
         kernels = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.tma, c.split_scores): c for c in table.values()}
-        # Small-pages tables serve pages below a tile: one page id per row (the P = 1 and P = 16 compiles).
-        # Small-pages tables serve pages below a tile; where an architecture that must not spill has none, its
-        # main table serves them too (one page id per row, a different compile).
+        # Small-pages tables serve pages below a tile: one page id per row (the P = 1 and P = 16 compiles); where
+        # an architecture that must not spill has none, its main table serves them too.
         if key.endswith(":small_pages"):
             page_sizes = SMALL_PAGE_SIZES
         elif fp32:
@@ -136,10 +136,9 @@ def verify_mla_reports(dtype: str = "bf16", archs=None, split_variants=(1, 2)) -
         for cfg in sorted(kernels.values(), key=lambda c: (c.block_m, c.block_n)):
             for splits, P in itertools.product(split_variants, page_sizes):
                 if not fp8_only:
-                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, "fp32" if fp32 else dtype, splits,
-                                                  page_size=P))
+                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, q_dtype, splits, page_size=P))
                 if arch in FP8_KV_ARCHS and not no_fp8:
-                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, dtype, splits, kv_dtype="fp8e4nv",
+                    reports.append(_verify_report(_verify_mla_kernel, arch, cfg, q_dtype, splits, kv_dtype="fp8e4nv",
                                                   page_size=P))
     return reports
 

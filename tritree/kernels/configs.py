@@ -106,13 +106,15 @@ def lookup(table: dict[str, dict], arch: str, rows: int, page_size: int | None =
            fp32: bool = False):
     """Every op's config lookup: ``table`` maps an architecture to ``{row bound: config}``; the config of the first
     bound >= ``rows`` (else the largest bound's). Verify and draft attention: ``rows`` packed query rows;
-    ``fp32``: the ``"<arch>:fp32"`` table where there is one (4-byte tiles, whatever the page size);
+    ``fp32``: the ``"<arch>:fp32"`` table where there is one (4-byte tiles, whatever the page size; with
+    ``kv_fp8``, ``"<arch>:fp32:fp8"`` where there is one);
     ``kv_fp8``: the ``"<arch>:fp8"`` table where there is one (fp8 pools); with ``page_size``, pages smaller than a
     config's tiles (TMA tiles and hoisted page ids need whole pages; pointer loads then take one page id per row, a
     different compile) send the lookup to the ``"<arch>:small_pages"`` table where there is one."""
     arch_table(table, arch)
     if fp32 and f"{arch}:fp32" in table:
-        return _bucket(table[f"{arch}:fp32"], rows)
+        key = f"{arch}:fp32:fp8" if kv_fp8 and f"{arch}:fp32:fp8" in table else f"{arch}:fp32"
+        return _bucket(table[key], rows)
     cfg = _bucket(table[f"{arch}:fp8" if kv_fp8 and f"{arch}:fp8" in table else arch], rows)
     small = f"{arch}:small_pages"
     if page_size is not None and page_size < cfg.block_n and small in table:

@@ -201,18 +201,20 @@ def test_descriptors_for():
 
 @pytest.mark.parametrize("arch,major", [("sm_90", 9), ("sm_120", 12), ("sm_80", 8)])
 def test_fp32_queries_take_tiles_that_fit(arch, major, monkeypatch):
-    """fp32 queries and pools run the Triton kernel with the ``"<arch>:fp32"`` table's tiles at every page size
-    and row count (the 16-bit tables' tiles need up to 442 KB of shared memory at 4 bytes an element; the
+    """fp32 queries run the Triton kernel with the ``"<arch>:fp32"`` table's tiles (``"<arch>:fp32:fp8"`` over
+    fp8 pools where there is one) at every page size and row count (the 16-bit tables' tiles need up to 442 KB of shared memory at 4 bytes an element; the
     ahead-of-time audit compiles the fp32 tiles within each architecture's limit)."""
     monkeypatch.setenv("TRITREE_ARCH", arch)
     monkeypatch.setattr(policy, "num_sms", lambda device: H200_SMS)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
-    want = policy.VERIFY_MLA_CONFIGS[f"{arch}:fp32"][1 << 30]
-    for T, H, P in [(8, 3, 1), (8, 3, 16), (65, 8, 1), (65, 8, 64), (16, 64, 128)]:
-        launch = policy.plan_launch(device=torch.device("cuda"), q_dtype=torch.float32, kv_dtype=torch.float32,
-                                    batch=1, T=T, H=H, head_dim=576, page_size=P, max_pages=64, gluon_layout=True,
-                                    tma_layout=True)
-        assert launch.route == "triton" and launch.config == want and not launch.tma, (T, H, P, launch)
+    tables = policy.VERIFY_MLA_CONFIGS
+    for kv_dtype in (torch.float32, policy.KV_FP8):
+        key = f"{arch}:fp32:fp8" if kv_dtype == policy.KV_FP8 and f"{arch}:fp32:fp8" in tables else f"{arch}:fp32"
+        for T, H, P in [(8, 3, 1), (8, 3, 16), (65, 8, 1), (65, 8, 64), (16, 64, 128)]:
+            launch = policy.plan_launch(device=torch.device("cuda"), q_dtype=torch.float32, kv_dtype=kv_dtype,
+                                        batch=1, T=T, H=H, head_dim=576, page_size=P, max_pages=64,
+                                        gluon_layout=True, tma_layout=True)
+            assert launch.route == "triton" and launch.config == tables[key][1 << 30] and not launch.tma, launch
 
 
 def test_policy_sends_the_hopper_kernels_what_they_serve(monkeypatch):

@@ -664,16 +664,19 @@ def test_gpu_fp8_pool(T, H, P, L):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("table,P", [("sm_120", 64), ("sm_120:small_pages", 1), ("sm_120:small_pages", 16),
-                                     ("sm_120:fp8", 64), ("sm_120:fp8", 1)])
+                                     ("sm_120:fp8", 64), ("sm_120:fp8", 1), ("sm_120:fp32", 64), ("sm_120:fp32", 1),
+                                     ("sm_120:fp32:fp8", 64), ("sm_120:fp32:fp8", 1)])
 def test_gpu_sm120_configs_run_on_this_gpu(table, P):
     """The sm_120 tables' configs at the page sizes and pool dtypes ``configs.lookup`` gives them (the Triton
-    kernel for pages of 64 keys, the Gluon mma.sync kernel for the others on an sm_90 / sm_120 GPU)."""
+    kernel for pages of 64 keys and fp32 queries, the Gluon mma.sync kernel for the others on an sm_90 / sm_120
+    GPU)."""
     from tritree.kernels.verify import VERIFY_MLA_CONFIGS
+    dtype = torch.float32 if ":fp32" in table else torch.bfloat16
     for cfg in set(VERIFY_MLA_CONFIGS[table].values()):
-        case = make_case(1, 16, 8, P, [5_000 + 37], [13], ("random",), torch.bfloat16, seed=cfg.block_m + P)
+        case = make_case(1, 16, 8, P, [5_000 + 37], [13], ("random",), dtype, seed=cfg.block_m + P)
         if table.endswith(":fp8"):
             case = to_fp8_pool(case, 2.0)
-        check_against_reference(case, torch.bfloat16, config=cfg)
+        check_against_reference(case, dtype, config=cfg)
 
 
 @pytest.mark.gpu

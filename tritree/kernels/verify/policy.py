@@ -84,6 +84,11 @@ VERIFY_MLA_CONFIGS: dict[str, dict[int, AttnConfig]] = {
     "sm_120:fp32": {
         1 << 30: AttnConfig(16, 16, 8, 2),
     },
+    # fp32 queries over fp8 pools on sm_120: converting the 1-byte tiles takes registers; 16x16 in 4 warps, one
+    # stage (73,728 B) is the form without a spill (8 warps, or two stages, spill 1.8-6.5 KB).
+    "sm_120:fp32:fp8": {
+        1 << 30: AttnConfig(16, 16, 4, 1),
+    },
     "sm_80:fp32": {
         1 << 30: AttnConfig(16, 32, 8, 2),
     },
@@ -116,7 +121,8 @@ def plan_launch(*, device: torch.device, q_dtype, kv_dtype, batch: int, T: int, 
        ``M = T * H``: on Hopper the plain Gluon schedule up to 64 rows and the warp-specialised one above,
        the fp8 and small-page tables where they apply; on sm_120 the Triton kernel for bf16 pools of pages of
        64+ keys and the Gluon ``mma.sync`` kernel (``"gluon-mma"``) for smaller pages and fp8 pools; Triton
-       tiles on sm_80; fp32 queries: the ``"<arch>:fp32"`` tables' Triton tiles, whatever the pool's pages.
+       tiles on sm_80; fp32 queries: the ``"<arch>:fp32"`` tables' Triton tiles (``"<arch>:fp32:fp8"`` over fp8
+       pools where there is one), whatever the pool's pages.
     3. A Gluon config runs its Gluon kernel where that kernel serves the call: bf16 q and pool (the
        ``mma.sync`` kernel: also fp8 pools), 576 channels, Gluon importable, a GPU the kernel runs on (the
        Hopper kernels: sm_90; ``"gluon-mma"``: sm_120, and sm_90 with the same instructions), q rows and pool
