@@ -302,7 +302,7 @@ def main(argv=None):
                                      f"{' *' if cfg is not None else ''}") if plan else "-"
                             if variant == "int4" and kernel_experts.layout == "mma":
                                 mp = plan_int4_mma(N, TOPK, E, HIDDEN, I, num_sms(dev), ALL_EXPERTS)
-                                label = f"mma BM{mp.block_m} sk{mp.gate_up_split}/{mp.down_split}"
+                                label = f"mma BM{mp.block_m} p{mp.gate_up_programs} sk{mp.down_split}"
                             r = dict(shape=shape, E=E, I=I, routing=routing, N=N, used=used, variant=variant,
                                      arch=arch, config=str(plan.config) if plan else None, plan=label,
                                      floor_us=floor_us, bytes=nbytes)

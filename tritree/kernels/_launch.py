@@ -301,8 +301,24 @@ def full_lengths(B: int, n: int, device: torch.device) -> torch.Tensor:
     return t
 
 
-_COUNTERS: dict = {}
-_OLD_COUNTERS: list = []
+_ZEROED: dict = {}
+_OLD_ZEROED: list = []
+
+
+def _zeroed(device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
+    key = (device if device.type != "cuda" else torch.device("cuda", device.index if device.index is not None
+                                                             else torch.cuda.current_device()), dtype)
+    buf = _ZEROED.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    size = max(4096, 1 << max(0, n - 1).bit_length())
+    fresh = torch.zeros(size, dtype=dtype, device=device)
+    if capturing(device):
+        return fresh
+    if buf is not None:
+        _OLD_ZEROED.append(buf)  # a captured graph may still use it
+    _ZEROED[key] = fresh
+    return fresh
 
 
 def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -310,16 +326,11 @@ def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     kernels on one stream use them in turn), at least ``n``. Allocated zeroed outside
     CUDA-graph capture and never freed (captured graphs hold the address). First needed, or needed larger,
     inside a capture: a fresh zeroed buffer the graph re-zeroes at every replay (a memset node), not cached."""
-    key = device if device.type != "cuda" else torch.device("cuda", device.index if device.index is not None
-                                                            else torch.cuda.current_device())
-    buf = _COUNTERS.get(key)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    size = max(4096, 1 << max(0, n - 1).bit_length())
-    fresh = torch.zeros(size, dtype=torch.int32, device=device)
-    if capturing(device):
-        return fresh
-    if buf is not None:
-        _OLD_COUNTERS.append(buf)  # a captured graph may still use it
-    _COUNTERS[key] = fresh
-    return fresh
+    return _zeroed(device, n, torch.int32)
+
+
+def zeroed_workspace(device: torch.device, n: int) -> torch.Tensor:
+    """The device's fp32 sum workspace, at least ``n`` elements, all 0 between launches: a kernel that adds partial
+    sums into it has the reader of each sum (the last program to arrive) store 0 back. Allocated, cached and
+    replaced as :func:`arrival_counters`; the same rule: kernels on one stream use it in turn."""
+    return _zeroed(device, n, torch.float32)

@@ -326,16 +326,19 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
         for dtype, bm, split in itertools.product(("bf16", "fp16"), (8, 16), (1, 2)):
             act = "*" + dtype
             for fn, sig, ct in (
-                (M._gate_up_mma_kernel, {"X": act, "Wp": "*i32", "Ws": "*bf16", "Sw": act, "Hbuf": act,
-                                         "Gacc": act if split == 1 else "*fp32", "Gs": "*fp32", "Count": "*i32", **idx,
-                                         "NB": "i32", "SS": "i32", "stride_x": "i32", **w, "stride_sw": "i32",
-                                         "stride_h": "i32", "stride_g": "i32", "stride_gs": "i32"}, None),
+                *((M._gate_up_mma_kernel, {"X": act, "Wp": "*i32", "Ws": "*bf16", "Sw": act, "Hbuf": act,
+                                           "Gacc": "*fp32", "Gs": "*fp32", "Count": "*i32", "Queue": "*i32",
+                                           "Used": "*i32", **idx,
+                                           "NB": "i32", "SS": "i32", "P": "i32", "stride_x": "i32", **w,
+                                           "stride_sw": "i32", "stride_h": "i32", "stride_g": "i32",
+                                           "stride_gs": "i32"}, None) for _ in range(split == 1)),
                 *((M._down_mma_kernel, {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Sd": act, "Acc": "*fp32",
                                         "Out": act, "TopkW": "*fp32", "Count": "*i32", "Used": "*i32", **idx,
                                         "NB": "i32", "SDS": "i32", "stride_h": "i32", **w, "stride_sd": "i32",
                                         "stride_a": "i32", "stride_o": "i32"}, ct) for ct in (1, 8)),
             ):
-                cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, SPLIT=split, **({} if ct is None else {"CT": ct}),
+                cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS,
+                          **({"CHUNK": M.CHUNK_PAIRS} if ct is None else {"SPLIT": split, "CT": ct}),
                           DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
                           OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
                 divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
@@ -345,7 +348,7 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
                                    target=GPUTarget("cuda", CAPABILITY[arch], 32),
                                    options=M.launch_options(bm, torch.bfloat16 if dtype == "bf16" else torch.float16))
                 use = resource_usage(k.asm["cubin"])
-                label = f"BM{bm} w{M.WARPS} split{split}{'' if ct is None else f' cols{ct}'} {dtype}"
+                label = f"BM{bm} w{M.WARPS} {'stream' if ct is None else f'split{split} cols{ct}'} {dtype}"
                 reports.append(CompileReport(fn.__name__, arch, label, int(k.metadata.shared), use.get("REG", 0),
                                              use.get("LOCAL", 0) + use.get("STACK", 0)))
     return reports
@@ -401,12 +404,11 @@ def moe_block_reports(archs=None) -> list[CompileReport]:
             continue
         for dtype, residual in (("bf16", True), ("bf16", False), ("fp16", True)):
             sig = {"Res": "*" + dtype, "NormW": "*" + dtype, "Xn": "*" + dtype, "Xm": "*" + dtype, "Acc": "*fp32",
-                   "Gacc": "*fp32", "H": "i32", "g_numel": "i32", "g_span": "i32", "eps": "fp32", "stride_r": "i32",
-                   "stride_n": "i32", "stride_m": "i32", "stride_a": "i32"}
-            consts = {"RESIDUAL": residual, "BLOCK_H": 8192, "BLOCK_G": 2048}
+                   "H": "i32", "eps": "fp32", "stride_r": "i32", "stride_n": "i32", "stride_m": "i32", "stride_a": "i32"}
+            consts = {"RESIDUAL": residual, "BLOCK_H": 8192}
             reports.append(audit(_block_norm_kernel, sig, consts, arch, 8, 1,
-                                 ("Res", "NormW", "Xn", "Xm", "Acc", "Gacc", "stride_r", "stride_n", "stride_m",
-                                  "stride_a"), f"{dtype} H8192 w8{' residual' if residual else ''}"))
+                                 ("Res", "NormW", "Xn", "Xm", "Acc", "stride_r", "stride_n", "stride_m", "stride_a"),
+                                 f"{dtype} H8192 w8{' residual' if residual else ''}"))
     return reports
 
 

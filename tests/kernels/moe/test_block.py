@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritree.kernels import Int4Experts, moe_block, moe_block_reference
-from tritree.kernels._launch import arrival_counters
+from tritree.kernels._launch import arrival_counters, zeroed_workspace
 
 from ...conftest import HAS_GPU
 
@@ -154,11 +154,11 @@ def test_validation_names_the_argument():
 def test_plan_is_checked():
     M = pytest.importorskip("tritree.kernels.moe.int4_mma")
 
-    for bad, match in ((M.Int4MmaPlan(8, 1, 1, 1), "num_blocks"), (M.Int4MmaPlan(8, 64, 3, 1), "gate_up_split"),
+    for bad, match in ((M.Int4MmaPlan(8, 1, 1, 1), "num_blocks"), (M.Int4MmaPlan(8, 64, 0, 1), "gate_up_programs"),
                        (M.Int4MmaPlan(8, 64, 2, 2), "down_split"), (M.Int4MmaPlan(12, 64, 1, 1), "block_m")):
         with pytest.raises(ValueError, match=match):
             M.check_plan(bad, 1024, 256, 24, 16)
-    M.check_plan(M.Int4MmaPlan(8, 64, 4, 1), 1024, 256, 24, 16)
+    M.check_plan(M.Int4MmaPlan(8, 64, 5, 1), 1024, 256, 24, 16)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,25 +189,26 @@ def test_fused_matches_reference(dtype, N, top_k, E_all, world, H, I, Is, groups
 
 
 @mma_gpu
-@pytest.mark.parametrize("bm,gsplit,dsplit,sshared", [(8, 2, 1, (1, 1)), (16, 4, 2, (8, 2)), (8, 8, 4, (16, 1)),
-                                                      (16, 1, 1, (2, 2)), (8, 2, 2, (0, 0))])
-def test_fused_forced_splits_and_padding(bm, gsplit, dsplit, sshared):
+@pytest.mark.parametrize("bm,programs,dsplit,sshared", [(8, 2, 1, (1, 1)), (16, 13, 2, (8, 2)), (8, 300, 4, (16, 1)),
+                                                        (16, 1, 1, (2, 2)), (8, 5, 2, (0, 0))])
+def test_fused_forced_splits_and_padding(bm, programs, dsplit, sshared):
     from tritree.kernels.moe import int4_mma as M
     from tritree.kernels.moe.align import min_blocks
     from tritree.kernels.moe.block import MoeBlockPlan, plan_moe_block
 
     N, top_k, E_all, H, I, Is = 24, 8, 64, 2048, 1024, 256
-    t, ex, kw = _block(N, H, I, Is, E_all, 1, 0, 1, torch.bfloat16, bm + gsplit, "cuda", "mma")
+    t, ex, kw = _block(N, H, I, Is, E_all, 1, 0, 1, torch.bfloat16, bm + programs, "cuda", "mma")
     kw.update(eps=1e-6, top_k=top_k, tree_lens=torch.tensor([5, 12, 0], dtype=torch.int32, device="cuda"),
               rows_per_request=8)
     auto = plan_moe_block(N, H, E_all, E_all, I, Is, torch.bfloat16, torch.bfloat16, top_k, 1, 1, "sm_90", 132)
-    plan = MoeBlockPlan(auto.route, M.Int4MmaPlan(bm, min_blocks(N * top_k, E_all, bm), gsplit, dsplit), sshared)
+    plan = MoeBlockPlan(auto.route, M.Int4MmaPlan(bm, min_blocks(N * top_k, E_all, bm), programs, dsplit), sshared)
     out = torch.full((N, H), float("nan"), dtype=torch.bfloat16, device="cuda")
     _call(moe_block, t, ex, out=out, plan=plan, **kw)
     ref = _call(moe_block_reference, t, ex, **kw)
     rows = _clear_rows(t, kw)
     assert torch.isfinite(out).all() and _err(out, ref, rows) < TOL[torch.bfloat16]
     assert int(arrival_counters(out.device, 1).abs().sum()) == 0
+    assert not zeroed_workspace(out.device, 1).any()
 
 
 @mma_gpu

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tritree.kernels._launch import arrival_counters, zeroed_workspace
 from tritree.kernels.moe.int4 import (
     Int4Experts,
     dequantize_int4,
@@ -90,8 +91,8 @@ def test_mma_order():
 def test_plan_splits_divide_the_k_tiles(N, topk, E, H, I, sms):
     p = M.plan_int4_mma(N, topk, E, H, I, sms, 384)
     assert p.block_m in (8, 16)
-    for split, tiles in ((p.gate_up_split, H // 128), (p.down_split, I // 128)):
-        assert 1 <= split <= M.MAX_SPLIT and tiles % split == 0 and (tiles // split) % 2 == 0
+    assert p.gate_up_programs == M.resident_programs(p.block_m, sms) >= sms
+    assert 1 <= p.down_split <= M.MAX_SPLIT and (I // 128) % p.down_split == 0 and (I // 128 // p.down_split) % 2 == 0
     assert 1 <= p.down_cols and (H // (16 * M.WARPS)) % p.down_cols == 0
     assert p.down_cols * I // 128 // p.down_split <= M.DOWN_TILES or p.down_cols == 1
     assert M.Int4MmaPlan.from_ints(p.as_ints()) == p
@@ -123,8 +124,11 @@ def test_kernel_layout_on_the_cpu_and_reference_path():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N,topk,E,H,I", [(1, 8, 8, 512, 256), (5, 4, 16, 256, 512), (17, 8, 16, 512, 256),
                                            (40, 6, 8, 768, 256), (3, 8, 384, 1024, 256), (9, 8, 48, 512, 1024)])
-@pytest.mark.parametrize("bm,gsplit,dsplit,dcols", [(None, None, None, None), (8, 2, 1, 2), (16, 1, 2, 4), (8, 4, 2, 1)])
-def test_mma_layer_matches_reference(dtype, N, topk, E, H, I, bm, gsplit, dsplit, dcols):
+@pytest.mark.parametrize("bm,programs,dsplit,dcols", [(None, None, None, None), (8, 7, 1, 2), (16, 1, 2, 4),
+                                                      (8, 3000, 2, 1)])
+def test_mma_layer_matches_reference(dtype, N, topk, E, H, I, bm, programs, dsplit, dcols):
+    """Default plans, and gate_up's routed tiles streamed by 1, 7 and 3000 programs (items cut at odd places, a
+    program over many items, programs with no tiles)."""
     ex = _experts(E, H, I, N * 7 + E, "cuda").to_layout("mma")
     g = torch.Generator().manual_seed(N)
     x = torch.randn(N, H, generator=g).to(dtype).cuda()
@@ -135,11 +139,10 @@ def test_mma_layer_matches_reference(dtype, N, topk, E, H, I, bm, gsplit, dsplit
     plan = None
     if bm is not None:
         auto = M.plan_int4_mma(N, topk, E, H, I, 132)
-        gs = gsplit if (H // 128) % gsplit == 0 and (H // 128 // gsplit) % 2 == 0 else 1
         ds = dsplit if (I // 128) % dsplit == 0 and (I // 128 // dsplit) % 2 == 0 else 1
         from tritree.kernels.moe.align import min_blocks
         dc = dcols if (H // 64) % dcols == 0 else 1
-        plan = M.Int4MmaPlan(bm, min_blocks(N * topk, E, bm), gs, ds, dc)
+        plan = M.Int4MmaPlan(bm, min_blocks(N * topk, E, bm), programs, ds, dc)
         assert auto.num_blocks >= 1
     out = torch.full((N, H), float("nan"), dtype=dtype, device="cuda")
     routed_experts_int4(x, idx, w, ex, out=out, plan=plan)
@@ -147,6 +150,8 @@ def test_mma_layer_matches_reference(dtype, N, topk, E, H, I, bm, gsplit, dsplit
     assert torch.isfinite(out).all()
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < TOL[dtype], err
+    assert int(arrival_counters(out.device, 1).abs().sum()) == 0
+    assert not zeroed_workspace(out.device, 1).any()  # the shared items' sums set back to 0
 
 
 @mma_gpu

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritree.kernels._launch import _OLD_COUNTERS, arrival_counters
+from tritree.kernels._launch import _OLD_ZEROED, arrival_counters
 from tritree.kernels.moe import router as R
 from tritree.kernels.moe.router import (
     ROUTER_CONFIGS,
@@ -334,7 +334,7 @@ def test_counters_are_shared_and_grown():
     a = arrival_counters(dev, 10)
     assert a.numel() >= 4096 and arrival_counters(dev, a.numel()) is a and int(a.abs().sum()) == 0
     big = arrival_counters(dev, a.numel() + 1)  # grown to the next power of two; the old one kept (graphs may use it)
-    assert big.numel() == 2 * a.numel() and arrival_counters(dev, 10) is big and any(t is a for t in _OLD_COUNTERS)
+    assert big.numel() == 2 * a.numel() and arrival_counters(dev, 10) is big and any(t is a for t in _OLD_ZEROED)
     assert int(big.abs().sum()) == 0
 
 

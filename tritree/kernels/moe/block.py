@@ -5,11 +5,12 @@ residual add, in five launches.
 sm_120 GPU with experts in the ``"mma"`` layout (:func:`tritree.kernels.kernel_layout`) and decode row counts:
 
 1. ``_block_norm_kernel``: ``xn`` (natural order, for the router, and :func:`int4_mma.mma_order` for the
-   experts), the fp32 output accumulator set to the residual, the split gate_up's fp32 workspace zeroed;
+   experts), the fp32 output accumulator set to the residual;
 2. the router (:func:`tritree.kernels.moe_route`'s kernel);
 3. the routing align (:func:`tritree.kernels.moe.align.align_routing`);
-4. gate_up: the routed experts' blocks and, as a second class of programs in the same grid, the shared expert
-   over every token (its bf16/fp16 weights ``[gate; up]`` concatenated, ``[2 Is, H]``);
+4. gate_up: the shared expert over every token (its bf16/fp16 weights ``[gate; up]`` concatenated,
+   ``[2 Is, H]``) and, as a second class of programs in the same grid, one wave of programs that take the routed
+   experts' work in chunks from a queue (they end together whatever the routing; ``int4_mma.CHUNK_PAIRS``);
 5. down: both classes again, summed by atomics into the accumulator (a routed program streams several output
    column tiles when the experts are narrow: ``Int4MmaPlan.down_cols``); the last program of each column group
    to arrive writes the new hidden state in the residual's dtype (the blocks that own no rows exit without
@@ -21,9 +22,10 @@ SiLU-and-mul between, added to the accumulator before step 3.
 
 Elsewhere (the CPU, experts in the checkpoint layout, float32 activations, prefill row counts, shared sizes
 that are not multiples of 128) the same semantics run as the composition of the ops (norm, :func:`moe_route`,
-:func:`routed_experts_int4`, two ``F.linear``). The arrival counters are
-:func:`tritree.kernels._launch.arrival_counters` (one buffer per device): concurrent calls on different CUDA
-streams of one device are not supported.
+:func:`routed_experts_int4`, two ``F.linear``). The arrival counters and the fp32 workspace of partial sums
+are :func:`tritree.kernels._launch.arrival_counters` and :func:`~tritree.kernels._launch.zeroed_workspace` (one
+buffer each per device, left zeroed by every launch): concurrent calls on different CUDA streams of one device are
+not supported.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import triton
 import triton.language as tl
 
 from .. import _validate as V
+from .._launch import zeroed_workspace
 from ..configs import arch_of, num_sms
 from . import router as R
 from .int4 import Int4Experts, moe_int4_reference, routed_experts_int4
@@ -87,40 +90,31 @@ def moe_block_reference(residual, norm_weight, router_weight, router_bias, exper
 # --------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _block_norm_kernel(Res, NormW, Xn, Xm, Acc, Gacc, H, g_numel, g_span, eps, stride_r, stride_n, stride_m, stride_a,
-                 RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr):
-    """Grid ``(N, 1 + zero programs)``. Program ``(r, 0)``: ``xn = Res[r] / rms(Res[r]) * NormW`` (fp32, one rounding)
-    into ``Xn[r]`` and, in :func:`int4_mma.mma_order`, ``Xm[r]``; ``Acc[r]`` (fp32) = ``Res[r]`` (``RESIDUAL``)
-    or 0. Program ``(r, j > 0)``: zeroes ``g_span`` elements of ``Gacc`` (``g_numel`` in all)."""
+def _block_norm_kernel(Res, NormW, Xn, Xm, Acc, H, eps, stride_r, stride_n, stride_m, stride_a,
+                       RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Grid ``(N,)``. Program ``r``: ``xn = Res[r] / rms(Res[r]) * NormW`` (fp32, one rounding) into ``Xn[r]`` and,
+    in :func:`int4_mma.mma_order`, ``Xm[r]``; ``Acc[r]`` (fp32) = ``Res[r]`` (``RESIDUAL``) or 0."""
     r = tl.program_id(0)
-    j = tl.program_id(1)
-    if j == 0:
-        c = tl.arange(0, BLOCK_H)
-        ok = c < H
-        r64 = r.to(tl.int64)
-        x = tl.load(Res + r64 * stride_r + c, mask=ok, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
-        y = (x * rstd * tl.load(NormW + c, mask=ok, other=0.0).to(tl.float32)).to(Xn.dtype.element_ty)
-        tl.store(Xn + r64 * stride_n + c, y, mask=ok)
-        t = c % 128
-        tl.store(Xm + r64 * stride_m + c - t + 32 * ((t // 2) % 4) + 4 * (t // 16) + 2 * ((t // 8) % 2) + t % 2, y,
-                 mask=ok)
-        if RESIDUAL:
-            tl.store(Acc + r64 * stride_a + c, x, mask=ok)
-        else:
-            tl.store(Acc + r64 * stride_a + c, tl.zeros([BLOCK_H], tl.float32), mask=ok)
+    c = tl.arange(0, BLOCK_H)
+    ok = c < H
+    r64 = r.to(tl.int64)
+    x = tl.load(Res + r64 * stride_r + c, mask=ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
+    y = (x * rstd * tl.load(NormW + c, mask=ok, other=0.0).to(tl.float32)).to(Xn.dtype.element_ty)
+    tl.store(Xn + r64 * stride_n + c, y, mask=ok)
+    t = c % 128
+    tl.store(Xm + r64 * stride_m + c - t + 32 * ((t // 2) % 4) + 4 * (t // 16) + 2 * ((t // 8) % 2) + t % 2, y,
+             mask=ok)
+    if RESIDUAL:
+        tl.store(Acc + r64 * stride_a + c, x, mask=ok)
     else:
-        lo = ((r * (tl.num_programs(1) - 1) + j - 1) * g_span).to(tl.int64)
-        for o in range(0, g_span, BLOCK_G):
-            i = lo + o + tl.arange(0, BLOCK_G)
-            tl.store(Gacc + i, tl.zeros([BLOCK_G], tl.float32), mask=(i < lo + g_span) & (i < g_numel))
+        tl.store(Acc + r64 * stride_a + c, tl.zeros([BLOCK_H], tl.float32), mask=ok)
 
 
 # --------------------------------------------------------------------------------------------------
 # Plan
 # --------------------------------------------------------------------------------------------------
 
-ZERO_BYTES_PER_PROGRAM = 64 * 1024  # the split gate_up's workspace zeroed by the norm kernel's extra programs
 # The shared expert's programs run each block of rows against their weight rows, re-read from L2 after the first
 # block: up to this many bytes of re-reads (the shared weights times the row blocks) it runs in the expert
 # kernels' grids; above (a whole shared expert on one GPU, many rows) as cuBLAS GEMMs added to the accumulator.
@@ -326,20 +320,17 @@ def _launch(residual, norm_weight, router_weight, router_bias, tree_lens, w13, s
     xn = torch.empty_like(residual)
     xm = torch.empty_like(residual)
     acc = torch.empty(N, H, dtype=torch.float32, device=dev)
-    # One zeroed fp32 workspace: the shared expert's split gate_up sums [N, 2 Is], then the routed ones [N k, 2 I].
+    # The split gate_up sums (the shared expert's [N, 2 Is], then the routed items' [N k, 2 I]) in the device's
+    # zeroed workspace, which the expert kernels leave zeroed.
     n_shared = N * 2 * Is if plan.shared_splits[0] > 1 else 0
-    g_numel = n_shared + (N * top_k * 2 * I if plan.experts.gate_up_split > 1 else 0)
-    work = torch.empty(g_numel, dtype=torch.float32, device=dev)
-    zero_programs = triton.cdiv(g_numel * 4, N * ZERO_BYTES_PER_PROGRAM) if g_numel else 0
-    g_span = triton.cdiv(g_numel, N * zero_programs) if zero_programs else 0
-    _block_norm_kernel[(N, 1 + zero_programs)](
-        residual, norm_weight, xn, xm, acc, work, H, g_numel, g_span, float(eps), residual.stride(0), xn.stride(0),
-        xm.stride(0), acc.stride(0), RESIDUAL=bool(add_residual), BLOCK_H=triton.next_power_of_2(H), BLOCK_G=2048,
-        num_warps=8)
+    work = zeroed_workspace(dev, n_shared + N * top_k * 2 * I)
+    _block_norm_kernel[(N,)](
+        residual, norm_weight, xn, xm, acc, H, float(eps), residual.stride(0), xn.stride(0), xm.stride(0),
+        acc.stride(0), RESIDUAL=bool(add_residual), BLOCK_H=triton.next_power_of_2(H), num_warps=8)
     idx, w = R._launch(xn, router_weight, router_bias, tree_lens, None, plan.route, top_k, n_group, topk_group, norm,
                        scaling, expert_offset, rows_per_request)
     gs = work[:n_shared].view(N, 2 * Is) if n_shared else None
-    gacc = work[n_shared:].view(N * top_k, 2 * I) if g_numel > n_shared else None
+    gacc = work[n_shared:n_shared + N * top_k * 2 * I].view(N * top_k, 2 * I)
     shared = (shared_gate_up, shared_down, plan.shared_splits, gs)
     if plan.shared_splits == (0, 0):
         gu = F.linear(xn, shared_gate_up)

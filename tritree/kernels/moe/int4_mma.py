@@ -15,7 +15,11 @@ sections). Here:
 - the activations are stored in a column order (:func:`mma_order`) in which a lane's B fragments of a 128-column
   tile are 64 contiguous bytes, also loaded straight into registers;
 - the next tile's loads are issued before the current tile's arithmetic (one tile in flight a warp);
-- a block is 8 or 16 rows (``mma.sync``'s N of 8): at decode an expert has one or two rows.
+- a block is 8 or 16 rows (``mma.sync``'s N of 8): at decode an expert has one or two rows;
+- gate_up runs one wave of programs that take (column tile, block, K chunk) work from a ticket queue: a grid of
+  one program an item left a few items to run alone after the first wave (a 17th expert at 17 tokens added a
+  third to the kernel's time: bench/RESULTS.md, "INT4 routed experts"), and in-order chunks keep an expert's
+  blocks running together on its weight rows.
 
 Each warp owns 16 output rows (gate_up: 16 gate rows and the same 16 up rows, so SiLU-and-mul is local to
 the thread), a CTA ``WARPS`` such warps. The same instructions run on sm_90 and sm_120 (the RTX PRO 6000 has
@@ -34,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .._gluon_common import _cta_barrier
-from .._launch import arrival_counters
+from .._launch import arrival_counters, zeroed_workspace
 from .align import align_routing, min_blocks
 
 KT = 128  # columns of a K tile: eight 16-column MMA slices
@@ -392,8 +396,8 @@ def _gate_up_out(g, u, grows, hrows, ok_rows, cols, ncols, Hbuf, Gacc, Count, ti
                  SPLIT):
     """A program's gate and up sums ``[16 WARPS, BM]`` (rows ``ok_rows``, columns ``cols < ncols``): with one split
     h at rows ``hrows`` of ``Hbuf``; with ``SPLIT > 1`` added by atomics to rows ``grows`` of ``Gacc`` (gate, then
-    up ``up`` columns further), and the tile's last split to arrive (counter ``tile``) turns the sums into h and
-    resets the counter."""
+    up ``up`` columns further; zero before), and the tile's last split to arrive (counter ``tile``) turns the sums
+    into h and sets the sums and the counter back to 0."""
     mask = gl.expand_dims(ok_rows, 0) & gl.expand_dims(cols < ncols, 1)
     if SPLIT == 1:
         _store_h(g, u, hrows, cols, mask, Hbuf, stride_h)
@@ -406,59 +410,95 @@ def _gate_up_out(g, u, grows, hrows, ok_rows, cols, ncols, Hbuf, Gacc, Count, ti
             gs = gl.load(dst, mask=mask, other=0.0, cache_modifier=".cg")
             us = gl.load(dst + up, mask=mask, other=0.0, cache_modifier=".cg")
             _store_h(gs, us, hrows, cols, mask, Hbuf, stride_h)
-            gl.store(Count + tile, 0)  # for the next launch
+            gl.store(dst, gl.zeros_like(gs), mask=mask)  # the workspace and the counter left at 0 for the next launch
+            gl.store(dst + up, gl.zeros_like(us), mask=mask)
+            gl.store(Count + tile, 0)
 
 
 @gluon.jit
-def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, BlockExpert, BlockStart, BlockEnd, SortedIdx,
-                        N, E, Hd, I, Is, NB, SS,
+def _gate_up_mma_kernel(X, Wp, Ws, Sw, Hbuf, Gacc, Gs, Count, Queue, Used, BlockExpert, BlockStart, BlockEnd,
+                        SortedIdx, N, E, Hd, I, Is, NB, SS, P,
                         stride_x, stride_we, stride_wm, stride_se, stride_sm, stride_sw, stride_h, stride_g, stride_gs,
-                        TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
+                        TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, CHUNK: gl.constexpr,
                         DTYPE: gl.constexpr, OUT_SCALE: gl.constexpr):
-    """Grid ``(NB + SS, max(I, Is) / (16 WARPS), SPLIT)``: h columns ``16 WARPS c .. + 16 WARPS``.
+    """Grid ``(SS Is / (16 WARPS) + P,)``: h columns ``16 WARPS c .. + 16 WARPS``.
 
-    Program ``b < NB``: routed block ``b``'s sorted rows against INT4 expert ``BlockExpert[b]`` (``Wp``/``Ws``:
-    :func:`repack_mma` of ``w13``: gate m-tiles ``0 .. I/16``, up m-tiles ``I/16 .. I/8``), split ``z`` of the K
-    tiles, h at the block's sorted rows. ``SPLIT == 1``: ``silu(x Wg^T) * (x Wu^T)`` into ``Hbuf`` (x's dtype,
-    :func:`mma_order`); else the split adds to ``Gacc [N TOPK, 2 I]`` (fp32, zeroed) and the last split of each
-    (block, column tile) writes h. Program ``b >= NB`` (``z = 0`` only): split ``b - NB`` of ``SS`` of the shared
-    expert ``Sw [2 Is, Hd]`` (gate rows then up rows, x's dtype) for every token, in blocks of ``BM``: added to
+    The first ``SS Is / (16 WARPS)`` programs: split ``ks`` of ``SS`` of the shared expert's column tile ``c``
+    (``Sw [2 Is, Hd]``: gate rows then up rows, x's dtype) for every token, in blocks of ``BM``: added to
     ``Gs [N, 2 Is]`` (fp32, zeroed; h directly when ``SS`` is 1) and the last split of each (row block, column
     tile) writes h at rows ``N TOPK + token`` of ``Hbuf``.
-    ``X [N, Hd]``: the activations in :func:`mma_order`. Arrival counters ``Count`` (left at 0). Each routed split's
-    K tiles must be even in number."""
+
+    The other ``P`` programs (one wave) share the routed items (column tile ``c``, block ``b`` < ``Used[0]``),
+    each ``Hd / 256`` pairs of K tiles of its block's sorted rows against INT4 expert ``BlockExpert[b]``
+    (``Wp``/``Ws``: :func:`repack_mma` of ``w13``: gate m-tiles ``0 .. I/16``, up m-tiles ``I/16 .. I/8``), cut
+    into chunks of ``CHUNK`` pairs (fewer when there are fewer than ``P CHUNK`` pairs), in the order (``c``,
+    ``b``, chunk): a program takes the next chunk from the ticket counter ``Queue[0]`` (left at 0) until none is
+    left. So the programs end together whatever the routing
+    (none runs a whole item alone at the end), and the chunks in flight at any time are neighbours in that order:
+    an expert's blocks run together and share its weight rows in L2. An item of one chunk writes
+    ``silu(x Wg^T) * (x Wu^T)`` to ``Hbuf`` (x's dtype, :func:`mma_order`); the chunks of a longer item add to
+    ``Gacc [N TOPK, 2 I]`` (fp32, zero; left zero) and the last to arrive writes h.
+
+    ``X [N, Hd]``: the activations in :func:`mma_order`. Arrival counters ``Count`` (left at 0): routed item
+    ``b (I / 16 WARPS) + c``, then the shared tiles."""
     x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    b = gl.program_id(0)
-    c = gl.program_id(1)
-    z = gl.program_id(2)
-    n_c = gl.num_programs(1)
-    cols = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
-    if b < NB:
-        e = gl.load(BlockExpert + b)
-        if (e < E) & (c * (16 * WARPS) < I):
-            start, end, rc, a = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)),
-                                       BM)
-            per = Hd // 128 // SPLIT
-            acc_g, acc_u = _routed_gate_up(X, Wp, Ws, e.to(gl.int64), c * WARPS, a // TOPK, I, z * per, z * per + per,
-                                           stride_x, stride_we, stride_wm, stride_se, stride_sm, BM, WARPS, DTYPE)
-            rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-            _gate_up_out(acc_g * OUT_SCALE, acc_u * OUT_SCALE, rows, rows, rows < end, cols, I, Hbuf, Gacc, Count,
-                         b * n_c + c, I, stride_h, stride_g, SPLIT)
+    pid = gl.program_id(0)
+    n_c = I // (16 * WARPS)
+    n_cs = Is // (16 * WARPS)
+    if pid < SS * n_cs:
+        ks = pid // n_cs
+        c = pid - ks * n_cs
+        cols = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
+        wr = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, gl.BlockedLayout(
+            [1, 8], [2, 16], [WARPS, 1], [1, 0])))
+        per_s = Hd // 128 // SS
+        for n0 in range(0, N, BM):  # every row block against the same weight rows: re-read from L1 / L2
+            xr = gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))), N - 1)
+            acc_g = _dense_product(X, Sw, xr, wr, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM, WARPS)
+            acc_u = _dense_product(X, Sw, xr, wr + Is, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM,
+                                   WARPS)
+            n = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+            _gate_up_out(acc_g, acc_u, n, N * TOPK + n, n < N, cols, Is, Hbuf, Gs, Count,
+                         NB * n_c + (n0 // BM) * n_cs + c, Is, stride_h, stride_gs, SS)
     else:
-        if (z == 0) & (c * (16 * WARPS) < Is):
-            ks = b - NB
-            wr = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, gl.BlockedLayout(
-                [1, 8], [2, 16], [WARPS, 1], [1, 0])))
-            per_s = Hd // 128 // SS
-            for n0 in range(0, N, BM):  # every row block against the same weight rows: re-read from L1 / L2
-                xr = gl.minimum(n0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l3))), N - 1)
-                acc_g = _dense_product(X, Sw, xr, wr, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM, WARPS)
-                acc_u = _dense_product(X, Sw, xr, wr + Is, ks * per_s, ks * per_s + per_s, stride_x, stride_sw, BM,
-                                       WARPS)
-                n = n0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-                _gate_up_out(acc_g, acc_u, n, N * TOPK + n, n < N, cols, Is, Hbuf, Gs, Count,
-                             (NB + n0 // BM) * n_c + c, Is, stride_h, stride_gs, SS)
+        ppi = Hd // 256  # tile pairs an item
+        used = gl.load(Used)
+        # CHUNK pairs a chunk, fewer when the programs would not all get one (few items: a token's experts)
+        chunk = gl.maximum(gl.minimum(used * n_c * ppi // P, CHUNK), 1)
+        cpi = (ppi + chunk - 1) // chunk  # chunks an item
+        n_chunks = used * n_c * cpi
+        k = gl.atomic_add(Queue, 1, sem="relaxed")
+        while k < n_chunks:
+            item = k // cpi
+            k0 = (k - item * cpi) * chunk
+            _routed_item(X, Wp, Ws, Hbuf, Gacc, Count, BlockExpert, BlockStart, BlockEnd, SortedIdx, item, used, n_c,
+                         I, k0, gl.minimum(k0 + chunk, ppi), cpi, stride_x, stride_we, stride_wm, stride_se, stride_sm,
+                         stride_h, stride_g, TOPK, BM, WARPS, DTYPE, OUT_SCALE)
+            k = gl.atomic_add(Queue, 1, sem="relaxed")
+        if k == n_chunks + P - 1:  # the last ticket: every program has taken its last one
+            gl.store(Queue, 0)
+
+
+@gluon.jit
+def _routed_item(X, Wp, Ws, Hbuf, Gacc, Count, BlockExpert, BlockStart, BlockEnd, SortedIdx, item, used, n_c, I, k0,
+                 k1, parts, stride_x, stride_we, stride_wm, stride_se, stride_sm, stride_h, stride_g,
+                 TOPK: gl.constexpr, BM: gl.constexpr, WARPS: gl.constexpr, DTYPE: gl.constexpr,
+                 OUT_SCALE: gl.constexpr):
+    """Pairs ``k0 .. k1`` of K tiles of routed item ``item`` (column tile ``item // used``, block ``item % used``),
+    one of the ``parts`` chunks of the item (:func:`_gate_up_out`)."""
+    x_l3: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    c = item // used
+    b = item - c * used
+    e = gl.load(BlockExpert + b)
+    start, end, rc, a = _block(BlockStart, BlockEnd, SortedIdx, b, gl.SliceLayout(1, gl.SliceLayout(2, x_l3)), BM)
+    acc_g, acc_u = _routed_gate_up(X, Wp, Ws, e.to(gl.int64), c * WARPS, a // TOPK, I, 2 * k0, 2 * k1, stride_x,
+                                   stride_we, stride_wm, stride_se, stride_sm, BM, WARPS, DTYPE)
+    rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+    cols = c * (16 * WARPS) + gl.arange(0, 16 * WARPS, layout=gl.SliceLayout(1, mma))
+    _gate_up_out(acc_g * OUT_SCALE, acc_u * OUT_SCALE, rows, rows, rows < end, cols, I, Hbuf, Gacc, Count,
+                 b * n_c + c, I, stride_h, stride_g, parts)
 
 
 @gluon.jit
@@ -526,12 +566,18 @@ def _down_mma_kernel(Hbuf, Wp, Ws, Sd, Acc, Out, TopkW, Count, Used, BlockExpert
 # --------------------------------------------------------------------------------------------------
 
 WARPS = 4
-# Warps an SM the plan aims for (K splits raise the count when few blocks own rows): each warp keeps one
-# K tile of loads in flight, and the bytes in flight set the bandwidth a latency-bound stream reaches.
+# Warps an SM the plan aims for in the down kernel (K splits raise the count when few blocks own rows): each warp
+# keeps one K tile of loads in flight, and the bytes in flight set the bandwidth a latency-bound stream reaches.
 # Higher targets split more and were slower at N = 9-33 (bench/RESULTS.md, "INT4 routed experts").
 WARPS_PER_SM = 8
 MAX_SPLIT = 8
 DOWN_TILES = 16  # K tiles of 128 a down program streams at most (over its column tiles): EP8's I = 2048 in one
+REGISTERS_PER_SM = 65536  # sm_90 and sm_120
+# K tile pairs a routed gate_up chunk (an item of K2.6's H = 7168 is 28 pairs: 4 chunks): short enough that the
+# chunks in flight cover an expert's blocks together and the last chunks end together, long enough that a
+# chunk's pipeline start and its atomic sums stay small against its weight bytes (bench/RESULTS.md, "INT4 routed
+# experts").
+CHUNK_PAIRS = 7
 
 
 def launch_options(block_m: int, dtype: torch.dtype) -> dict:
@@ -539,6 +585,12 @@ def launch_options(block_m: int, dtype: torch.dtype) -> dict:
     gate_up kernel for sm_120 with an 8-byte stack (bf16 blocks of 8 and 16 rows, fp16 blocks of 8; triton
     3.6); with it none of the builds spills (``python -m tritree.kernels.aot``)."""
     return {"num_warps": WARPS, "maxnreg": 128 if block_m == 8 else 168}
+
+
+def resident_programs(block_m: int, sms: int) -> int:
+    """Programs of ``WARPS`` warps that are resident at once on ``sms`` SMs under :func:`launch_options`'s register
+    cap: the routed gate_up's grid, one wave."""
+    return REGISTERS_PER_SM // (launch_options(block_m, torch.bfloat16)["maxnreg"] * 32 * WARPS) * sms
 
 
 def shape_ok(H: int, I: int) -> bool:
@@ -553,19 +605,21 @@ class Int4MmaPlan:
 
     block_m: sorted rows a block (8 or 16: one or two ``mma.sync`` N tiles).
     num_blocks: the align's block bound (``align.min_blocks``).
-    gate_up_split / down_split: K splits (each an even number of 128-column tiles).
+    gate_up_programs: the routed gate_up's programs, which take its chunks from a queue (:func:`resident_programs`:
+        one wave).
+    down_split: the down kernel's K split (an even number of 128-column tiles a part).
     down_cols: output column tiles (of ``16 WARPS``) a down program streams one after the other (a divisor of
     ``H / (16 WARPS)``): with a small ``I`` a column tile is a few KB of weights.
     """
 
     block_m: int
     num_blocks: int
-    gate_up_split: int
+    gate_up_programs: int
     down_split: int
     down_cols: int = 1
 
     def as_ints(self) -> list[int]:
-        return [self.block_m, self.num_blocks, self.gate_up_split, self.down_split, self.down_cols]
+        return [self.block_m, self.num_blocks, self.gate_up_programs, self.down_split, self.down_cols]
 
     @classmethod
     def from_ints(cls, v) -> "Int4MmaPlan":
@@ -573,19 +627,20 @@ class Int4MmaPlan:
 
 
 def check_plan(plan: Int4MmaPlan, H: int, I: int, assignments: int, E: int) -> None:
-    """A given plan must hold for any routing: the block bound, and K splits of even numbers of 128-column
-    tiles."""
+    """A given plan must hold for any routing: the block bound, at least one gate_up program, and down K splits
+    of even numbers of 128-column tiles."""
     bound = min_blocks(assignments, E, plan.block_m)
     if plan.block_m not in (8, 16):
         raise ValueError(f"plan.block_m must be 8 or 16, got {plan.block_m}")
     if plan.num_blocks < bound:
         raise ValueError(f"plan.num_blocks = {plan.num_blocks} is below the bound {bound} of {assignments} "
                          f"assignments in blocks of {plan.block_m}")
-    for name, split, K in (("gate_up_split", plan.gate_up_split, H), ("down_split", plan.down_split, I)):
-        tiles = K // KT
-        if split < 1 or tiles % split or (tiles // split) % 2:
-            raise ValueError(f"plan.{name} = {split} must divide the {tiles} K tiles of {KT} columns into parts of "
-                             f"an even number of tiles")
+    if plan.gate_up_programs < 1:
+        raise ValueError(f"plan.gate_up_programs must be >= 1, got {plan.gate_up_programs}")
+    tiles = I // KT
+    if plan.down_split < 1 or tiles % plan.down_split or (tiles // plan.down_split) % 2:
+        raise ValueError(f"plan.down_split = {plan.down_split} must divide the {tiles} K tiles of {KT} columns into "
+                         f"parts of an even number of tiles")
     col_tiles = H // (16 * WARPS)
     if plan.down_cols < 1 or col_tiles % plan.down_cols:
         raise ValueError(f"plan.down_cols = {plan.down_cols} must divide the {col_tiles} output column tiles")
@@ -607,8 +662,9 @@ def _split(warps: int, tiles: int, target: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def plan_int4_mma(N: int, topk: int, E: int, H: int, I: int, sms: int, global_experts: int | None = None,
                   block_m: int | None = None) -> Int4MmaPlan:
-    """Block size by the expected rows an expert under uniform routing (8 up to 8 rows, else 16), K splits by
-    the warps the expected blocks give (``WARPS_PER_SM`` a SM). ``block_m`` replaces the rule (benchmarks)."""
+    """Block size by the expected rows an expert under uniform routing (8 up to 8 rows, else 16); gate_up one
+    wave of streaming programs; the down kernel's K split by the warps the expected blocks give (``WARPS_PER_SM``
+    a SM). ``block_m`` replaces the rule (benchmarks)."""
     A = N * topk
     G = max(E, global_experts or E)
     used = max(1, min(E, A, math.ceil(E * (1 - (1 - min(1.0, topk / G)) ** N) - 1e-9)))
@@ -617,7 +673,7 @@ def plan_int4_mma(N: int, topk: int, E: int, H: int, I: int, sms: int, global_ex
     blocks = used * -(-rows // bm)
     target = WARPS_PER_SM * sms
     down_split = _split(blocks * H // 16, I // KT, target)
-    return Int4MmaPlan(bm, min_blocks(A, E, bm), _split(blocks * I // 16, H // KT, target), down_split,
+    return Int4MmaPlan(bm, min_blocks(A, E, bm), resident_programs(bm, sms), down_split,
                        _down_cols(blocks * down_split, H // (16 * WARPS), I // KT // down_split, target))
 
 
@@ -652,15 +708,15 @@ def plan_shared_splits(H: int, I_shared: int, sms: int) -> tuple[int, int]:
             _least_split(I_shared // KT, H // (16 * WARPS), 2 * sms))
 
 
-def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaPlan, gacc=None, shared=None) -> None:
+def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaPlan, gacc, shared=None) -> None:
     """The routed experts (and the shared expert) into ``out``: align, gate_up, down (no host sync).
 
     ``xm [N, H]``: the activations in :func:`mma_order` (bf16/fp16); ``acc [N, H]`` fp32, initialised (zeros, or
     the residual): the down kernel adds into it and writes the sums to ``out [N, H]`` (its dtype); ``gacc``:
-    zeroed fp32 ``[N k, 2 I]`` when ``plan.gate_up_split > 1``; ``shared``: ``(gate_up [2 Is, H], down [H, Is],
-    (gate_up split, down split), gs)``: the shared expert in x's dtype (``Is`` a multiple of 128), run with every
-    token at weight 1, its K splits (:func:`plan_shared_splits`) and, when the gate_up split is above 1, ``gs``:
-    zeroed fp32 ``[N, 2 Is]``."""
+    zeroed fp32 ``[N k, 2 I]`` (the sums of the gate_up items that programs share; left zeroed); ``shared``:
+    ``(gate_up [2 Is, H], down [H, Is], (gate_up split, down split), gs)``: the shared expert in x's dtype (``Is``
+    a multiple of 128), run with every token at weight 1, its K splits (:func:`plan_shared_splits`) and, when the
+    gate_up split is above 1, ``gs``: zeroed fp32 ``[N, 2 Is]`` (left zeroed)."""
     N, H = xm.shape
     E, I2, _ = w13.shape
     I, k = I2 // 2, topk_idx.shape[1]
@@ -672,22 +728,22 @@ def run_experts(xm, topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan: Int4MmaP
     Is = sd.shape[1] if shared is not None else 0
     sb = -(-N // bm) if shared is not None else 0
     hbuf = torch.empty(N * k + (N if shared is not None else 0), max(I, Is), dtype=xm.dtype, device=xm.device)
-    gsplit, dsplit = plan.gate_up_split, plan.down_split
-    g = gacc if gsplit > 1 else hbuf
-    gs = gs if gs is not None else hbuf
-    grid_gu = (plan.num_blocks + ss, max(I, Is) // (16 * WARPS), gsplit)
-    count = arrival_counters(xm.device, max((plan.num_blocks + sb) * grid_gu[1], H // (16 * WARPS)))
+    gs = gs if gs is not None else gacc
+    n_c, n_cs = I // (16 * WARPS), Is // (16 * WARPS)
+    queue = plan.num_blocks * n_c + sb * n_cs  # after the gate_up items' and the shared tiles' counters
+    count = arrival_counters(xm.device, max(queue + 1, H // (16 * WARPS)))
     dt = gl.bfloat16 if xm.dtype == torch.bfloat16 else gl.float16
     scale = BF16_OUT_SCALE if xm.dtype == torch.bfloat16 else 1.0
-    _gate_up_mma_kernel[grid_gu](
-        xm, w13, s13, sw13, hbuf, g, gs, count, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
-        plan.num_blocks, max(ss, 1), xm.stride(0), w13.stride(0), 16 * w13.stride(1), s13.stride(0), 16 * s13.stride(1),
-        sw13.stride(0), hbuf.stride(0), g.stride(0), gs.stride(0),
-        TOPK=k, BM=bm, WARPS=WARPS, SPLIT=gsplit, DTYPE=dt, OUT_SCALE=scale, **launch_options(bm, xm.dtype))
+    _gate_up_mma_kernel[(ss * n_cs + plan.gate_up_programs,)](
+        xm, w13, s13, sw13, hbuf, gacc, gs, count, count[queue:], used, block_expert, block_start, block_end,
+        sorted_idx, N, E, H, I, Is, plan.num_blocks, ss, plan.gate_up_programs, xm.stride(0), w13.stride(0),
+        16 * w13.stride(1), s13.stride(0), 16 * s13.stride(1), sw13.stride(0), hbuf.stride(0), gacc.stride(0),
+        gs.stride(0), TOPK=k, BM=bm, WARPS=WARPS, CHUNK=CHUNK_PAIRS, DTYPE=dt, OUT_SCALE=scale,
+        **launch_options(bm, xm.dtype))
     tw = topk_w.reshape(-1)
     if tw.dtype != torch.float32 or not tw.is_contiguous():
         tw = tw.float().contiguous()
-    ct = plan.down_cols
+    ct, dsplit = plan.down_cols, plan.down_split
     _down_mma_kernel[(plan.num_blocks + sds, H // (16 * WARPS) // ct, dsplit)](
         hbuf, w2, s2, sd, acc, out, tw, count, used, block_expert, block_start, block_end, sorted_idx, N, E, H, I, Is,
         plan.num_blocks, sds, hbuf.stride(0), w2.stride(0), 16 * w2.stride(1), s2.stride(0), 16 * s2.stride(1),
@@ -701,5 +757,5 @@ def launch(x, topk_idx, topk_w, w13, s13, w2, s2, out, plan: Int4MmaPlan) -> Non
     N, H = x.shape
     I, k = w13.shape[1] // 2, topk_idx.shape[1]
     acc = torch.zeros(N, H, dtype=torch.float32, device=x.device)
-    gacc = torch.zeros(N * k, 2 * I, dtype=torch.float32, device=x.device) if plan.gate_up_split > 1 else None
+    gacc = zeroed_workspace(x.device, N * k * 2 * I)[:N * k * 2 * I].view(N * k, 2 * I)
     run_experts(mma_order(x), topk_idx, topk_w, w13, s13, w2, s2, acc, out, plan, gacc)
