@@ -308,7 +308,9 @@ def moe_int4_reports(archs=None, dtype: str = "bf16") -> list[CompileReport]:
 
 def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
     """The Gluon ``mma.sync`` W4A16 kernels (``moe.int4_mma``: weights straight into registers, no shared
-    memory) for sm_120 and sm_90: blocks of 8 and 16 rows, one K split and several, bf16 and fp16 activations."""
+    memory) for sm_120 and sm_90: blocks of 8 and 16 rows, bf16 and fp16 activations; the down kernel with one K
+    split and several, one column tile a program and eight (gate_up's routed programs take their chunks from a
+    queue: one build a block size and dtype)."""
     try:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon._runtime import GluonASTSource
