@@ -54,6 +54,8 @@ def test_kernel_configs_compile(arch):
     from tritree.kernels.embed import EMBED_CONFIGS
 
     assert len([r for r in reports if r.kernel == "_embed_kernel"]) == 3 * len(set(EMBED_CONFIGS[arch].values()))
+    # The routing align: EP8 and TP8 expert counts, blocks of 8 and 16 rows.
+    assert len([r for r in reports if r.kernel == "_align_kernel"]) == 3
 
 
 def test_gluon_verify_kernels_compile_for_sm90():

@@ -527,6 +527,26 @@ def head_rope_reports(archs=None) -> list[CompileReport]:
     return reports
 
 
+def align_reports(archs=None) -> list[CompileReport]:
+    """The routing align (``moe.align._align_kernel``, one program of 8 warps) at the expert counts of an EP8 rank
+    (48 experts) and a TP8 rank (384), blocks of 8 and 16 rows, one chunk of blocks of 128 and of 1024."""
+    import triton
+
+    from .moe.align import _align_kernel
+
+    reports = []
+    for arch in ("sm_120", "sm_90", "sm_80"):
+        if arch not in CAPABILITY or (archs and arch not in archs):
+            continue
+        for E, bm, chunk_b in ((48, 8, 128), (384, 8, 1024), (384, 16, 128)):
+            sig = {"Idx": "*i32", **{n: "*i32" for n in ("SortedIdx", "BlockExpert", "BlockStart", "BlockEnd", "Used",
+                                                          "Scratch")}, "A": "i32", "E": "i32", "num_blocks": "i32"}
+            nb = triton.next_power_of_2(E + 2)
+            reports.append(audit(_align_kernel, sig, dict(BLOCK_M=bm, NB=nb, CHUNK_A=1024, CHUNK_B=chunk_b), arch, 8,
+                                 1, ("Idx", "SortedIdx", "Scratch"), f"E{E} BM{bm} NB{nb} CB{chunk_b}"))
+    return reports
+
+
 def embed_reports(archs=None) -> list[CompileReport]:
     """The vocabulary-shard lookup (``embed._embed_kernel``) for every config of its table at K2.x's rows of 7,168:
     bf16 with and without the scale (int32 ids), fp32 with int64 ids."""
@@ -677,7 +697,7 @@ def main(argv=None) -> None:
                + moe_int4_mma_reports(archs=args.arch) + router_reports(archs=args.arch)
                + moe_block_reports(archs=args.arch) + linear_reports(archs=args.arch) + mla_reports(archs=args.arch)
                + tree_reports(archs=args.arch) + accept_reports(archs=args.arch) + kv_reports(archs=args.arch)
-               + head_rope_reports(archs=args.arch) + embed_reports(archs=args.arch))
+               + head_rope_reports(archs=args.arch) + embed_reports(archs=args.arch) + align_reports(archs=args.arch))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return

@@ -140,13 +140,10 @@ def test_plan_once_per_shape_and_splits():
     assert ep.gate_up_split > 1 and ep.down_split > 1 and ep.num_blocks == p.num_blocks
 
 
-@settings(max_examples=10)
-@given(A=st.integers(0, 1400), E=st.integers(1, 40), bm=st.sampled_from([16, 32, 64]), seed=st.integers(0, 2**31 - 1))
-def test_align_routing_any_load(A, E, bm, seed):
-    """Every assignment placed once, each expert's rows contiguous in expert order, blocks covering them
-    exactly, over more assignments than one chunk of the align kernel."""
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(-2, E + 2, (A, 1), generator=g)
+def _check_align(idx, E, bm):
+    """Every assignment placed once, each expert's rows contiguous in expert order, blocks covering them exactly,
+    the blocks that own rows first."""
+    A = idx.numel()
     nb = min_blocks(A, E, bm)
     sorted_idx, be, bs, bend, used = (t.cpu() for t in align_routing(idx.to(DEVICE), E, bm, nb))
     assert int(used) == int((be < E).sum()) and bool((be[: int(used)] < E).all())
@@ -161,6 +158,24 @@ def test_align_routing_any_load(A, E, bm, seed):
             assert len(rows) > 0 and bool((key[sorted_idx[rows].long()] == be[b]).all())
             covered[rows] += 1
     assert bool((covered[: int((key < E).sum())] == 1).all())
+
+
+@settings(max_examples=10)
+@given(A=st.integers(0, 1400), E=st.integers(1, 40), bm=st.sampled_from([16, 32, 64]), seed=st.integers(0, 2**31 - 1))
+def test_align_routing_any_load(A, E, bm, seed):
+    """Over more assignments than one chunk of the align kernel."""
+    g = torch.Generator().manual_seed(seed)
+    _check_align(torch.randint(-2, E + 2, (A, 1), generator=g), E, bm)
+
+
+@pytest.mark.parametrize("A,E,bm,skewed", [(9000, 384, 8, False), (12000, 48, 8, True), (3000, 7, 16, True)])
+def test_align_routing_many_blocks(A, E, bm, skewed):
+    """More blocks than one chunk of the block -> expert pass (1024), a TP8 rank's 384 experts, and experts with
+    hundreds of blocks each."""
+    g = torch.Generator().manual_seed(A + E)
+    idx = (torch.randint(0, 3, (A, 1), generator=g) * (E // 3 + 1) if skewed
+           else torch.randint(-1, E + 1, (A, 1), generator=g))
+    _check_align(idx, E, bm)
 
 
 def test_packing_round_trip_against_compressed_tensors():

@@ -16,11 +16,16 @@ def min_blocks(assignments: int, E: int, block_m: int) -> int:
 
 
 @triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Used, Scratch, A, E, num_blocks,
                   BLOCK_M: tl.constexpr, NB: tl.constexpr, CHUNK_A: tl.constexpr, CHUNK_B: tl.constexpr):
-    """One program (see :func:`align_routing`). ``Scratch [4 NB]`` int32: cursors, then the cumulative
-    blocks, first rows and ends of the experts. Buckets: ``[0, E)`` the local experts, ``E`` another rank's,
-    ``NB - 1`` (> E) the lanes past ``A``. ``Used [1]``: the blocks that own rows."""
+    """One program (see :func:`align_routing`). ``Scratch [4 NB + num_blocks]`` int32: cursors, then the cumulative
+    blocks, first rows and ends of the experts, then a mark a block. Buckets: ``[0, E)`` the local experts, ``E``
+    another rank's, ``NB - 1`` (> E) the lanes past ``A``. ``Used [1]``: the blocks that own rows."""
     bins = tl.arange(0, NB)
     counts = tl.zeros([NB], dtype=tl.int32)
     for a0 in range(0, A, CHUNK_A):
@@ -33,11 +38,19 @@ def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Used, Scrat
     local = tl.where(bins < E, counts, 0)
     blocks = (local + BLOCK_M - 1) // BLOCK_M
     cum_blocks = tl.cumsum(blocks, 0)
-    tl.store(Used, tl.sum(blocks, 0))
+    used = tl.sum(blocks, 0)
+    tl.store(Used, used)
     tl.store(Scratch + NB + bins, cum_blocks - blocks)
     tl.store(Scratch + 2 * NB + bins, ends - counts)
     tl.store(Scratch + 3 * NB + bins, ends)
+    Marks = Scratch + 4 * NB
+    for b0 in range(0, num_blocks, CHUNK_B):
+        b = b0 + tl.arange(0, CHUNK_B)
+        tl.store(Marks + b, tl.full([CHUNK_B], -1, tl.int32), mask=b < num_blocks)
     tl.debug_barrier()
+    # Each expert with rows marks its first block; a block's expert is the last mark at or before it.
+    first = cum_blocks - blocks
+    tl.store(Marks + first, bins, mask=(blocks > 0) & (first < num_blocks))
     # Sorted by expert: each assignment takes the next row of its bucket (order within a bucket is free:
     # every row's result is computed on its own).
     for a0 in range(0, A, CHUNK_A):
@@ -46,11 +59,15 @@ def _align_kernel(Idx, SortedIdx, BlockExpert, BlockStart, BlockEnd, Used, Scrat
         key = tl.where((raw >= 0) & (raw < E), raw, E).to(tl.int32)
         pos = tl.atomic_add(Scratch + key, 1, mask=a < A, sem="relaxed")
         tl.store(SortedIdx + pos, a, mask=a < A)
-    # Block -> expert: the number of local experts whose blocks all lie before it (E past the last).
+    tl.debug_barrier()
+    last = -1  # the last mark of the chunks before
     for b0 in range(0, num_blocks, CHUNK_B):
         b = b0 + tl.arange(0, CHUNK_B)
-        e = tl.sum(((cum_blocks[None, :] <= b[:, None]) & (bins < E)[None, :]).to(tl.int32), 1)
-        e_c = tl.minimum(e, E - 1)
+        marks = tl.load(Marks + b, mask=b < num_blocks, other=-1)
+        run = tl.maximum(tl.associative_scan(marks, 0, _max_combine), last)
+        last = tl.max(run, 0)
+        e = tl.where(b < used, run, E)
+        e_c = tl.minimum(tl.maximum(e, 0), E - 1)
         first_block = tl.load(Scratch + NB + e_c)
         start = tl.load(Scratch + 2 * NB + e_c) + (b - first_block) * BLOCK_M
         tl.store(BlockExpert + b, e, mask=b < num_blocks)
@@ -76,8 +93,8 @@ def align_routing(topk_idx: torch.Tensor, E: int, block_m: int, num_blocks: int)
     sorted_idx = torch.empty(A, dtype=torch.int32, device=dev)
     meta = torch.empty(3 * num_blocks + 1, dtype=torch.int32, device=dev)
     expert, start, end, used = meta[:num_blocks], meta[num_blocks:2 * num_blocks], meta[2 * num_blocks:-1], meta[-1:]
-    scratch = torch.empty(4 * nb, dtype=torch.int32, device=dev)
+    scratch = torch.empty(4 * nb + num_blocks, dtype=torch.int32, device=dev)
     _align_kernel[(1,)](flat, sorted_idx, expert, start, end, used, scratch, A, E, num_blocks,
                         BLOCK_M=block_m, NB=nb, CHUNK_A=1024 if not interpreting() else 256,
-                        CHUNK_B=max(1, min(64, 16384 // nb)), num_warps=8 if not interpreting() else 1)
+                        CHUNK_B=min(1024, triton.next_power_of_2(num_blocks)), num_warps=8 if not interpreting() else 1)
     return sorted_idx, expert, start, end, used
