@@ -207,7 +207,12 @@ def block_rows(shape, routing, N, experts, kernel_experts, ops, per_expert, ceil
     from tritree.kernels import moe_block_reference, moe_route_reference
 
     E = experts.num_experts
-    probe = [torch.randn(N, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    g = torch.Generator().manual_seed(N * 1009 + E)  # the same router inputs (so the same experts) in every run
+
+    def rows():
+        return torch.randn(N, HIDDEN, generator=g).to(device=dev, dtype=torch.bfloat16)
+
+    probe = [rows() for _ in range(2)]
     biases = block_biases(E, routing, 2, dev)
 
     def picks(x, bias):
@@ -216,7 +221,7 @@ def block_rows(shape, routing, N, experts, kernel_experts, ops, per_expert, ceil
 
     per_set = sum(touched(picks(x, b), E) for x, b in zip(probe, biases)) / 2 * per_expert
     n_sets = max(2, min(64, math.ceil(L2_ROTATE_BYTES / max(per_set, 1))))
-    xs = [torch.randn(N, HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(n_sets)]
+    xs = [rows() for _ in range(n_sets)]
     biases = block_biases(E, routing, n_sets, dev)
     used = sum(touched(picks(x, b), E) for x, b in zip(xs, biases)) / n_sets
     dense = ALL_EXPERTS * HIDDEN * 2 + 3 * SHARED_I * HIDDEN * 2
