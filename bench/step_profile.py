@@ -18,10 +18,12 @@ time. From the device events of every replay (kernels, memcpy, memset; one repla
 - every event's family from its name (:data:`FAMILIES`, an ordered list of ``(family, regex)``, the first
   match wins; a split-KV merge (``_combine_kernel``) takes the family of the attention kernel before it;
   names nothing matches are ``other`` and are printed, so that the table can be fixed from a run);
-- per replay: events and summed event time per family; the idle time between graph nodes (the span minus
-  the union of the event intervals: for events one after another, the sum of ``max(0, start_next -
-  end_prev)``, with overlapping (PDL) events counted once); the span (first start to last end);
-- one MoE layer: the ``layers + 1`` profile minus the ``layers`` profile, per family (replay means);
+- per replay: events and summed event time per family and per kernel name; the idle time between graph nodes
+  (the span minus the union of the event intervals: for events one after another, the sum of
+  ``max(0, start_next - end_prev)``, with overlapping (PDL) events counted once); the span (first start to
+  last end);
+- one MoE layer: the ``layers + 1`` profile minus the ``layers`` profile, per family and per kernel name (replay
+  means; the names printed under each budget's table, :func:`kernel_table`);
 - each family's bytes floor per layer, over the copy bandwidth of :func:`tritree.roofline.device_ceilings`
   (what ``bench decode`` uses: the recorded H200 ceilings, measured in this process on other GPUs):
   experts, the unique local experts the added layer's tokens route to (counted in one eager step of
@@ -148,21 +150,23 @@ def idle_and_span(events) -> tuple[float, float]:
 
 
 def summarize_replay(events) -> dict:
-    """One replay's events ``(name, start_us, end_us)``: per family ``{"count", "us"}`` (summed durations),
-    ``kernels`` / ``kernel_us`` over all, ``idle_us`` and ``span_us`` (:func:`idle_and_span`), and the
-    names classified ``other``."""
+    """One replay's events ``(name, start_us, end_us)``: per family and per name ``{"count", "us"}`` (summed
+    durations; ``names`` maps a name to its family too), ``kernels`` / ``kernel_us`` over all, ``idle_us`` and
+    ``span_us`` (:func:`idle_and_span`), and the names classified ``other``."""
     ev = _sorted(events)
     fams: dict[str, dict] = {}
+    names: dict[str, dict] = {}
     other: dict[str, int] = {}
     for (name, s, e), fam in zip(ev, families_of(ev)):
-        d = fams.setdefault(fam, {"count": 0, "us": 0.0})
-        d["count"] += 1
-        d["us"] += e - s
+        for d in (fams.setdefault(fam, {"count": 0, "us": 0.0}),
+                  names.setdefault(name, {"count": 0, "us": 0.0, "family": fam})):
+            d["count"] += 1
+            d["us"] += e - s
         if fam == OTHER:
             other[name] = other.get(name, 0) + 1
     idle, span = idle_and_span(ev)
-    return dict(families=fams, kernels=len(ev), kernel_us=sum(e - s for _, s, e in ev), idle_us=idle, span_us=span,
-                other=other)
+    return dict(families=fams, names=names, kernels=len(ev), kernel_us=sum(e - s for _, s, e in ev), idle_us=idle,
+                span_us=span, other=other)
 
 
 def average(summaries: list[dict]) -> dict:
@@ -172,11 +176,15 @@ def average(summaries: list[dict]) -> dict:
     fams = sorted({f for s in summaries for f in s["families"]}, key=family_order().index)
     mean = {f: {k: sum(s["families"].get(f, {}).get(k, 0) for s in summaries) / n for k in ("count", "us")}
             for f in fams}
+    family = {k: v["family"] for s in summaries for k, v in s["names"].items()}
+    names = {k: {"count": sum(s["names"].get(k, {}).get("count", 0) for s in summaries) / n,
+                 "us": sum(s["names"].get(k, {}).get("us", 0.0) for s in summaries) / n, "family": f}
+             for k, f in family.items()}
     other: dict[str, int] = {}
     for s in summaries:
         for k, v in s["other"].items():
             other[k] = max(other.get(k, 0), v)
-    return dict(replays=n, families=mean, kernels=sum(s["kernels"] for s in summaries) / n,
+    return dict(replays=n, families=mean, names=names, kernels=sum(s["kernels"] for s in summaries) / n,
                 kernel_us=sum(s["kernel_us"] for s in summaries) / n, idle_us=sum(s["idle_us"] for s in summaries) / n,
                 span_us=sum(s["span_us"] for s in summaries) / n, spans_us=[s["span_us"] for s in summaries],
                 idles_us=[s["idle_us"] for s in summaries], kernel_counts=[s["kernels"] for s in summaries],
@@ -216,9 +224,24 @@ def layer_difference(a: dict, b: dict) -> dict:
     """One more layer: ``b`` (``layers + 1``) minus ``a`` (``layers``), both :func:`average` results."""
     fams = [f for f in family_order() if f in a["families"] or f in b["families"]]
     zero = {"count": 0.0, "us": 0.0}
+    names = {k: {"count": b["names"].get(k, zero)["count"] - a["names"].get(k, zero)["count"],
+                 "us": b["names"].get(k, zero)["us"] - a["names"].get(k, zero)["us"],
+                 "family": (b["names"].get(k) or a["names"][k])["family"]}
+             for k in {**a["names"], **b["names"]}}
     return dict(families={f: {k: b["families"].get(f, zero)[k] - a["families"].get(f, zero)[k] for k in ("count", "us")}
-                          for f in fams},
+                          for f in fams}, names=names,
                 **{k: b[k] - a[k] for k in ("kernels", "kernel_us", "idle_us", "span_us")})
+
+
+def kernel_table(diff: dict, min_us: float = 0.5, width: int = 72) -> str:
+    """One layer's kernels by name (``diff``: :func:`layer_difference`): count and us a layer, and the family, the
+    names whose count changes or whose time changes by ``min_us`` or more, the largest first (names cut to
+    ``width``)."""
+    rows = sorted(((v["us"], v["count"], v["family"], k) for k, v in diff["names"].items()
+                   if v["count"] != 0 or abs(v["us"]) >= min_us), key=lambda r: -r[0])
+    lines = [f"{'n/layer':>7} {'us/layer':>9}  {'family':<26} kernel"]
+    lines += [f"{n:>7.1f} {us:>9.1f}  {fam:<26} {name[:width]}" for us, n, fam, name in rows]
+    return "\n".join(lines)
 
 
 def extrapolate(t_a: float, t_b: float, layers: int, total: int = TOTAL_LAYERS) -> float:
@@ -604,7 +627,8 @@ def main(argv=None) -> int:
         title = (f"budget {budget} (T = {res['T']}), batch {args.batch}, ctx {args.ctx}, {args.experts} experts: one "
                  f"MoE layer = the {args.layers + 1}- minus the {args.layers}-layer step, means of "
                  f"{a['replays']} profiled replays; floor 'c' = compute-bound")
-        tables.append(budget_table(title, args.layers, res, a, ceil.copy_gbps))
+        tables.append(budget_table(title, args.layers, res, a, ceil.copy_gbps) + "\n\none MoE layer by kernel name:\n"
+                      + kernel_table(res["per_layer"]))
     if args.json:
         doc = dict(command="python -m bench.step_profile " + " ".join(sys.argv[1:] if argv is None else argv),
                    gpu=torch.cuda.get_device_name(), versions=versions(), copy_gbps=ceil.copy_gbps,

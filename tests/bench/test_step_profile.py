@@ -25,6 +25,7 @@ from bench.step_profile import (
     floor_rows,
     group_by_launch,
     idle_and_span,
+    kernel_table,
     layer_bytes,
     layer_difference,
     param_nbytes,
@@ -204,6 +205,16 @@ def test_average_and_layer_difference():
     assert d["families"]["copies"] == {"count": 0.0, "us": 0.0}
     assert d["kernels"] == 3 and d["kernel_us"] == pytest.approx(42.0)
     assert d["idle_us"] == pytest.approx(3.0) and d["span_us"] == pytest.approx(45.0)
+    names = d["names"]
+    assert names["_verify_gluon_ws_kernel"] == {"count": 1.0, "us": pytest.approx(30.0), "family": "verify attention"}
+    assert names["nvjet_tst_64x8"]["count"] == 1.0 and names["nvjet_tst_64x8"]["family"] == "projections (dense GEMMs)"
+    assert all(v["count"] == 0 and v["us"] == pytest.approx(0.0) for k, v in names.items()
+               if k not in ("_verify_gluon_ws_kernel", "nvjet_tst_64x8",
+                            "vectorized_layer_norm_kernel<c10::BFloat16, float, true>"))
+    table = kernel_table(d).splitlines()
+    assert table[0].split() == ["n/layer", "us/layer", "family", "kernel"] and len(table) == 4
+    assert table[1].split()[:2] == ["1.0", "30.0"] and table[1].endswith("_verify_gluon_ws_kernel")  # largest first
+    assert kernel_table(d, min_us=100.0).splitlines()[1:] == table[1:]  # a count that changes is listed anyway
     assert extrapolate(4.0, 4.5, 2) == pytest.approx(4.0 + 59 * 0.5)
 
 
