@@ -95,14 +95,10 @@ def measure_ceilings_sustained(device="cuda", bursts: int = 10, per_burst: int =
                 matmul_tflops_median=statistics.median(mm), matmul_tflops_best=max(mm))
 
 
-# The ceilings each floor of this project is computed from, measured once per GPU model (METHOD.md: "measure
-# the two ceilings once on the device machine ... and use those"), by device name. A reading taken in each
-# benchmark process moved the matmul ceiling by up to 10% between processes (724-805 TFLOP/s on the H200), and
-# with it every floor and ratio; see bench/RESULTS.md, section "H200 ceilings", for how these were measured.
-# NVIDIA H200 (2026-11-30), ``measure_ceilings_sustained`` in three processes: the best
-# burst of each, matmul 800.3 / 762.4 / 747.8 TFLOP/s and copy 4238 / 4232 / 4240 GB/s; the highest of each is
-# recorded (a floor is a lower bound: the fastest rate seen). The burst medians were lower (matmul 684-687,
-# copy 4178-4226): held for 20 matmuls back to back the clocks drop.
+# The ceilings each floor of this project is computed from, measured once per GPU model, by device name: a reading
+# taken in each benchmark process moved the matmul ceiling by up to a tenth between processes, and with it every
+# floor and ratio. The H200's: the highest burst of ``measure_ceilings_sustained`` over three processes (a floor is
+# a lower bound: the fastest rate seen); the readings are in bench/RESULTS.md, section "H200 ceilings".
 RECORDED_CEILINGS: dict[str, Ceilings] = {"NVIDIA H200": Ceilings(copy_gbps=4240.0, matmul_tflops=800.3)}
 
 

@@ -17,9 +17,8 @@ sections). Here:
 - the next tile's loads are issued before the current tile's arithmetic (one tile in flight a warp);
 - a block is 8 or 16 rows (``mma.sync``'s N of 8): at decode an expert has one or two rows;
 - gate_up runs one wave of programs that take (column tile, block, K chunk) work from a ticket queue: a grid of
-  one program an item left a few items to run alone after the first wave (a 17th expert at 17 tokens added a
-  third to the kernel's time: bench/RESULTS.md, "INT4 routed experts"), and in-order chunks keep an expert's
-  blocks running together on its weight rows.
+  one program an item left the items past the first wave to run alone at the end (bench/RESULTS.md, "INT4 routed
+  experts"), and in-order chunks keep an expert's blocks running together on its weight rows.
 
 Each warp owns 16 output rows (gate_up: 16 gate rows and the same 16 up rows, so SiLU-and-mul is local to
 the thread), a CTA ``WARPS`` such warps. The same instructions run on sm_90 and sm_120 (the RTX PRO 6000 has
