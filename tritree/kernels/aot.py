@@ -325,23 +325,20 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
     for arch in (archs or ("sm_120", "sm_90")):
         if arch not in ("sm_120", "sm_90"):
             continue
-        for dtype, bm, split in itertools.product(("bf16", "fp16"), (8, 16), (1, 2)):
+        for dtype, bm in itertools.product(("bf16", "fp16"), (8, 16)):
             act = "*" + dtype
-            for fn, sig, ct in (
-                *((M._gate_up_mma_kernel, {"X": act, "Wp": "*i32", "Ws": "*bf16", "Sw": act, "Hbuf": act,
-                                           "Gacc": "*fp32", "Gs": "*fp32", "Count": "*i32", "Queue": "*i32",
-                                           "Used": "*i32", **idx,
-                                           "NB": "i32", "SS": "i32", "P": "i32", "stride_x": "i32", **w,
-                                           "stride_sw": "i32", "stride_h": "i32", "stride_g": "i32",
-                                           "stride_gs": "i32"}, None) for _ in range(split == 1)),
-                *((M._down_mma_kernel, {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Sd": act, "Acc": "*fp32",
-                                        "Out": act, "TopkW": "*fp32", "Count": "*i32", "Used": "*i32", **idx,
-                                        "NB": "i32", "SDS": "i32", "stride_h": "i32", **w, "stride_sd": "i32",
-                                        "stride_a": "i32", "stride_o": "i32"}, ct) for ct in (1, 8)),
-            ):
-                cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS,
-                          **({"CHUNK": M.CHUNK_PAIRS} if ct is None else {"SPLIT": split, "CT": ct}),
-                          DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
+            gate_up = {"X": act, "Wp": "*i32", "Ws": "*bf16", "Sw": act, "Hbuf": act, "Gacc": "*fp32", "Gs": "*fp32",
+                       "Count": "*i32", "Queue": "*i32", "Used": "*i32", **idx, "NB": "i32", "SS": "i32", "P": "i32",
+                       "stride_x": "i32", **w, "stride_sw": "i32", "stride_h": "i32", "stride_g": "i32",
+                       "stride_gs": "i32"}
+            down = {"Hbuf": act, "Wp": "*i32", "Ws": "*bf16", "Sd": act, "Acc": "*fp32", "Out": act, "TopkW": "*fp32",
+                    "Count": "*i32", "Used": "*i32", **idx, "NB": "i32", "SDS": "i32", "stride_h": "i32", **w,
+                    "stride_sd": "i32", "stride_a": "i32", "stride_o": "i32"}
+            builds = [(M._gate_up_mma_kernel, gate_up, {"CHUNK": M.CHUNK_PAIRS}, "queue")]
+            builds += [(M._down_mma_kernel, down, {"SPLIT": split, "CT": ct}, f"split{split} cols{ct}")
+                       for split, ct in itertools.product((1, 2), (1, 8))]
+            for fn, sig, own, what in builds:
+                cx = dict(TOPK=8, BM=bm, WARPS=M.WARPS, **own, DTYPE=gl.bfloat16 if dtype == "bf16" else gl.float16,
                           OUT_SCALE=M.BF16_OUT_SCALE if dtype == "bf16" else 1.0)
                 divisible = [n for n, v in sig.items() if v.startswith("*") or n.startswith("stride")]
                 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
@@ -350,8 +347,8 @@ def moe_int4_mma_reports(archs=None) -> list[CompileReport]:
                                    target=GPUTarget("cuda", CAPABILITY[arch], 32),
                                    options=M.launch_options(bm, torch.bfloat16 if dtype == "bf16" else torch.float16))
                 use = resource_usage(k.asm["cubin"])
-                label = f"BM{bm} w{M.WARPS} {'stream' if ct is None else f'split{split} cols{ct}'} {dtype}"
-                reports.append(CompileReport(fn.__name__, arch, label, int(k.metadata.shared), use.get("REG", 0),
+                reports.append(CompileReport(fn.__name__, arch, f"BM{bm} w{M.WARPS} {what} {dtype}",
+                                             int(k.metadata.shared), use.get("REG", 0),
                                              use.get("LOCAL", 0) + use.get("STACK", 0)))
     return reports
 
