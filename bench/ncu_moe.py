@@ -3,8 +3,10 @@
     PYTHONPATH=. python bench/ncu_moe.py [--shape ep8 tp8] [--tokens 17 65] [--ncu PATH]
 
 For each shape and N (uniform top-8 routing, as ``bench/moe_sweep.py``), the script runs itself under
-``ncu --clock-control none`` (the clocks left alone) and profiles one call of ``routed_experts_int4`` and one
-of the weight walk (``bench/int4_walk.py``), each after a warm-up call. One row a kernel: its time under the
+``ncu --clock-control none`` (the clocks left alone) and profiles one call of ``routed_experts_int4`` (the
+experts in the layout the GPU's kernels stream, ``kernel_layout``: on sm_90 / sm_120 the Gluon ``mma.sync``
+kernels, as ``moe_sweep``'s ``int4``) and one of the weight walk (``bench/int4_walk.py``), each after a warm-up
+call. One row a kernel: its time under the
 profiler, DRAM throughput (% of peak), issue slots busy (% of peak), active and eligible warps a scheduler,
 registers a thread, and the cycles a warp spends stalled per instruction it issues, by reason (ncu's
 ``smsp__average_warps_issue_stalled_*_per_issue_active``; ``selected`` is the issue itself, 1 by definition).
@@ -41,8 +43,8 @@ METRICS = {
     **{f"stall_{s}": f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS},
 }
 # kernel name -> role; the walk launches its gate_up reads, then its down reads
-ROLES = {"_align_kernel": "align", "_gate_up_int4_kernel": "gate_up", "_down_int4_kernel": "down",
-         "_walk_kernel": "walk"}
+ROLES = {"_align_kernel": "align", "_gate_up_mma_kernel": "gate_up", "_down_mma_kernel": "down",
+         "_gate_up_int4_kernel": "gate_up", "_down_int4_kernel": "down", "_walk_kernel": "walk"}
 
 
 def parse_ncu_csv(text: str) -> list[dict]:
@@ -105,7 +107,7 @@ def child(shape: str, N: int) -> None:
     from bench.int4_walk import make_walk
     from bench.moe_sweep import ALL_EXPERTS, HIDDEN, TOPK, random_experts, routing_sets
     from tritree.kernels.configs import arch_of, num_sms
-    from tritree.kernels.moe.int4 import routed_experts_int4
+    from tritree.kernels.moe.int4 import kernel_layout, routed_experts_int4
     from tritree.kernels.moe.int4_triton import plan_int4_moe
 
     dev = torch.device("cuda")
@@ -116,7 +118,9 @@ def child(shape: str, N: int) -> None:
     out = torch.empty_like(x)
     plan = plan_int4_moe(N, TOPK, E, HIDDEN, I, arch_of(dev), num_sms(dev), None, ALL_EXPERTS)
     walk = make_walk(experts, plan)
-    calls = [lambda: routed_experts_int4(x, idx, w, experts, out=out, plan=plan), lambda: walk(x, idx, w, out)]
+    kernel_experts = experts.to_layout(kernel_layout(dev, HIDDEN, I))
+    calls = [lambda: routed_experts_int4(x, idx, w, kernel_experts, out=out, global_experts=ALL_EXPERTS),
+             lambda: walk(x, idx, w, out)]
     for f in calls:
         f()
     torch.cuda.synchronize()

@@ -33,3 +33,9 @@ def test_parse_labels_roles_in_launch_order_and_converts_units():
 def test_parse_refuses_text_without_a_report():
     with pytest.raises(ValueError, match="no ncu CSV header"):
         parse_ncu_csv("==ERROR== the profiler could not start\n")
+
+
+def test_the_mma_kernels_take_the_same_roles():
+    text = HEADER + "".join(_row(i, k, METRICS["us"], "nsecond", "2,000") for i, k in enumerate(
+        ["_align_kernel", "_gate_up_mma_kernel", "_down_mma_kernel", "_walk_kernel", "_walk_kernel"]))
+    assert [r["role"] for r in parse_ncu_csv(text)] == ["align", "gate_up", "down", "walk gate_up", "walk down"]
