@@ -183,3 +183,20 @@ def test_set_debug_switches_the_value_checks_of_gpu_inputs():
             tritree.set_debug("1")
     finally:
         tritree.set_debug(before)
+
+
+def test_a_plan_built_under_the_interpreter_is_not_reused_without_it(monkeypatch):
+    """Kernel or reference is decided when a plan is built: a CPU call after ``TRITON_INTERPRET`` is unset takes
+    the reference path, not the interpreted kernel of the plan cached under it (and back again)."""
+    if DEVICE.type != "cpu":
+        pytest.skip("the interpreter's switch acts on CPU tensors")
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 32, generator=g), torch.randn(16, 32, generator=g)
+    launches = []
+    real = _launch.KernelLauncher.__call__
+    monkeypatch.setattr(_launch.KernelLauncher, "__call__", lambda self, *a, **k: launches.append(1) or real(self, *a, **k))
+    for env, kernel in (("1", True), ("0", False), ("1", True)):
+        monkeypatch.setenv("TRITON_INTERPRET", env)
+        n = len(launches)
+        torch.testing.assert_close(tritree.linear(x, w), x @ w.t(), rtol=1e-4, atol=1e-4)
+        assert (len(launches) > n) == kernel, env

@@ -211,7 +211,10 @@ class PlanCache:
 
     def get(self, key, *args, **kwargs):
         """The plan of ``key`` (built by ``build(*args, **kwargs)`` on a miss). ``TypeError`` for an
-        unhashable key."""
+        unhashable key. A plan decides kernel or reference (:func:`uses_kernel`) when it is built, so whether
+        Triton's interpreter is on is part of the key: a plan built under it never runs the interpreter after
+        ``TRITON_INTERPRET`` is unset, nor the other way round."""
+        key = (key, interpreting())
         plan = self._plans.get(key)
         if plan is None:
             plan = self._build(*args, **kwargs)
