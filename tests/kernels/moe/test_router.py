@@ -284,12 +284,12 @@ def test_bad_inputs_name_the_argument():
 
 
 def test_plan_and_splits():
-    """From static shapes, cached; at decode the K split brings the programs to about two an SM in whole K
-    tiles (no empty split); many rows take no split."""
+    """From static shapes, cached; at decode the K split brings the programs to about ``programs_per_sm`` an SM
+    (one on sm_90 for one or two row blocks) in whole K tiles (no empty split); many rows take no split."""
     p = plan_moe_route(1, 7168, 384, torch.bfloat16, torch.bfloat16, 8, 1, 1, "sm_90", 132)
     assert p is plan_moe_route(1, 7168, 384, torch.bfloat16, torch.bfloat16, 8, 1, 1, "sm_90", 132)
     assert p.config is ROUTER_CONFIGS["sm_90"][16]
-    assert p.grid == (1, 12, 19) and p.k_split == 3 * 128 and p.sel_rows == 16  # 96 candidates a row
+    assert p.grid == (1, 12, 10) and p.k_split == 6 * 128 and p.sel_rows == 16  # 96 candidates a row
     for N, arch, sms in itertools.product((1, 9, 17, 33, 65, 129, 130, 1024, 8192), ("sm_90", "sm_120"), (132, 188)):
         q = plan_moe_route(N, 7168, 384, torch.bfloat16, torch.bfloat16, 8, 8, 4, arch, sms)
         c = q.config

@@ -362,12 +362,14 @@ class RouterConfig:
 # fp32 inputs, one group or 8 of them. Decode: rows in blocks of 16, because a row block's selection runs in one
 # program, SEL_ROWS rows a pass, after its last tile: more row blocks select in parallel (bench/RESULTS.md, "MoE
 # router"); 32-expert tiles for one row block, 64 for several (fewer tiles a block), K splits so that ~2 programs an
-# SM stream the weight. Many rows: larger tiles, no split. 8 warps: the selecting program routes sel_lanes / E_pad
+# SM stream the weight, one an SM for one or two row blocks on sm_90 (fewer partials for each tile's last split to
+# add; measured there only). Many rows: larger tiles, no split. 8 warps: the selecting program routes sel_lanes / E_pad
 # rows a pass (8 at E = 384) with 16 int64 keys a thread; with 4 warps the same passes need ~168 registers and spill
 # a little on sm_120 (2048 lanes, 4 rows a pass, would double the passes); 8192 lanes need up to 254 registers.
 ROUTER_CONFIGS: dict[str, dict[int, RouterConfig]] = {
     "sm_90": {
-        16: RouterConfig(16, 32, 128, 8, 4),
+        16: RouterConfig(16, 32, 128, 8, 4, programs_per_sm=1),
+        32: RouterConfig(16, 64, 128, 8, 4, programs_per_sm=1),
         256: RouterConfig(16, 64, 128, 8, 4),
         1 << 30: RouterConfig(64, 64, 64, 8, 3),
     },
