@@ -6,9 +6,9 @@ For each shape and N (uniform top-8 routing, as ``bench/moe_sweep.py``), the scr
 ``ncu --clock-control none`` (the clocks left alone) and profiles one call of ``routed_experts_int4`` (the
 experts in the layout the GPU's kernels stream, ``kernel_layout``: on sm_90 / sm_120 the Gluon ``mma.sync``
 kernels, as ``moe_sweep``'s ``int4``) and one of the weight walk (``bench/int4_walk.py``), each after a warm-up
-call. One row a kernel: its time under the
-profiler, DRAM throughput (% of peak), issue slots busy (% of peak), active and eligible warps a scheduler,
-registers a thread, and the cycles a warp spends stalled per instruction it issues, by reason (ncu's
+call. One row a kernel: its time under the profiler, DRAM throughput (% of peak), issue slots busy (% of peak),
+active and eligible warps a scheduler, registers a thread, and the cycles a warp spends stalled per instruction it
+issues, by reason (ncu's
 ``smsp__average_warps_issue_stalled_*_per_issue_active``; ``selected`` is the issue itself, 1 by definition).
 
 A kernel whose stalls spread over many reasons at a few warps a scheduler is bound by issue latency: it
