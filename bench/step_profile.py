@@ -34,11 +34,17 @@ time. From the device events of every replay (kernels, memcpy, memset; one repla
   rows read and written; verify attention, :func:`tritree.roofline.verify_mla_counts` (the KV once, q and
   the output; with its FLOP floor, the larger counts); KV writes, the tree's latents read and written.
   Other families have no floor;
-- the 61-layer step, extrapolated as ``bench decode`` does (``t(L) + (61 - L) (t(L + 1) - t(L))``), from
-  the event-timed graph and from the profiled span (tracing may lengthen a replay: the two side by side),
-  against the step's own bytes floor (the target's non-expert weights of 61 layers, the routed experts the
-  tokens touch, lm_head twice (verify and draft), the draft's weights, the target and draft KV reads, the
-  embedding rows).
+- the 61-layer step, measured as a third slice of all 61 target layers, captured, timed and profiled the
+  same way (past the first ``--layers + 1`` layers each layer reads the weights of one of the slice's MoE
+  layers, :func:`tritree.bench_decode.share_layer_weights`: one GPU holds 61 layers of KV but not a rank's
+  71 GB of experts, and no layer's bytes are still in the L2 when a later layer reads them again), by the
+  event-timed graph and by the profiled span (tracing may lengthen a replay: the two side by side), against
+  the step's own bytes floor (the target's non-expert weights of 61 layers, the routed experts its tokens
+  touch (the mean unique count of its MoE layers), lm_head twice (verify and draft), the draft's weights, the
+  target and draft KV reads, the embedding rows). Beside it, what the small slices extrapolate to
+  (``t(L) + (61 - L) (t(L + 1) - t(L))``): a graph's fixed costs change with its nodes (the step's
+  device-to-device copies ran on the copy engine in one graph and as kernels in another), so that difference
+  of two graphs is not one layer's time.
 
 Assumptions: Kimi K2.6's ``first_k_dense_replace`` is 1 (``tritree.model.config.kimi_k26``; layer 0 dense,
 layers 1-60 MoE), so with ``--layers`` >= 1 the added layer is a MoE layer and the 61-layer step has 1 dense
@@ -342,20 +348,23 @@ def floor_rows(diff: dict, base: dict, costs: dict, ceil: Ceilings) -> list[dict
     return rows
 
 
-def analyse(a: dict, b: dict, layers: int, costs: dict, ceil: Ceilings, step: dict, graph_ms: tuple) -> dict:
+def analyse(a: dict, b: dict, layers: int, costs: dict, ceil: Ceilings, step: dict, graph_ms: tuple,
+            full: dict) -> dict:
     """A budget's numbers from the two profiles (:func:`average` of ``layers`` and ``layers + 1``): the
     per-layer difference, the family rows (:func:`floor_rows`), the layer's floor (all costs), and the
-    61-layer step from the graph times ``graph_ms`` (ms, ``layers`` and ``layers + 1``) and from the spans,
-    against ``step`` (:func:`step_bytes`)."""
+    61-layer step as measured (``full``: its ``graph_ms`` and profiled ``span_us``) against ``step``
+    (:func:`step_bytes`), with what the two small slices' graph times ``graph_ms`` (ms, ``layers`` and
+    ``layers + 1``) and spans extrapolate to beside it."""
     diff = layer_difference(a, b)
     rows = floor_rows(diff, a, costs, ceil)
     layer_floor = sum(ceil.floor_us(*(c if isinstance(c, tuple) else (c, 0)))[0] for c in costs.values())
     floor_ms = step["total"] / (ceil.copy_gbps * 1e9) * 1e3
-    g61 = extrapolate(graph_ms[0], graph_ms[1], layers)
-    s61 = extrapolate(a["span_us"], b["span_us"], layers) / 1e3
+    g61 = full["graph_ms"]
     return dict(per_layer=diff, rows=rows, layer_floor_us=layer_floor,
-                step61=dict(graph_ms=g61, span_ms=s61, bytes=step["total"], parts=step, floor_ms=floor_ms,
-                            ratio=g61 / floor_ms if floor_ms > 0 else None))
+                step61=dict(graph_ms=g61, span_ms=full["span_us"] / 1e3, bytes=step["total"], parts=step,
+                            floor_ms=floor_ms, ratio=g61 / floor_ms if floor_ms > 0 else None,
+                            extrapolated_graph_ms=extrapolate(graph_ms[0], graph_ms[1], layers),
+                            extrapolated_span_ms=extrapolate(a["span_us"], b["span_us"], layers) / 1e3))
 
 
 def _num(x, fmt="{:.1f}", none="-"):
@@ -385,12 +394,14 @@ def budget_table(title: str, layers: int, res: dict, a: dict, copy_gbps: float) 
     lines.append(f"61-layer step: graph {s['graph_ms']:.2f} ms (CUDA events, as bench decode), profiled span "
                  f"{s['span_ms']:.2f} ms; bytes floor {s['floor_ms']:.2f} ms ({s['bytes'] / 1e9:.2f} GB at "
                  f"{copy_gbps:.0f} GB/s): {_num(s['ratio'], '{:.2f}x')}")
+    lines.append(f"  extrapolated from the {L}- and {L + 1}-layer slices instead: graph {s['extrapolated_graph_ms']:.2f} "
+                 f"ms, profiled span {s['extrapolated_span_ms']:.2f} ms")
     return "\n".join(lines)
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------
 
-def _slice_step(layers: int, ctx: int, budget: int, batch: int, experts: str):
+def _slice_step(layers: int, ctx: int, budget: int, batch: int, experts: str, own_layers: int | None = None):
     """The slice and its step as ``tritree.bench_decode.run`` builds them: the state's mutable entries
     reset, then one greedy decode step."""
     import torch
@@ -399,7 +410,7 @@ def _slice_step(layers: int, ctx: int, budget: int, batch: int, experts: str):
     from tritree.step import SamplingConfig, decode_step_
 
     torch.manual_seed(0)  # both slices of a budget from the same seed (build seeds only its TP shards)
-    tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, experts=experts)
+    tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, experts=experts, own_layers=own_layers)
     mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
     sampling = SamplingConfig()
 
@@ -504,14 +515,16 @@ def _unique_experts(step, n_local: int) -> list[int]:
     return counts
 
 
-def profile_slice(layers: int, ctx: int, budget: int, batch: int, experts: str, replays: int) -> dict:
-    """One slice: its graph time, :func:`average` of its profiled replays, the unique experts per MoE
-    layer, and what the floors need (parameter bytes by name, shapes)."""
+def profile_slice(layers: int, ctx: int, budget: int, batch: int, experts: str, replays: int,
+                  own_layers: int | None = None) -> dict:
+    """One slice (``tritree.bench_decode.build``, ``own_layers`` passed on): its graph time, :func:`average` of
+    its profiled replays, the unique experts per MoE layer, and what the floors need (parameter bytes by name,
+    shapes)."""
     import gc
 
     import torch
 
-    tcfg, dcfg, tparams, dp, state, step = _slice_step(layers, ctx, budget, batch, experts)
+    tcfg, dcfg, tparams, dp, state, step = _slice_step(layers, ctx, budget, batch, experts, own_layers)
     g = _capture(step)
     graph_ms = _graph_ms(g, replays)
     per, outside = _profiled_replays(g, replays)
@@ -562,22 +575,28 @@ def profile_budget(args, budget: int, ceil: Ceilings) -> dict:
     L, T, B = args.layers, budget + 1, args.batch
     pa = profile_slice(L, args.ctx, budget, B, args.experts, args.replays)
     pb = profile_slice(L + 1, args.ctx, budget, B, args.experts, args.replays)
+    pf = profile_slice(TOTAL_LAYERS, args.ctx, budget, B, args.experts, args.replays, own_layers=L + 1)
     uniq = pb["unique_experts"][-1] if pb["unique_experts"] else 0
+    uniq_step = statistics.mean(pf["unique_experts"]) if pf["unique_experts"] else 0
     rows = B * T
     attn = attention_bytes(B, T, pb["heads"], args.ctx)
     moe = layer_bytes(pb["nbytes"], L, rows, uniq, pb["n_experts"], pb["shared_with_experts"](rows))
     dense = layer_bytes(pb["nbytes"], 0, rows, 0, pb["n_experts"])
     costs = {**moe, **attn}
     attn_bytes = {k: nb for k, (nb, _) in attn.items()}
-    step = step_bytes(pb["nbytes"], pb["draft_nbytes"], {**dense, **attn_bytes}, {**moe, **attn_bytes}, pb["hidden"],
-                      rows, B * pb["block"], B * args.ctx * pb["draft_kv_token"] * pb["draft_layers"])
-    res = analyse(pa["profile"], pb["profile"], L, costs, ceil, step, (pa["graph_ms"], pb["graph_ms"]))
+    # the step's experts: those the 61-layer slice's tokens touch, the mean over its MoE layers
+    moe_step = layer_bytes(pb["nbytes"], L, rows, uniq_step, pb["n_experts"], pb["shared_with_experts"](rows))
+    step = step_bytes(pb["nbytes"], pb["draft_nbytes"], {**dense, **attn_bytes}, {**moe_step, **attn_bytes},
+                      pb["hidden"], rows, B * pb["block"], B * args.ctx * pb["draft_kv_token"] * pb["draft_layers"])
+    res = analyse(pa["profile"], pb["profile"], L, costs, ceil, step, (pa["graph_ms"], pb["graph_ms"]),
+                  dict(graph_ms=pf["graph_ms"], span_us=pf["profile"]["span_us"]))
     res.update(budget=budget, T=T, batch=B, ctx=args.ctx, experts=args.experts, layers=[L, L + 1],
                unique_experts_added_layer=uniq, unique_experts_per_moe_layer=pb["unique_experts"],
                unique_experts_expected=expected_unique(pb["n_experts"], pb["top_k"], rows),
+               unique_experts_step=pf["unique_experts"],
                costs={k: list(v) if isinstance(v, tuple) else v for k, v in costs.items()},
                profiles={str(p["layers"]): dict(graph_ms=p["graph_ms"], events_outside_replays=p["events_outside_replays"],
-                                                **p["profile"]) for p in (pa, pb)})
+                                                **p["profile"]) for p in (pa, pb, pf)})
     return res
 
 
@@ -623,7 +642,9 @@ def main(argv=None) -> int:
                       f"graph replays (left out)", flush=True)
         print(f"budget {budget}: unique local experts of the added layer {res['unique_experts_added_layer']} "
               f"(expected {res['unique_experts_expected']:.1f} for uniform routing; per MoE layer "
-              f"{res['unique_experts_per_moe_layer']}); {time.perf_counter() - t0:.0f} s", flush=True)
+              f"{res['unique_experts_per_moe_layer']}; the 61-layer step's MoE layers: mean "
+              f"{statistics.mean(res['unique_experts_step'] or [0]):.1f}); {time.perf_counter() - t0:.0f} s",
+              flush=True)
         title = (f"budget {budget} (T = {res['T']}), batch {args.batch}, ctx {args.ctx}, {args.experts} experts: one "
                  f"MoE layer = the {args.layers + 1}- minus the {args.layers}-layer step, means of "
                  f"{a['replays']} profiled replays; floor 'c' = compute-bound")

@@ -90,3 +90,63 @@ def test_the_auto_steps_excess_is_added_once_not_per_layer():
     assert BD.extrapolate_steps([1.0], [0.9], [1.0], [0.9], 2, 61)[1] == [1.0]
     # over a span of three layers the time a layer is a third of the difference
     assert BD.extrapolate_steps([2.0], [2.6], [2.0], [2.6], 2, 61, 3)[1] == pytest.approx([2.0 + 59 * 0.2])
+
+
+def test_layers_past_own_layers_share_the_weights_of_the_owned_moe_layers(tiny):
+    """The 61-layer slice fits one GPU: layers past ``own_layers`` hold the very tensors of the owned MoE layers,
+    cycling over them (never the dense layer), and the step runs over every layer."""
+    tcfg, dcfg, tparams, dp, state = BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu",
+                                              own_layers=3)
+    _, _, distinct, _, _ = BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu")
+    assert set(tparams) == set(distinct) and tcfg.num_hidden_layers == 6
+    assert all(tparams[k].shape == distinct[k].shape for k in tparams)
+    for i, src in ((3, 1), (4, 2), (5, 1)):
+        mine = [k for k in tparams if k.startswith(f"model.layers.{i}.")]
+        assert mine and all(tparams[k] is tparams[k.replace(f"layers.{i}.", f"layers.{src}.", 1)] for k in mine)
+    assert tparams["model.layers.1.mlp.gate.weight"] is not tparams["model.layers.2.mlp.gate.weight"]
+    assert state["tkv"].shape[0] == 6  # every layer has its own KV
+    before = state["kv_lens"].clone()
+    decode_step_(tparams, tcfg, dp, dcfg, state, budget=3, sampling=SamplingConfig(), tp=BD.slice_group())
+    assert (state["kv_lens"] > before).all()
+
+
+@pytest.mark.parametrize("own", [0, 1, 7])
+def test_own_layers_must_hold_a_moe_layer_and_no_more_than_the_slice(tiny, own):
+    with pytest.raises(ValueError, match="own_layers must hold a MoE layer"):
+        BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu", own_layers=own)
+    with pytest.raises(ValueError, match="held must own a MoE layer"):
+        BD.share_layer_weights({}, own, 6, 1)
+
+
+def test_main_reports_the_measured_61_layer_step_beside_the_extrapolation(monkeypatch, tmp_path, capsys):
+    """bench decode times the slice at --layers, one more, and all 61 layers (those past --layers + 1 sharing
+    weights); the step it reports is the 61-layer graph, the small slices' extrapolation printed beside it."""
+    import argparse
+    import json
+
+    calls = []
+
+    def fake_run(layers, ctx, budget, batch, reps=20, tp=None, experts="int4", auto=False, cost_model=None,
+                 profile=False, compile=False, own_layers=None):
+        calls.append((layers, own_layers))
+        return dict(layers=layers, graph_ms={2: 1.4, 3: 1.7, 61: 12.5}[layers], eager_ms=1.0 + layers,
+                    host_ms=0.5, tree_nodes_mean=budget, graph_ms_without_collectives=None,
+                    phases_ms={"draft": 1.0, "tree": 0.1, "verify": 0.2, "accept": 0.1, "commit": 0.05},
+                    phases_graph_ms={"draft": 0.9, "tree": 0.1, "accept": 0.05, "commit": 0.04},
+                    verify_attention_us=40.0, verify_attention_fragmented_us=41.0, verify_attention_one_replay_us=45.0,
+                    verify_attention_floor_us=18.0, floor_bound="memory", matmul_tflops=800.0, copy_gbps=3000.0,
+                    ceilings="measured now")
+
+    monkeypatch.setattr(BD, "run", fake_run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    out = tmp_path / "d.jsonl"
+    args = argparse.Namespace(budgets=[8], max_budget=64, layers=2, ctx=46000, batch=1, gen=40, out=str(out))
+    assert BD.main(args) == 0
+    assert calls == [(2, 2), (3, 3), (61, 3)]
+    text = capsys.readouterr().out
+    assert "budget   8: 61-layer step 12.50 ms as one graph, eager 62.00 ms (host overhead 49.50 ms)" in text
+    assert "the difference of the 2- and 3-layer graphs, 0.300 ms, would extrapolate to 19.1 ms" in text
+    assert "draft+tree+accept+commit 1.25 ms = 10.0% of the step (eager phases)" in text
+    row = [json.loads(ln) for ln in out.read_text().splitlines()][-1]
+    assert row["step61_ms"] == 12.5 and row["step61_extrapolated_ms"] == pytest.approx(1.4 + 59 * 0.3)
+    assert row["non_target_graph_ms"] == pytest.approx(1.09)

@@ -5,8 +5,13 @@ and LM head, the DFlash draft's shard; a few layers, random weights; routed expe
 bf16``), with paged caches filled to ``--ctx`` tokens; its collectives are left out (:func:`slice_group`: an
 all-reduce returns the rank's own part, a gather repeats it, so the step's other work and its shapes are the
 rank's). Reports the decode step per phase (eager, CUDA events; and each phase alone in a CUDA graph, which
-leaves out host launch time) and as one CUDA graph, the verify attention against its floor, and the
-extrapolation to 61 layers: the TP8 rank's step without its collectives.
+leaves out host launch time) and as one CUDA graph, and the verify attention against its floor, at
+``--layers`` and one more target layer, and at all 61: the TP8 rank's step without its collectives, measured
+(past the first ``--layers + 1`` layers each layer reads the weights of one of the slice's MoE layers:
+:func:`share_layer_weights`; one GPU holds the rank's 61 layers of KV but not their 71 GB of experts).
+The difference of the two small slices' graph times, the per-layer cost once extrapolated from, is printed
+beside it: a graph's fixed costs change with its node count (the driver may run the step's device-to-device
+copies on the copy engine in one graph and as kernels in another), so that difference is not a layer's cost.
 
 Under ``torchrun --nproc-per-node N -m tritree bench decode --tp N`` every rank holds its real shard of
 the slice instead (64/N heads, 384/N experts, vocabulary-parallel head, the draft's shard:
@@ -84,10 +89,11 @@ def slice_group(tp=None) -> TPGroup:
 
 
 def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, dtype=torch.bfloat16, device="cuda",
-          tp=None, experts: str = "int4"):
+          tp=None, experts: str = "int4", own_layers: int | None = None):
     """The slice's configs (the rank's views), random weights and a filled decode state; run its step under
     :func:`slice_group` ``(tp)``. ``experts``: the routed experts ``"int4"`` (packed as K2.6's checkpoint) or
-    ``"bf16"`` (dense, the bf16 grouped path)."""
+    ``"bf16"`` (dense, the bf16 grouped path). ``own_layers``: only the first ``own_layers`` target layers
+    hold weights of their own (:func:`share_layer_weights`), so that all 61 layers of a rank fit one GPU."""
     layout = {"int4": "int4", "bf16": "dense"}[experts]
     from .model.parallel import local_draft_shapes, local_param_shapes, shard_config, shard_draft_config
 
@@ -95,11 +101,17 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     if active(tp):  # replicated tensors equal on every rank (same seed, same shapes)
         torch.manual_seed(0)
     full = kimi_k26(num_hidden_layers=layers, weight_prefix="")
-    tcfg, shapes = shard_config(full, group), local_param_shapes(full, group, layout)
+    held = layers if own_layers is None else own_layers
+    if not full.first_k_dense_replace < held <= layers:
+        raise ValueError(f"own_layers must hold a MoE layer and at most the {layers} layers: "
+                         f"{full.first_k_dense_replace + 1} <= own_layers <= {layers}, got {own_layers}")
+    tcfg = shard_config(full, group)
+    shapes = local_param_shapes(kimi_k26(num_hidden_layers=held, weight_prefix=""), group, layout)
     # The slice has only the first layers; the draft taps them instead of layers 1, 12, ..., 58 (same
     # shapes and cost, other values).
     dfull = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
     tparams = to_kernel_layout_(_random_params(shapes, device, dtype), device)  # as the Engine holds them
+    share_layer_weights(tparams, held, layers, full.first_k_dense_replace)
     dparams = dflash.to_kernel_layout_(_random_params(local_draft_shapes(dfull, group), device, dtype))
     dcfg = shard_draft_config(dfull, group)
     T = budget + 1
@@ -126,6 +138,24 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     }
     state["dlens"] -= accepted
     return tcfg, dcfg, tparams, dparams, state
+
+
+def share_layer_weights(params: dict, held: int, layers: int, first_moe: int) -> dict:
+    """``params`` of target layers ``0 .. held - 1`` extended, in place, to ``layers`` layers: layer ``i >= held``
+    holds the very tensors of MoE layer ``first_moe + (i - first_moe) % (held - first_moe)`` (no copy). A step
+    still streams every layer's bytes from DRAM: a layer's weights (its projections and the experts its tokens
+    touch: hundreds of MB a rank) and its KV are far more than the L2 (50 MB on an H100) holds between two layers
+    that share storage. Returns ``params``."""
+    if not first_moe < held <= layers:
+        raise ValueError(f"held must own a MoE layer and at most {layers} layers: {first_moe + 1} <= held <= "
+                         f"{layers}, got {held}")
+    owned = held - first_moe
+    for i in range(held, layers):
+        src = f"model.layers.{first_moe + (i - first_moe) % owned}."
+        dst = f"model.layers.{i}."
+        for k in [k for k in params if k.startswith(src)]:
+            params[dst + k[len(src):]] = params[k]
+    return params
 
 
 def graph_phases_ms(tparams, tcfg, dp, dcfg, state, budget, sampling, reset, reps, tp) -> dict:
@@ -186,8 +216,9 @@ def without_collectives(tp: TPGroup) -> TPGroup:
 
 
 def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None, experts: str = "int4",
-        auto: bool = False, cost_model=None, profile: bool = False, compile: bool = False) -> dict:
-    """One row of the benchmark. ``auto``: trees of ``budget`` nodes sized each step by ``cost_model``
+        auto: bool = False, cost_model=None, profile: bool = False, compile: bool = False,
+        own_layers: int | None = None) -> dict:
+    """One row of the benchmark (the slice of :func:`build` ``(layers, ..., own_layers=own_layers)``). ``auto``: trees of ``budget`` nodes sized each step by ``cost_model``
     (default the slice's :class:`tritree.budget.AnalyticCost`); the row then has ``tree_nodes_mean``.
     ``host_ms``: the Python time of one eager step (to its return, before the synchronisation: the GPU
     runs behind it); ``profile``: also print a cProfile of ``reps`` eager steps; ``compile``: the step under
@@ -201,7 +232,7 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
         verify_mla_counts,
     )
 
-    tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp, experts=experts)
+    tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp, experts=experts, own_layers=own_layers)
     mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
     sampling = SamplingConfig()
 
@@ -317,11 +348,14 @@ def main(args, tp=None) -> int:
         per = {}
         auto = budget == "auto"
         size = args.max_budget if auto else budget
-        for layers in (args.layers, args.layers + 1):
+        full = kimi_k26().num_hidden_layers
+        counts = [args.layers, args.layers + 1] + ([full] if args.layers + 1 < full else [])
+        for layers in counts:
+            # the full step's layers past args.layers + 1 share the weights of its MoE layers (one GPU holds it)
             r = run(layers, args.ctx, size, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp, experts=experts,
                     auto=auto, cost_model=getattr(args, "cost_model", None),
                     profile=getattr(args, "profile", False) and layers == args.layers,
-                    compile=getattr(args, "compile", False))
+                    compile=getattr(args, "compile", False), own_layers=min(layers, args.layers + 1))
             per[layers] = r
             rows.append(r)
             ph = ", ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
@@ -332,27 +366,32 @@ def main(args, tp=None) -> int:
                 share = 1 - r["graph_ms_without_collectives"] / r["graph_ms"]
                 say(f"budget {budget:>3} layers {layers}: graph without collectives "
                     f"{r['graph_ms_without_collectives']:.3f} ms: collectives {100 * share:.1f}% of the step", flush=True)
-        a, b = per[args.layers], per[args.layers + 1]
+        a, b, f = per[args.layers], per[args.layers + 1], per[counts[-1]]
         moe_layer = b["graph_ms"] - a["graph_ms"]
-        est61 = a["graph_ms"] + (61 - args.layers) * moe_layer
-        verify_share = 61 * b["verify_attention_us"] / 1e3
-        ph = b["phases_ms"]
-        non_target = ph.get("draft", 0) + ph.get("tree", 0) + ph.get("accept", 0) + ph.get("commit", 0) * 61 / b["layers"]
-        say(f"budget {budget:>3}: one more MoE layer costs {moe_layer:.3f} ms; 61-layer step ~ {est61:.1f} ms "
-            f"({where}); verify attention {b['verify_attention_us']:.1f} us/layer vs floor "
-            f"{b['verify_attention_floor_us']:.1f} us ({b['verify_attention_us'] / b['verify_attention_floor_us']:.2f}x, "
-            f"{b['floor_bound']}, matmul {b['matmul_tflops']:.0f} TFLOP/s {b['ceilings']}; fragmented pool {b['verify_attention_fragmented_us']:.1f} us; one call a graph "
-            f"replay {b['verify_attention_one_replay_us']:.1f} us), {verify_share:.1f} ms "
-            f"over 61 layers; draft+tree+accept+commit {non_target:.2f} ms "
-            f"= {100 * non_target / est61:.1f}% of the extrapolated step (eager phases)", flush=True)
-        row = dict(budget=budget, experts=experts, moe_layer_ms=moe_layer, step61_ms=est61, non_target_ms=non_target)
-        pg = b.get("phases_graph_ms") or {}
+        est = a["graph_ms"] + (full - args.layers) * moe_layer
+        step_ms = f["graph_ms"]
+        verify_share = f["layers"] * f["verify_attention_us"] / 1e3
+        ph = f["phases_ms"]
+        non_target = ph.get("draft", 0) + ph.get("tree", 0) + ph.get("accept", 0) + ph.get("commit", 0)
+        say(f"budget {budget:>3}: {f['layers']}-layer step {step_ms:.2f} ms as one graph, eager {f['eager_ms']:.2f} ms "
+            f"(host overhead {f['eager_ms'] - step_ms:.2f} ms) ({where}; measured, layers past {args.layers + 1} "
+            f"sharing its MoE layers' weights); the difference of the {args.layers}- and {args.layers + 1}-layer "
+            f"graphs, {moe_layer:.3f} ms, would extrapolate to {est:.1f} ms; verify attention "
+            f"{f['verify_attention_us']:.1f} us/layer vs floor "
+            f"{f['verify_attention_floor_us']:.1f} us ({f['verify_attention_us'] / f['verify_attention_floor_us']:.2f}x, "
+            f"{f['floor_bound']}, matmul {f['matmul_tflops']:.0f} TFLOP/s {f['ceilings']}; fragmented pool {f['verify_attention_fragmented_us']:.1f} us; one call a graph "
+            f"replay {f['verify_attention_one_replay_us']:.1f} us), {verify_share:.1f} ms "
+            f"over {f['layers']} layers; draft+tree+accept+commit {non_target:.2f} ms "
+            f"= {100 * non_target / step_ms:.1f}% of the step (eager phases)", flush=True)
+        row = dict(budget=budget, experts=experts, moe_layer_ms=moe_layer, step61_ms=step_ms,
+                   step61_extrapolated_ms=est, non_target_ms=non_target)
+        pg = f.get("phases_graph_ms") or {}
         if pg:
-            non_target_graph = pg["draft"] + pg["tree"] + pg["accept"] + pg["commit"] * 61 / b["layers"]
+            non_target_graph = pg["draft"] + pg["tree"] + pg["accept"] + pg["commit"]
             say(f"budget {budget:>3}: each phase alone in a CUDA graph, ms: "
                 + ", ".join(f"{k} {v:.3f}" for k, v in pg.items())
-                + f" (commit over {b['layers']} layers); draft+tree+accept+commit {non_target_graph:.2f} ms "
-                f"= {100 * non_target_graph / est61:.1f}% of the extrapolated step (graph-timed)", flush=True)
+                + f" (commit over {f['layers']} layers); draft+tree+accept+commit {non_target_graph:.2f} ms "
+                f"= {100 * non_target_graph / step_ms:.1f}% of the step (graph-timed)", flush=True)
             row.update(non_target_graph_ms=non_target_graph)
         rows.append(row)
     if tp is None or tp.rank == 0:

@@ -265,11 +265,13 @@ def test_floors_ratios_and_table():
     assert rows["copies"]["floor_us"] is None and rows["copies"]["ratio"] is None
     assert list(rows) == [f for f in family_order() if f in rows]
     step = {"total": 2e9}
-    res = analyse(a, b, 2, costs, ceil, step, (4.0, 4.5))
+    res = analyse(a, b, 2, costs, ceil, step, (4.0, 4.5), dict(graph_ms=30.0, span_us=2900.0))
     assert res["layer_floor_us"] == pytest.approx(1 + 50 + 2)
-    s = res["step61"]
-    assert s["graph_ms"] == pytest.approx(4.0 + 59 * 0.5) and s["floor_ms"] == pytest.approx(2.0)
-    assert s["ratio"] == pytest.approx(33.5 / 2) and s["span_ms"] == pytest.approx((51 + 59 * 45) / 1e3)
+    s = res["step61"]  # the measured 61-layer step, the small slices' extrapolation beside it
+    assert s["graph_ms"] == 30.0 and s["span_ms"] == pytest.approx(2.9) and s["floor_ms"] == pytest.approx(2.0)
+    assert s["ratio"] == pytest.approx(15.0)
+    assert s["extrapolated_graph_ms"] == pytest.approx(4.0 + 59 * 0.5)
+    assert s["extrapolated_span_ms"] == pytest.approx((51 + 59 * 45) / 1e3)
     text = budget_table("budget 16 (T = 17)", 2, res, a, ceil.copy_gbps)
     lines = text.splitlines()
     assert lines[0] == "budget 16 (T = 17)"
@@ -283,8 +285,9 @@ def test_floors_ratios_and_table():
     assert body["all events"] == ["3.0", "42.0", "7.0", "49.0"]
     assert body["idle between events"] == ["3.0", "3.0"]
     assert body["span"] == ["45.0", "53.0", "0.85x", "51.0"]
-    assert lines[-1].startswith("61-layer step: graph 33.50 ms") and "bytes floor 2.00 ms (2.00 GB at 1000 GB/s): 16.75x" \
-        in lines[-1]
+    assert lines[-2].startswith("61-layer step: graph 30.00 ms") and "profiled span 2.90 ms" in lines[-2]
+    assert "bytes floor 2.00 ms (2.00 GB at 1000 GB/s): 15.00x" in lines[-2]
+    assert lines[-1] == "  extrapolated from the 2- and 3-layer slices instead: graph 33.50 ms, profiled span 2.71 ms"
 
 
 def _run(*args, env=None):
@@ -316,11 +319,15 @@ def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
 
     a, b = _profiles()
 
-    def fake_slice(layers, ctx, budget, batch, experts, replays):
-        cfg = kimi_k26(num_hidden_layers=layers, num_local_heads=8, n_routed_experts=48, num_experts_per_tok=1,
-                       weight_prefix="")
-        return dict(layers=layers, graph_ms=4.0 + 0.5 * (layers - 2), profile=a if layers == 2 else b,
-                    events_outside_replays=0, unique_experts=[14] * (layers - 1),
+    built = []
+
+    def fake_slice(layers, ctx, budget, batch, experts, replays, own_layers=None):
+        built.append((layers, own_layers))
+        cfg = kimi_k26(num_hidden_layers=own_layers or layers, num_local_heads=8, n_routed_experts=48,
+                       num_experts_per_tok=1, weight_prefix="")
+        return dict(layers=layers, graph_ms=4.0 + 0.5 * (layers - 2) if layers < 61 else 25.0,
+                    profile=a if layers == 2 else b,
+                    events_outside_replays=0, unique_experts=[14] * (layers - 1) if layers < 61 else [12, 16] * 30,
                     nbytes=param_nbytes(param_shapes(cfg, experts)),
                     draft_nbytes=param_nbytes(dflash.param_shapes(kimi_k26_dflash())), heads=8, hidden=7168,
                     n_experts=48, top_k=1, block=8, draft_kv_token=4096, draft_layers=6,
@@ -338,11 +345,14 @@ def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
     assert "unclassified events (family 'other'; extend FAMILIES): mystery x1" in text
     assert "unique local experts of the added layer 14 (expected 14.4" in text
     table = text[text.index("budget 16 (T = 17), batch 1"):]
-    assert "61-layer step: graph 33.50 ms" in table
+    assert built == [(2, None), (3, None), (61, 3)]  # the 61-layer slice holds 3 layers' weights
+    assert "61-layer step: graph 25.00 ms" in table and "extrapolated from the 2- and 3-layer slices instead: graph " \
+        "33.50 ms" in table
+    assert "the 61-layer step's MoE layers: mean 14.0" in text
     doc = json.loads(out.read_text())
     assert doc["gpu"] == "NVIDIA H100 80GB HBM3" and doc["copy_gbps"] == 3000.0 and doc["ceilings"] == "measured now"
     (r,) = doc["budgets"]
-    assert r["T"] == 17 and r["layers"] == [2, 3] and set(r["profiles"]) == {"2", "3"}
+    assert r["T"] == 17 and r["layers"] == [2, 3] and set(r["profiles"]) == {"2", "3", "61"}
     assert r["profiles"]["2"]["graph_ms"] == 4.0 and r["per_layer"]["families"]["norms"]["count"] == 1.0
     per_expert = 1.6875 * 2048 * 7168
     assert r["costs"]["experts (routed + shared)"] == pytest.approx(14 * per_expert + 3 * 2048 * 7168 * 2)
