@@ -35,9 +35,9 @@ time. From the device events of every replay (kernels, memcpy, memset; one repla
   the output; with its FLOP floor, the larger counts); KV writes, the tree's latents read and written.
   Other families have no floor;
 - the 61-layer step, measured as a third slice of all 61 target layers, captured, timed and profiled the
-  same way (past the first ``--layers + 1`` layers each layer reads the weights of one of the slice's MoE
-  layers, :func:`tritree.bench_decode.share_layer_weights`: one GPU holds 61 layers of KV but not a rank's
-  71 GB of experts, and no layer's bytes are still in the L2 when a later layer reads them again), by the
+  same way (past the first ``--layers + 1`` layers each layer reads the routed experts of one of the slice's
+  MoE layers, :func:`tritree.bench_decode.share_routed_experts`: one GPU holds a rank's 61 layers but not their
+  71 GB of experts, and no expert's bytes are still in the L2 when a later layer reads them again), by the
   event-timed graph and by the profiled span (tracing may lengthen a replay: the two side by side), against
   the step's own bytes floor (the target's non-expert weights of 61 layers, the routed experts its tokens
   touch (the mean unique count of its MoE layers), lm_head twice (verify and draft), the draft's weights, the

@@ -92,9 +92,10 @@ def test_the_auto_steps_excess_is_added_once_not_per_layer():
     assert BD.extrapolate_steps([2.0], [2.6], [2.0], [2.6], 2, 61, 3)[1] == pytest.approx([2.0 + 59 * 0.2])
 
 
-def test_layers_past_own_layers_share_the_weights_of_the_owned_moe_layers(tiny):
-    """The 61-layer slice fits one GPU: layers past ``own_layers`` hold the very tensors of the owned MoE layers,
-    cycling over them (never the dense layer), and the step runs over every layer."""
+def test_layers_past_own_layers_share_the_routed_experts_of_the_owned_moe_layers(tiny):
+    """The 61-layer slice fits one GPU: layers past ``own_layers`` hold the very routed-expert tensors of the owned
+    MoE layers, cycling over them (never the dense layer); every other weight is the layer's own, in the layout
+    the kernels read (the shared expert's gate | up rows too), and the step runs over every layer."""
     tcfg, dcfg, tparams, dp, state = BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu",
                                               own_layers=3)
     _, _, distinct, _, _ = BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu")
@@ -102,12 +103,33 @@ def test_layers_past_own_layers_share_the_weights_of_the_owned_moe_layers(tiny):
     assert all(tparams[k].shape == distinct[k].shape for k in tparams)
     for i, src in ((3, 1), (4, 2), (5, 1)):
         mine = [k for k in tparams if k.startswith(f"model.layers.{i}.")]
-        assert mine and all(tparams[k] is tparams[k.replace(f"layers.{i}.", f"layers.{src}.", 1)] for k in mine)
-    assert tparams["model.layers.1.mlp.gate.weight"] is not tparams["model.layers.2.mlp.gate.weight"]
+        experts = [k for k in mine if ".mlp.experts." in k]
+        assert len(experts) == 4 and "model.layers.3.mlp.shared_experts.gate_up_proj.weight" in tparams
+        for k in mine:
+            theirs = tparams[k.replace(f"layers.{i}.", f"layers.{src}.", 1)]
+            assert (tparams[k] is theirs) == (k in experts)
     assert state["tkv"].shape[0] == 6  # every layer has its own KV
     before = state["kv_lens"].clone()
     decode_step_(tparams, tcfg, dp, dcfg, state, budget=3, sampling=SamplingConfig(), tp=BD.slice_group())
     assert (state["kv_lens"] > before).all()
+
+
+def test_the_targets_residual_branches_are_scaled_and_the_drafts_are_not(tiny):
+    """``BRANCH_SCALE`` on the target's o_proj and down projections (and the INT4 experts' down scales) only."""
+    torch.manual_seed(0)
+    shapes = {"a.o_proj.weight": (64, 256), "b.down_proj.weight": (64, 256), "c.mlp.experts.w2_scale": (2, 64, 8),
+              "c.mlp.experts.w13_scale": (2, 64, 8), "d.q_proj.weight": (64, 256)}
+    p = BD._random_params(shapes, "cpu", torch.float32, branch_scale=1e-3)
+    plain = 256 ** -0.5
+    assert 0.5e-3 * plain < p["a.o_proj.weight"].std() < 2e-3 * plain
+    assert 0.5e-3 * plain < p["b.down_proj.weight"].std() < 2e-3 * plain
+    assert 0.5 * plain < p["d.q_proj.weight"].std() < 2 * plain
+    assert torch.allclose(p["c.mlp.experts.w2_scale"].float(), 1e-3 * p["c.mlp.experts.w13_scale"].float(), rtol=1e-2)
+    _, _, tparams, dp, _ = BD.build(2, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu")
+    o = tparams["model.layers.1.self_attn.o_proj.weight"]
+    assert o.std() < 2 * BD.BRANCH_SCALE * o.shape[1] ** -0.5
+    do = next(v for k, v in dp.items() if k.endswith("o_proj.weight"))
+    assert do.std() > 0.5 * do.shape[1] ** -0.5
 
 
 @pytest.mark.parametrize("own", [0, 1, 7])
@@ -115,7 +137,7 @@ def test_own_layers_must_hold_a_moe_layer_and_no_more_than_the_slice(tiny, own):
     with pytest.raises(ValueError, match="own_layers must hold a MoE layer"):
         BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu", own_layers=own)
     with pytest.raises(ValueError, match="held must own a MoE layer"):
-        BD.share_layer_weights({}, own, 6, 1)
+        BD.share_routed_experts({}, own, 6, 1)
 
 
 def test_main_reports_the_measured_61_layer_step_beside_the_extrapolation(monkeypatch, tmp_path, capsys):

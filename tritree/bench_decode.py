@@ -7,8 +7,8 @@ all-reduce returns the rank's own part, a gather repeats it, so the step's other
 rank's). Reports the decode step per phase (eager, CUDA events; and each phase alone in a CUDA graph, which
 leaves out host launch time) and as one CUDA graph, and the verify attention against its floor, at
 ``--layers`` and one more target layer, and at all 61: the TP8 rank's step without its collectives, measured
-(past the first ``--layers + 1`` layers each layer reads the weights of one of the slice's MoE layers:
-:func:`share_layer_weights`; one GPU holds the rank's 61 layers of KV but not their 71 GB of experts).
+(past the first ``--layers + 1`` layers each layer reads the routed experts of one of the slice's MoE layers:
+:func:`share_routed_experts`; one GPU holds the rank's 61 layers but not their 71 GB of experts).
 The difference of the two small slices' graph times, the per-layer cost once extrapolated from, is printed
 beside it: a graph's fixed costs change with its node count (the driver may run the step's device-to-device
 copies on the copy engine in one graph and as kernels in another), so that difference is not a layer's cost.
@@ -59,23 +59,36 @@ from .step import (
 _Q_STD = (255 / 12) ** 0.5
 
 
-def _random_params(shapes: dict, device, dtype):
+# The target's residual branches' output weights (attention o_proj, every down projection: dense MLP, shared and
+# routed experts) are scaled by this, so that the residual stream stays near the token embeddings. With plain
+# N(0, 1 / fan_in) weights the tree's hidden states converge with depth (the same attention output over the random
+# context, and the MLPs' outputs of it, outweigh the embeddings), and the deeper layers of a 61-layer slice route a
+# 65-node tree to a third of the experts uniform top-8 routing reaches; with this scale every layer routes within
+# a few percent of it (bench/RESULTS.md, "Decode step by kernel family"). Kernel times do not depend on the values.
+BRANCH_SCALE = 2e-4
+_BRANCH_OUTPUTS = ("o_proj.weight", "down_proj.weight", "mlp.experts.w2_scale")
+
+
+def _random_params(shapes: dict, device, dtype, branch_scale: float = 1.0):
     """Random weights of ``shapes``: matrices ``N(0, 1 / fan_in)`` in ``dtype`` (the router's too, as loaded), norms
     1, the router's bias float32 zeros; INT4 experts (``*_packed`` / ``*_scale``,
-    :func:`tritree.model.kimi_k2.param_shapes`) as random words and scales of the same spread, drawn directly (quantising real-shape float weights would cost far more)."""
+    :func:`tritree.model.kimi_k2.param_shapes`) as random words and scales of the same spread, drawn directly
+    (quantising real-shape float weights would cost far more). Residual branches' output weights (and the routed
+    experts' down scales) times ``branch_scale``."""
     out = {}
     for k, shape in shapes.items():
+        scale = branch_scale if k.endswith(_BRANCH_OUTPUTS) else 1.0
         if k.endswith("_packed"):  # int32 words of 8 uniform nibbles
             out[k] = torch.randint(-2**31, 2**31 - 1, shape, device=device, dtype=torch.int32)
         elif k.endswith("_scale"):  # groups of 32 columns: fan_in = 32 x the scale columns
-            out[k] = torch.full(shape, (32 * shape[-1]) ** -0.5 / _Q_STD, device=device, dtype=torch.bfloat16)
+            out[k] = torch.full(shape, scale * (32 * shape[-1]) ** -0.5 / _Q_STD, device=device, dtype=torch.bfloat16)
         elif k.endswith("norm.weight") or "layernorm" in k:
             out[k] = torch.ones(shape, device=device, dtype=dtype)
         elif k.endswith("e_score_correction_bias"):
             out[k] = torch.zeros(shape, device=device, dtype=torch.float32)
         else:
             t = torch.randn(shape, device=device, dtype=dtype)
-            out[k] = t.mul_(shape[-1] ** -0.5)
+            out[k] = t.mul_(scale * shape[-1] ** -0.5)
     return out
 
 
@@ -93,7 +106,8 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     """The slice's configs (the rank's views), random weights and a filled decode state; run its step under
     :func:`slice_group` ``(tp)``. ``experts``: the routed experts ``"int4"`` (packed as K2.6's checkpoint) or
     ``"bf16"`` (dense, the bf16 grouped path). ``own_layers``: only the first ``own_layers`` target layers
-    hold weights of their own (:func:`share_layer_weights`), so that all 61 layers of a rank fit one GPU."""
+    hold routed experts of their own (:func:`share_routed_experts`; every other weight is each layer's own),
+    so that all 61 layers of a rank fit one GPU."""
     layout = {"int4": "int4", "bf16": "dense"}[experts]
     from .model.parallel import local_draft_shapes, local_param_shapes, shard_config, shard_draft_config
 
@@ -105,13 +119,14 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     if not full.first_k_dense_replace < held <= layers:
         raise ValueError(f"own_layers must hold a MoE layer and at most the {layers} layers: "
                          f"{full.first_k_dense_replace + 1} <= own_layers <= {layers}, got {own_layers}")
-    tcfg = shard_config(full, group)
-    shapes = local_param_shapes(kimi_k26(num_hidden_layers=held, weight_prefix=""), group, layout)
+    tcfg, shapes = shard_config(full, group), local_param_shapes(full, group, layout)
+    shapes = {k: v for k, v in shapes.items() if ".mlp.experts." not in k or int(k.split(".")[2]) < held}
     # The slice has only the first layers; the draft taps them instead of layers 1, 12, ..., 58 (same
     # shapes and cost, other values).
     dfull = kimi_k26_dflash(target_layer_ids=tuple(min(i, layers - 1) for i in kimi_k26_dflash().target_layer_ids))
-    tparams = to_kernel_layout_(_random_params(shapes, device, dtype), device)  # as the Engine holds them
-    share_layer_weights(tparams, held, layers, full.first_k_dense_replace)
+    tparams = to_kernel_layout_(_random_params(shapes, device, dtype, BRANCH_SCALE), device)  # as the Engine holds them
+    if held < layers:  # then the later layers' shared-expert rows (their experts are in the kernel layout)
+        to_kernel_layout_(share_routed_experts(tparams, held, layers, full.first_k_dense_replace), device)
     dparams = dflash.to_kernel_layout_(_random_params(local_draft_shapes(dfull, group), device, dtype))
     dcfg = shard_draft_config(dfull, group)
     T = budget + 1
@@ -140,12 +155,12 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     return tcfg, dcfg, tparams, dparams, state
 
 
-def share_layer_weights(params: dict, held: int, layers: int, first_moe: int) -> dict:
-    """``params`` of target layers ``0 .. held - 1`` extended, in place, to ``layers`` layers: layer ``i >= held``
-    holds the very tensors of MoE layer ``first_moe + (i - first_moe) % (held - first_moe)`` (no copy). A step
-    still streams every layer's bytes from DRAM: a layer's weights (its projections and the experts its tokens
-    touch: hundreds of MB a rank) and its KV are far more than the L2 (50 MB on an H100) holds between two layers
-    that share storage. Returns ``params``."""
+def share_routed_experts(params: dict, held: int, layers: int, first_moe: int) -> dict:
+    """Routed experts for target layers ``held .. layers - 1`` of ``params``, in place: layer ``i`` gets the very
+    expert tensors (keys ``mlp.experts.*``) of MoE layer ``first_moe + (i - first_moe) % (held - first_moe)`` (no
+    copy); its other weights are its own. A step still streams every layer's expert bytes from DRAM: the experts
+    a layer's tokens touch (hundreds of MB a rank) are far more than the L2 (50 MB on an H100) holds between two
+    layers that share them. Returns ``params``."""
     if not first_moe < held <= layers:
         raise ValueError(f"held must own a MoE layer and at most {layers} layers: {first_moe + 1} <= held <= "
                          f"{layers}, got {held}")
@@ -153,7 +168,7 @@ def share_layer_weights(params: dict, held: int, layers: int, first_moe: int) ->
     for i in range(held, layers):
         src = f"model.layers.{first_moe + (i - first_moe) % owned}."
         dst = f"model.layers.{i}."
-        for k in [k for k in params if k.startswith(src)]:
+        for k in [k for k in params if k.startswith(src + "mlp.experts.")]:
             params[dst + k[len(src):]] = params[k]
     return params
 
@@ -351,7 +366,7 @@ def main(args, tp=None) -> int:
         full = kimi_k26().num_hidden_layers
         counts = [args.layers, args.layers + 1] + ([full] if args.layers + 1 < full else [])
         for layers in counts:
-            # the full step's layers past args.layers + 1 share the weights of its MoE layers (one GPU holds it)
+            # the full step's layers past args.layers + 1 share the routed experts of its MoE layers (one GPU holds it)
             r = run(layers, args.ctx, size, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp, experts=experts,
                     auto=auto, cost_model=getattr(args, "cost_model", None),
                     profile=getattr(args, "profile", False) and layers == args.layers,
@@ -375,7 +390,7 @@ def main(args, tp=None) -> int:
         non_target = ph.get("draft", 0) + ph.get("tree", 0) + ph.get("accept", 0) + ph.get("commit", 0)
         say(f"budget {budget:>3}: {f['layers']}-layer step {step_ms:.2f} ms as one graph, eager {f['eager_ms']:.2f} ms "
             f"(host overhead {f['eager_ms'] - step_ms:.2f} ms) ({where}; measured, layers past {args.layers + 1} "
-            f"sharing its MoE layers' weights); the difference of the {args.layers}- and {args.layers + 1}-layer "
+            f"sharing its MoE layers' routed experts); the difference of the {args.layers}- and {args.layers + 1}-layer "
             f"graphs, {moe_layer:.3f} ms, would extrapolate to {est:.1f} ms; verify attention "
             f"{f['verify_attention_us']:.1f} us/layer vs floor "
             f"{f['verify_attention_floor_us']:.1f} us ({f['verify_attention_us'] / f['verify_attention_floor_us']:.2f}x, "
