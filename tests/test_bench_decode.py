@@ -77,21 +77,6 @@ def test_slice_is_rank_0_of_tp8_and_its_step_runs(tiny, experts):
         sum(t.numel() for t in tparams.values())
 
 
-def test_the_auto_steps_excess_is_added_once_not_per_layer():
-    """calibrate's extrapolation: the captured step grows by its per-layer difference; the auto step is that plus
-    its mean excess at equal layer counts (the same verify kernels a layer), not its own noisy slope."""
-    auto, auto_more = [1.9, 2.0], [2.1, 2.3]
-    cap, cap_more = [1.8, 1.9], [2.0, 2.1]
-    row, crow, extra = BD.extrapolate_steps(auto, auto_more, cap, cap_more, 2, 61)
-    assert crow == pytest.approx([1.8 + 59 * 0.2, 1.9 + 59 * 0.2])
-    assert extra == pytest.approx([0.1, 0.15])
-    assert row == pytest.approx([crow[0] + 0.1, crow[1] + 0.15])
-    # a step that shrinks with a layer (timing noise) is never extrapolated below its measured time
-    assert BD.extrapolate_steps([1.0], [0.9], [1.0], [0.9], 2, 61)[1] == [1.0]
-    # over a span of three layers the time a layer is a third of the difference
-    assert BD.extrapolate_steps([2.0], [2.6], [2.0], [2.6], 2, 61, 3)[1] == pytest.approx([2.0 + 59 * 0.2])
-
-
 def test_layers_past_own_layers_share_the_routed_experts_of_the_owned_moe_layers(tiny):
     """The 61-layer slice fits one GPU: layers past ``own_layers`` hold the very routed-expert tensors of the owned
     MoE layers, cycling over them (never the dense layer); every other weight is the layer's own, in the layout
@@ -172,3 +157,36 @@ def test_main_reports_the_measured_61_layer_step_beside_the_extrapolation(monkey
     row = [json.loads(ln) for ln in out.read_text().splitlines()][-1]
     assert row["step61_ms"] == 12.5 and row["step61_extrapolated_ms"] == pytest.approx(1.4 + 59 * 0.3)
     assert row["non_target_graph_ms"] == pytest.approx(1.09)
+
+
+def test_calibrate_writes_the_61_layer_steps_it_timed(monkeypatch, tmp_path, capsys):
+    """calibrate's table is the 61-layer slice's auto and captured steps as timed (no extrapolation), every grid
+    cell in order, with a warning where the captured step falls with the tree size."""
+    import argparse
+
+    from tritree.budget import load_cost_file
+
+    calls = []
+
+    def fake_slice(ctx, batch, static, trees, experts, reps, own_layers):
+        calls.append((ctx, batch, static, tuple(trees), own_layers))
+        captured = [10.0 + 0.01 * ctx / 1000 + 0.1 * t for t in trees]
+        if ctx == 46000:
+            captured[1] = captured[0] - 0.5  # noise: a larger tree timed faster
+        return [c + 0.05 for c in captured], captured
+
+    monkeypatch.setattr(BD, "_calibrate_slice", fake_slice)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    out = tmp_path / "cost.json"
+    args = argparse.Namespace(max_budget=16, grid_tree=[1, 9], grid_batch=[1], grid_ctx=[46000, 4096], layers=2,
+                              gen=40, experts="int4", out=str(out))
+    assert BD.calibrate(args) == 0
+    assert calls == [(4096, 1, 17, (1, 9, 17), 3), (46000, 1, 17, (1, 9, 17), 3)]  # the static size joins the grid
+    text = capsys.readouterr().out
+    assert "batch 1 ctx 46000: warning: the captured step falls with the tree size" in text
+    assert "batch 1 ctx 4096: 61-layer step ms at tree 1: auto 10.19, one graph 10.14 (1.005x)" in text
+    table = load_cost_file(out)["NVIDIA H100 80GB HBM3"]
+    assert table.tree == (1, 9, 17) and table.ctx == (4096, 46000) and table.static_tree == 17
+    assert table.captured_ms[0][0] == pytest.approx((10.14096, 10.94096, 11.74096))
+    assert table.step_ms[0][0] == pytest.approx((10.19096, 10.99096, 11.79096))
+    assert "all 61 target layers (the routed experts of layers past 3 shared)" in table.source

@@ -414,91 +414,99 @@ def main(args, tp=None) -> int:
     return 0
 
 
-def _calibrate_slice(layers, ctx, batch, static, trees, experts, reps) -> tuple[list[float], list[float]]:
-    """Timed steps (ms) of the slice: ``(auto, captured)``, ``auto[t]`` the auto step (:class:`AutoStep`: the
-    draft and tree graph at ``static`` tree tokens, the host read of the size, the verify graph of
-    ``trees[t]`` tokens; between CUDA events), ``captured[t]`` one graph captured at ``trees[t]`` tree tokens (a
-    fixed-budget step, graph-timed)."""
-    from .roofline import graph_time_us, median_event_ms
+def _calibrate_slice(ctx, batch, static, trees, experts, reps, own_layers) -> tuple[list[float], list[float]]:
+    """Timed steps (ms) of the slice of all the target's layers (:func:`build`, the routed experts of layers past
+    ``own_layers`` shared): ``(auto, captured)``, ``auto[t]`` the auto step (:class:`AutoStep`: the draft and tree
+    graph at ``static`` tree tokens, the host read of the size, the verify graph of ``trees[t]`` tokens; between
+    CUDA events), ``captured[t]`` one graph captured at ``trees[t]`` tree tokens (a fixed-budget step, graph-timed,
+    each size on a slice of its own). One slice at a time on the GPU."""
+    auto = _auto_steps_ms(ctx, batch, static, trees, experts, reps, own_layers)
+    captured = []
+    for T in trees:
+        torch.cuda.empty_cache()  # the previous slice's weights and caches
+        captured.append(_captured_step_ms(ctx, batch, T, experts, reps, own_layers))
+    torch.cuda.empty_cache()
+    return auto, captured
 
-    sampling = SamplingConfig()
-    tcfg, dcfg, tparams, dp, state = build(layers, ctx, static - 1, batch, experts=experts)
+
+def _slice_and_reset(ctx, batch, T, experts, own_layers):
+    """:func:`build` of all the target's layers at tree size ``T``, and the reset of its state's mutable entries."""
+    built = build(kimi_k26().num_hidden_layers, ctx, T - 1, batch, experts=experts, own_layers=own_layers)
+    state = built[-1]
     saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
 
     def reset():
         for k, v in saved.items():
             state[k].copy_(v)
+    return built, reset
 
+
+def _auto_steps_ms(ctx, batch, static, trees, experts, reps, own_layers) -> list[float]:
+    from .roofline import median_event_ms
+
+    (tcfg, dcfg, tparams, dp, state), reset = _slice_and_reset(ctx, batch, static, experts, own_layers)
     auto = []
     for j, T in enumerate(trees):
         pick = torch.full((1,), j, dtype=torch.int64, device=state["anchor"].device)
-        step = AutoStep((tparams, tcfg, dp, dcfg), state, static - 1, sampling, trees,
+        step = AutoStep((tparams, tcfg, dp, dcfg), state, static - 1, SamplingConfig(), trees,
                         lambda scores, lens, T=T: (torch.clamp(lens, max=T), pick), graphs=True, tp=slice_group())
         auto.append(median_event_ms(lambda: (reset(), step()), reps=reps, warmup=3))
         for g in step.graphs():
             g.reset()
-    del tparams, dp, state
-    captured = []
-    for T in trees:
-        torch.cuda.empty_cache()  # the previous slice's weights and caches
-        tcfg, dcfg, tparams, dp, state = build(layers, ctx, T - 1, batch, experts=experts)
-        saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+    return auto
 
-        def fixed(T=T):
-            reset()
-            decode_step_(tparams, tcfg, dp, dcfg, state, budget=T - 1, sampling=sampling, tp=slice_group())
-        captured.append(graph_time_us([fixed], reps=reps) / 1e3)
-    torch.cuda.empty_cache()
-    return auto, captured
+
+def _captured_step_ms(ctx, batch, T, experts, reps, own_layers) -> float:
+    from .roofline import graph_time_us
+
+    (tcfg, dcfg, tparams, dp, state), reset = _slice_and_reset(ctx, batch, T, experts, own_layers)
+    sampling = SamplingConfig()
+
+    def fixed():
+        reset()
+        decode_step_(tparams, tcfg, dp, dcfg, state, budget=T - 1, sampling=sampling, tp=slice_group())
+    return graph_time_us([fixed], reps=reps) / 1e3
 
 
 def calibrate(args) -> int:
     """``python -m tritree bench calibrate``: the step-cost table of ``--budget auto`` on this GPU.
 
-    For every (batch, context) of the grid, the slice of :func:`build` at ``--layers`` and ``CALIBRATE_SPAN`` more
-    layers: the auto step (the draft and tree graph at the static tree of ``--max-budget + 1`` tokens, the host
-    read of the size, the verify graph of each grid size; the sizes of :func:`tritree.budget.tree_buckets` and
-    the root alone by default) timed between CUDA events (median), beside each grid size in one graph captured
-    at that size (a fixed-budget step). :func:`extrapolate_steps` makes the table: the captured step extrapolated
-    to 61 layers by its time a layer over the span (``captured_ms``), and that plus the auto step's excess at
-    equal layers (``step_ms``); the two are printed side by side. What is measured: draft, tree build, verify
-    (rank 0 of TP8: :func:`build`, no collectives), accept, commit. Written into ``--out`` (default
-    :data:`tritree.budget.DEFAULT_COST_PATH`) under this
-    GPU's name, other GPUs' tables kept."""
+    For every (batch, context) of the grid, the slice of :func:`build` with all 61 target layers (the routed experts
+    of layers past ``--layers + 1`` shared, as ``bench decode`` measures its step): the auto step (the draft and
+    tree graph at the static tree of ``--max-budget + 1`` tokens, the host read of the size, the verify graph of
+    each grid size; the sizes of :func:`tritree.budget.tree_buckets` and the root alone by default) timed between
+    CUDA events (median), beside each grid size in one graph captured at that size (a fixed-budget step):
+    ``step_ms`` and ``captured_ms`` of the table, printed side by side. What is measured: draft, tree build,
+    verify (rank 0 of TP8: :func:`build`, no collectives), accept, commit. Written into ``--out`` (default
+    :data:`tritree.budget.DEFAULT_COST_PATH`) under this GPU's name, other GPUs' tables kept."""
     from .budget import DEFAULT_COST_PATH, save_cost_table, tree_buckets
 
     static = args.max_budget + 1
     trees = args.grid_tree or [1, *tree_buckets(args.max_budget)]
     trees = sorted(set(t for t in trees if t <= static) | {static})
-    full = kimi_k26().num_hidden_layers
+    full, own = kimi_k26().num_hidden_layers, args.layers + 1
     reps = max(5, min(50, args.gen // 8))
     batches, ctxs = sorted(set(args.grid_batch)), sorted(set(args.grid_ctx))  # the schema's increasing axes
     grid = []
     for B in batches:
         per_ctx = []
         for L in ctxs:
-            (a, ca), (b, cb) = (_calibrate_slice(n, L, B, static, trees, args.experts, reps)
-                                for n in (args.layers, args.layers + CALIBRATE_SPAN))
-            for what, x, y in (("auto step", a, b), ("one graph of that size", ca, cb)):
-                print(f"batch {B} ctx {L}: ms with {args.layers} / {args.layers + CALIBRATE_SPAN} target layers, {what}: "
-                      + ", ".join(f"{t}: {u:.3f} / {v:.3f}" for t, u, v in zip(trees, x, y)), flush=True)
-            row, crow, extra = extrapolate_steps(a, b, ca, cb, args.layers, full, CALIBRATE_SPAN)
+            row, crow = _calibrate_slice(L, B, static, trees, args.experts, reps, own)
             if any(v < u for u, v in zip(crow, crow[1:])):  # a larger tree never reads fewer bytes
-                print(f"batch {B} ctx {L}: warning: the extrapolated step falls with the tree size (timing noise of "
-                      f"the {args.layers}- and {args.layers + CALIBRATE_SPAN}-layer graphs); the sizer reads the "
-                      f"table made non-decreasing in the size; --gen sets how many steps are timed", flush=True)
-            print(f"batch {B} ctx {L}: step ms at tree " + ", ".join(
-                f"{t}: auto {v:.2f}, one graph {c:.2f} (+{e:.3f} ms, {v / c:.3f}x)"
-                for t, v, c, e in zip(trees, row, crow, extra)), flush=True)
+                print(f"batch {B} ctx {L}: warning: the captured step falls with the tree size (timing noise); the "
+                      f"sizer reads the table made non-decreasing in the size; --gen sets how many steps are timed",
+                      flush=True)
+            print(f"batch {B} ctx {L}: {full}-layer step ms at tree " + ", ".join(
+                f"{t}: auto {v:.2f}, one graph {c:.2f} ({v / c:.3f}x)" for t, v, c in zip(trees, row, crow)), flush=True)
             per_ctx.append((row, crow))
         grid.append(per_ctx)
     gpu = torch.cuda.get_device_name()
     table = CostTable(gpu, tuple(batches), tuple(ctxs), tuple(trees),
                       tuple(tuple(tuple(r) for r, _ in g) for g in grid), static,
                       f"python -m tritree bench calibrate: Kimi K2.6 TP8 rank-0 slice ({args.experts} experts, "
-                      f"no collectives), {args.layers} and {args.layers + CALIBRATE_SPAN} layers; captured_ms: each tree size in one "
-                      f"graph, extrapolated to {full} layers; step_ms: that plus the auto step's excess at equal layers "
-                      f"(tree graph at {static} tokens, host read, verify graph of the size)",
+                      f"no collectives), all {full} target layers (the routed experts of layers past {own} shared); "
+                      f"captured_ms: each tree size in one graph; step_ms: the auto step (tree graph at {static} "
+                      f"tokens, host read, verify graph of the size)",
                       tuple(tuple(tuple(c) for _, c in g) for g in grid))
     out = args.out or DEFAULT_COST_PATH
     save_cost_table(out, table)
@@ -510,24 +518,6 @@ def calibrate(args) -> int:
               f"({fitted.layer_ms:.4f}, ({', '.join(f'{s:.4f}' for s in fitted.scales)})), largest error "
               f"{100 * err:.1f}%", flush=True)
     return 0
-
-
-# calibrate times the slice at --layers and this many more layers: a one-layer difference of two graph times,
-# multiplied by 58, carries their process-to-process noise into the table (bench/RESULTS.md, "Tree size per
-# step"); over three layers a third of it.
-CALIBRATE_SPAN = 3
-
-
-def extrapolate_steps(auto, auto_more, captured, captured_more, layers: int, full: int, span: int = 1):
-    """Step times of ``full`` layers from the slice's at ``layers`` and ``layers + span`` target layers, one entry a
-    tree size: ``(auto, captured, extra)`` ms. ``captured``: ``t(l) + (full - l) (t(l + span) - t(l)) / span`` (at
-    least ``t(l)``). The auto step runs the verify graph of the same size, the same kernels a layer; what it adds
-    (the tree built at the largest size, the sizer, the host read of the size, a second graph launch) does not
-    grow with the layers, so ``extra`` is its mean excess over the captured step at equal layer counts and
-    ``auto = captured + extra``."""
-    cap = [max(x, x + (full - layers) * (y - x) / span) for x, y in zip(captured, captured_more)]
-    extra = [((u - x) + (v - y)) / 2 for u, v, x, y in zip(auto, auto_more, captured, captured_more)]
-    return [c + e for c, e in zip(cap, extra)], cap, extra
 
 
 def slice_cost_model(experts: str = "int4", gpu: str | None = None) -> AnalyticCost:

@@ -588,7 +588,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--grid-tree", type=_int_at_least(1), nargs="+", default=None,
                        help="calibrate: tree tokens per request, root included (default 1 and "
                             "tritree.budget.tree_buckets(--max-budget))")
-    bench.add_argument("--layers", type=_int_at_least(1), default=2, help="target layers of the slice (layer 0 dense, MoE after)")
+    bench.add_argument("--layers", type=_int_at_least(1), default=2,
+                       help="target layers of the small slices (layer 0 dense, MoE after); layers past --layers + 1 "
+                            "of the 61-layer slice share their routed experts")
     bench.add_argument("--batch", type=_int_at_least(1), default=None,
                        help="decode: requests (default 1); accept: prompts decoded together (default all)")
     bench.add_argument("--cost-gpu", default=None,
