@@ -325,15 +325,16 @@ def step_bytes(nbytes: dict, draft_nbytes: dict, dense: dict, moe: dict, hidden:
     return parts
 
 
-def floor_rows(diff: dict, base: dict, costs: dict, ceil: Ceilings) -> list[dict]:
+def floor_rows(diff: dict, base: dict, costs: dict, ceil: Ceilings, full: dict | None = None) -> list[dict]:
     """The table's rows, one a family (:func:`family_order`): per layer (``diff``, :func:`layer_difference`)
     ``n`` and ``us``, the floor of ``costs[family]`` (bytes, or ``(bytes, flops)``) on ``ceil`` with its
-    bound and ``ratio`` = us / floor (None without a cost), and the ``layers`` step's ``n`` and ``us``
-    (``base``, :func:`average`)."""
+    bound and ``ratio`` = us / floor (None without a cost), the ``layers`` step's ``n`` and ``us``
+    (``base``, :func:`average`) and the 61-layer step's (``full``, :func:`average`; None without it)."""
     rows = []
     for f in family_order():
         d, s = diff["families"].get(f), base["families"].get(f)
-        if d is None and s is None:
+        w = full["families"].get(f) if full is not None else None
+        if d is None and s is None and w is None:
             continue
         d = d or {"count": 0.0, "us": 0.0}
         s = s or {"count": 0.0, "us": 0.0}
@@ -343,25 +344,26 @@ def floor_rows(diff: dict, base: dict, costs: dict, ceil: Ceilings) -> list[dict
             nb, fl = c if isinstance(c, tuple) else (c, 0)
             floor, bound = ceil.floor_us(nb, fl)
             ratio = d["us"] / floor if floor > 0 else None
+        w = w or ({"count": 0.0, "us": 0.0} if full is not None else {"count": None, "us": None})
         rows.append(dict(family=f, n_layer=d["count"], us_layer=d["us"], floor_us=floor, bound=bound, ratio=ratio,
-                         n_step=s["count"], us_step=s["us"]))
+                         n_step=s["count"], us_step=s["us"], n_full=w["count"], us_full=w["us"]))
     return rows
 
 
 def analyse(a: dict, b: dict, layers: int, costs: dict, ceil: Ceilings, step: dict, graph_ms: tuple,
             full: dict) -> dict:
     """A budget's numbers from the two profiles (:func:`average` of ``layers`` and ``layers + 1``): the
-    per-layer difference, the family rows (:func:`floor_rows`), the layer's floor (all costs), and the
-    61-layer step as measured (``full``: its ``graph_ms`` and profiled ``span_us``) against ``step``
-    (:func:`step_bytes`), with what the two small slices' graph times ``graph_ms`` (ms, ``layers`` and
-    ``layers + 1``) and spans extrapolate to beside it."""
+    per-layer difference, the family rows (:func:`floor_rows`, with the 61-layer step's families), the layer's
+    floor (all costs), and the 61-layer step as measured (``full``: its ``graph_ms`` and ``profile``,
+    :func:`average`) against ``step`` (:func:`step_bytes`), with what the two small slices' graph times
+    ``graph_ms`` (ms, ``layers`` and ``layers + 1``) and spans extrapolate to beside it."""
     diff = layer_difference(a, b)
-    rows = floor_rows(diff, a, costs, ceil)
+    rows = floor_rows(diff, a, costs, ceil, full["profile"])
     layer_floor = sum(ceil.floor_us(*(c if isinstance(c, tuple) else (c, 0)))[0] for c in costs.values())
     floor_ms = step["total"] / (ceil.copy_gbps * 1e9) * 1e3
     g61 = full["graph_ms"]
     return dict(per_layer=diff, rows=rows, layer_floor_us=layer_floor,
-                step61=dict(graph_ms=g61, span_ms=full["span_us"] / 1e3, bytes=step["total"], parts=step,
+                step61=dict(graph_ms=g61, span_ms=full["profile"]["span_us"] / 1e3, bytes=step["total"], parts=step,
                             floor_ms=floor_ms, ratio=g61 / floor_ms if floor_ms > 0 else None,
                             extrapolated_graph_ms=extrapolate(graph_ms[0], graph_ms[1], layers),
                             extrapolated_span_ms=extrapolate(a["span_us"], b["span_us"], layers) / 1e3))
@@ -371,25 +373,28 @@ def _num(x, fmt="{:.1f}", none="-"):
     return none if x is None else fmt.format(x)
 
 
-def budget_table(title: str, layers: int, res: dict, a: dict, copy_gbps: float) -> str:
+def budget_table(title: str, layers: int, res: dict, a: dict, copy_gbps: float, full: dict) -> str:
     """The fixed-width table of one budget: a row a family, then all events, idle, span, and the 61-layer
-    line (``res``: :func:`analyse`; ``a``: the ``layers`` profile)."""
+    line (``res``: :func:`analyse`; ``a``: the ``layers`` profile; ``full``: the 61-layer one, its columns
+    last)."""
     L = layers
     head = (f"{'family':<26} {'n/layer':>7} {'us/layer':>9} {'floor us':>9} {'x floor':>8} "
-            f"{f'n/step L={L}':>11} {f'us/step L={L}':>13}")
+            f"{f'n/step L={L}':>11} {f'us/step L={L}':>13} {f'n/step {TOTAL_LAYERS}':>10} "
+            f"{f'us/step {TOTAL_LAYERS}':>11}")
     lines = [title, head, "-" * len(head)]
     for r in res["rows"]:
         fl = _num(r["floor_us"]) + ("c" if r["bound"] == "compute" else "")
         lines.append(f"{r['family']:<26} {r['n_layer']:>7.1f} {r['us_layer']:>9.1f} {fl:>9} "
-                     f"{_num(r['ratio'], '{:.2f}x'):>8} {r['n_step']:>11.1f} {r['us_step']:>13.1f}")
+                     f"{_num(r['ratio'], '{:.2f}x'):>8} {r['n_step']:>11.1f} {r['us_step']:>13.1f} "
+                     f"{_num(r['n_full']):>10} {_num(r['us_full']):>11}")
     d = res["per_layer"]
     lines.append(f"{'all events':<26} {d['kernels']:>7.1f} {d['kernel_us']:>9.1f} {'':>9} {'':>8} "
-                 f"{a['kernels']:>11.1f} {a['kernel_us']:>13.1f}")
+                 f"{a['kernels']:>11.1f} {a['kernel_us']:>13.1f} {full['kernels']:>10.1f} {full['kernel_us']:>11.1f}")
     lines.append(f"{'idle between events':<26} {'':>7} {d['idle_us']:>9.1f} {'':>9} {'':>8} {'':>11} "
-                 f"{a['idle_us']:>13.1f}")
+                 f"{a['idle_us']:>13.1f} {'':>10} {full['idle_us']:>11.1f}")
     lr = d["span_us"] / res["layer_floor_us"] if res["layer_floor_us"] > 0 else None
     lines.append(f"{'span':<26} {'':>7} {d['span_us']:>9.1f} {res['layer_floor_us']:>9.1f} {_num(lr, '{:.2f}x'):>8} "
-                 f"{'':>11} {a['span_us']:>13.1f}")
+                 f"{'':>11} {a['span_us']:>13.1f} {'':>10} {full['span_us']:>11.1f}")
     s = res["step61"]
     lines.append(f"61-layer step: graph {s['graph_ms']:.2f} ms (CUDA events, as bench decode), profiled span "
                  f"{s['span_ms']:.2f} ms; bytes floor {s['floor_ms']:.2f} ms ({s['bytes'] / 1e9:.2f} GB at "
@@ -589,7 +594,7 @@ def profile_budget(args, budget: int, ceil: Ceilings) -> dict:
     step = step_bytes(pb["nbytes"], pb["draft_nbytes"], {**dense, **attn_bytes}, {**moe_step, **attn_bytes},
                       pb["hidden"], rows, B * pb["block"], B * args.ctx * pb["draft_kv_token"] * pb["draft_layers"])
     res = analyse(pa["profile"], pb["profile"], L, costs, ceil, step, (pa["graph_ms"], pb["graph_ms"]),
-                  dict(graph_ms=pf["graph_ms"], span_us=pf["profile"]["span_us"]))
+                  dict(graph_ms=pf["graph_ms"], profile=pf["profile"]))
     res.update(budget=budget, T=T, batch=B, ctx=args.ctx, experts=args.experts, layers=[L, L + 1],
                unique_experts_added_layer=uniq, unique_experts_per_moe_layer=pb["unique_experts"],
                unique_experts_expected=expected_unique(pb["n_experts"], pb["top_k"], rows),
@@ -648,7 +653,8 @@ def main(argv=None) -> int:
         title = (f"budget {budget} (T = {res['T']}), batch {args.batch}, ctx {args.ctx}, {args.experts} experts: one "
                  f"MoE layer = the {args.layers + 1}- minus the {args.layers}-layer step, means of "
                  f"{a['replays']} profiled replays; floor 'c' = compute-bound")
-        tables.append(budget_table(title, args.layers, res, a, ceil.copy_gbps) + "\n\none MoE layer by kernel name:\n"
+        tables.append(budget_table(title, args.layers, res, a, ceil.copy_gbps, res["profiles"][str(TOTAL_LAYERS)])
+                      + "\n\none MoE layer by kernel name:\n"
                       + kernel_table(res["per_layer"]))
     if args.json:
         doc = dict(command="python -m bench.step_profile " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -265,27 +265,29 @@ def test_floors_ratios_and_table():
     assert rows["copies"]["floor_us"] is None and rows["copies"]["ratio"] is None
     assert list(rows) == [f for f in family_order() if f in rows]
     step = {"total": 2e9}
-    res = analyse(a, b, 2, costs, ceil, step, (4.0, 4.5), dict(graph_ms=30.0, span_us=2900.0))
+    res = analyse(a, b, 2, costs, ceil, step, (4.0, 4.5), dict(graph_ms=30.0, profile=b))  # b: the "61-layer" one
     assert res["layer_floor_us"] == pytest.approx(1 + 50 + 2)
     s = res["step61"]  # the measured 61-layer step, the small slices' extrapolation beside it
-    assert s["graph_ms"] == 30.0 and s["span_ms"] == pytest.approx(2.9) and s["floor_ms"] == pytest.approx(2.0)
+    assert s["graph_ms"] == 30.0 and s["span_ms"] == pytest.approx(b["span_us"] / 1e3) and s["floor_ms"] == 2.0
     assert s["ratio"] == pytest.approx(15.0)
     assert s["extrapolated_graph_ms"] == pytest.approx(4.0 + 59 * 0.5)
     assert s["extrapolated_span_ms"] == pytest.approx((51 + 59 * 45) / 1e3)
-    text = budget_table("budget 16 (T = 17)", 2, res, a, ceil.copy_gbps)
+    text = budget_table("budget 16 (T = 17)", 2, res, a, ceil.copy_gbps, b)
     lines = text.splitlines()
     assert lines[0] == "budget 16 (T = 17)"
     head = lines[1]
     assert head.split()[:5] == ["family", "n/layer", "us/layer", "floor", "us"] and "us/step L=2" in head
+    assert head.endswith("n/step 61  us/step 61")
     assert all(len(ln) == len(head) for ln in lines[3:3 + len(rows)])  # fixed width
     body = {ln[:26].strip(): ln[26:].split() for ln in lines[3:]}
-    assert body["norms"] == ["1.0", "2.0", "1.0", "2.00x", "2.0", "4.0"]
-    assert body["verify attention"] == ["1.0", "30.0", "50.0c", "0.60x", "2.0", "33.0"]
-    assert body["copies"] == ["0.0", "0.0", "-", "-", "1.0", "1.0"]
-    assert body["all events"] == ["3.0", "42.0", "7.0", "49.0"]
-    assert body["idle between events"] == ["3.0", "3.0"]
-    assert body["span"] == ["45.0", "53.0", "0.85x", "51.0"]
-    assert lines[-2].startswith("61-layer step: graph 30.00 ms") and "profiled span 2.90 ms" in lines[-2]
+    # the last two columns: the 61-layer step's (here b: one more norm, GEMM and verify, 3 us more idle)
+    assert body["norms"] == ["1.0", "2.0", "1.0", "2.00x", "2.0", "4.0", "3.0", "6.0"]
+    assert body["verify attention"] == ["1.0", "30.0", "50.0c", "0.60x", "2.0", "33.0", "3.0", "63.0"]
+    assert body["copies"] == ["0.0", "0.0", "-", "-", "1.0", "1.0", "1.0", "1.0"]
+    assert body["all events"] == ["3.0", "42.0", "7.0", "49.0", "10.0", "91.0"]
+    assert body["idle between events"] == ["3.0", "3.0", "6.0"]
+    assert body["span"] == ["45.0", "53.0", "0.85x", "51.0", "96.0"]
+    assert lines[-2].startswith("61-layer step: graph 30.00 ms") and "profiled span 0.10 ms" in lines[-2]
     assert "bytes floor 2.00 ms (2.00 GB at 1000 GB/s): 15.00x" in lines[-2]
     assert lines[-1] == "  extrapolated from the 2- and 3-layer slices instead: graph 33.50 ms, profiled span 2.71 ms"
 
