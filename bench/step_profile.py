@@ -6,8 +6,10 @@
 For each budget, the real-shape one-rank slice of ``python -m tritree bench decode``
 (:func:`tritree.bench_decode.build`: rank 0 of TP8, 8 of 64 heads, 48 of 384 experts under top-8 routing over all
 384, the rank's shared-expert, vocabulary and draft shards, collectives left out; random weights, caches filled
-to ``--ctx``) is built with ``--layers`` and with ``--layers + 1`` target
-layers (same seed and shapes otherwise). Each slice's decode step (the state reset, then
+to ``--ctx``) is built with ``--layers`` and with all 61 target layers (same seed and shapes otherwise; in the
+61-layer slice each layer past the first ``--layers + 1`` reads the routed experts of one of the slice's MoE
+layers, :func:`tritree.bench_decode.share_routed_experts`: one GPU holds a rank's 61 layers but not their 71 GB of
+experts, and no expert's bytes are still in the L2 when a later layer reads them again). Each slice's decode step (the state reset, then
 :func:`tritree.step.decode_step_`, greedy sampling) is captured in one CUDA graph as ``bench decode``
 captures it (warm-up call, a call on a side stream, capture; the reset's copies are graph nodes too),
 timed as ``bench decode`` times it (median of ``--replays`` CUDA-event-timed replays after 2 warm-up
@@ -22,11 +24,13 @@ time. From the device events of every replay (kernels, memcpy, memset; one repla
   (the span minus the union of the event intervals: for events one after another, the sum of
   ``max(0, start_next - end_prev)``, with overlapping (PDL) events counted once); the span (first start to
   last end);
-- one MoE layer: the ``layers + 1`` profile minus the ``layers`` profile, per family and per kernel name (replay
-  means; the names printed under each budget's table, :func:`kernel_table`);
+- one MoE layer: the 61-layer profile minus the ``layers`` profile over the ``61 - layers`` MoE layers between
+  them, per family and per kernel name (replay means; the names printed under each budget's table,
+  :func:`kernel_table`): the mean layer of the step, so the routing of any one layer (and the draft's taps, which
+  differ between slices) weighs a sixtieth;
 - each family's bytes floor per layer, over the copy bandwidth of :func:`tritree.roofline.device_ceilings`
   (what ``bench decode`` uses: the recorded H200 ceilings, measured in this process on other GPUs):
-  experts, the unique local experts the added layer's tokens route to (counted in one eager step of
+  experts, the mean unique local experts the tokens route to in those layers (counted in one eager step of
   the same inputs, ids read from the router's output) times the bytes of one expert (INT4: 1.6875 I H,
   ``bench.moe_sweep.expert_bytes``), plus the shared expert where the experts are INT4 (the MoE block's
   expert kernels run it); router, the router weight and bias; projections, the attention projections (and
@@ -34,21 +38,17 @@ time. From the device events of every replay (kernels, memcpy, memset; one repla
   rows read and written; verify attention, :func:`tritree.roofline.verify_mla_counts` (the KV once, q and
   the output; with its FLOP floor, the larger counts); KV writes, the tree's latents read and written.
   Other families have no floor;
-- the 61-layer step, measured as a third slice of all 61 target layers, captured, timed and profiled the
-  same way (past the first ``--layers + 1`` layers each layer reads the routed experts of one of the slice's
-  MoE layers, :func:`tritree.bench_decode.share_routed_experts`: one GPU holds a rank's 61 layers but not their
-  71 GB of experts, and no expert's bytes are still in the L2 when a later layer reads them again), by the
-  event-timed graph and by the profiled span (tracing may lengthen a replay: the two side by side), against
-  the step's own bytes floor (the target's non-expert weights of 61 layers, the routed experts its tokens
-  touch (the mean unique count of its MoE layers), lm_head twice (verify and draft), the draft's weights, the
-  target and draft KV reads, the embedding rows). Beside it, what the small slices extrapolate to
-  (``t(L) + (61 - L) (t(L + 1) - t(L))``): a graph's fixed costs change with its nodes (the step's
-  device-to-device copies ran on the copy engine in one graph and as kernels in another), so that difference
-  of two graphs is not one layer's time.
+- the 61-layer step, by the event-timed graph and by the profiled span (tracing may lengthen a replay: the
+  two side by side), and its events by family beside the small slice's, against the step's own bytes floor
+  (the target's non-expert weights of 61 layers, the routed experts its tokens touch (the mean unique count
+  of its MoE layers), lm_head twice (verify and draft), the draft's weights, the target and draft KV reads,
+  the embedding rows). It is measured, not extrapolated from two small slices: a graph's fixed costs change
+  with its nodes (the step's device-to-device copies ran on the copy engine in one graph and as kernels in
+  another), so the difference of a 2- and a 3-layer graph is not one layer's time (bench/RESULTS.md).
 
 Assumptions: Kimi K2.6's ``first_k_dense_replace`` is 1 (``tritree.model.config.kimi_k26``; layer 0 dense,
-layers 1-60 MoE), so with ``--layers`` >= 1 the added layer is a MoE layer and the 61-layer step has 1 dense
-and 60 MoE layers. The slice routes each of the B (budget + 1) tree tokens to 1 of 48 local experts
+layers 1-60 MoE), so with ``--layers`` >= 1 the layers past the small slice are MoE layers and the 61-layer step has
+1 dense and 60 MoE layers. The slice routes each of the B (budget + 1) tree tokens to 1 of 48 local experts
 (top-1, the average share of a TP8 rank); the expected unique experts of N tokens, ``E (1 - (1 - k / E)^N)``,
 is printed beside the count. Dense GEMMs cannot be told apart by name (cuBLAS picks ``nvjet`` /
 ``sm90_xmma`` / ``cutlass`` kernels by shape): attention projections, the shared expert, the W_UK / W_UV
@@ -157,15 +157,17 @@ def idle_and_span(events) -> tuple[float, float]:
 
 def summarize_replay(events) -> dict:
     """One replay's events ``(name, start_us, end_us)``: per family and per name ``{"count", "us"}`` (summed
-    durations; ``names`` maps a name to its family too), ``kernels`` / ``kernel_us`` over all, ``idle_us`` and
+    durations; ``names`` maps a name to its family too; a split-KV merge's name carries the family it takes,
+    ``"_combine_kernel (verify attention)"``), ``kernels`` / ``kernel_us`` over all, ``idle_us`` and
     ``span_us`` (:func:`idle_and_span`), and the names classified ``other``."""
     ev = _sorted(events)
     fams: dict[str, dict] = {}
     names: dict[str, dict] = {}
     other: dict[str, int] = {}
     for (name, s, e), fam in zip(ev, families_of(ev)):
+        key = f"{name} ({fam})" if classify(name) == MERGE else name  # a merge is listed under each family it serves
         for d in (fams.setdefault(fam, {"count": 0, "us": 0.0}),
-                  names.setdefault(name, {"count": 0, "us": 0.0, "family": fam})):
+                  names.setdefault(key, {"count": 0, "us": 0.0, "family": fam})):
             d["count"] += 1
             d["us"] += e - s
         if fam == OTHER:
@@ -226,17 +228,20 @@ def group_by_launch(events, launch_ids, n: int) -> list[list] | None:
     return sorted((_sorted(g) for g in groups.values()), key=lambda g: g[0][1])
 
 
-def layer_difference(a: dict, b: dict) -> dict:
-    """One more layer: ``b`` (``layers + 1``) minus ``a`` (``layers``), both :func:`average` results."""
+def layer_difference(a: dict, b: dict, layers: int = 1) -> dict:
+    """One layer's mean: ``b`` minus ``a``, both :func:`average` results of slices ``layers`` layers apart, over
+    ``layers``."""
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
     fams = [f for f in family_order() if f in a["families"] or f in b["families"]]
     zero = {"count": 0.0, "us": 0.0}
-    names = {k: {"count": b["names"].get(k, zero)["count"] - a["names"].get(k, zero)["count"],
-                 "us": b["names"].get(k, zero)["us"] - a["names"].get(k, zero)["us"],
+    names = {k: {"count": (b["names"].get(k, zero)["count"] - a["names"].get(k, zero)["count"]) / layers,
+                 "us": (b["names"].get(k, zero)["us"] - a["names"].get(k, zero)["us"]) / layers,
                  "family": (b["names"].get(k) or a["names"][k])["family"]}
              for k in {**a["names"], **b["names"]}}
-    return dict(families={f: {k: b["families"].get(f, zero)[k] - a["families"].get(f, zero)[k] for k in ("count", "us")}
-                          for f in fams}, names=names,
-                **{k: b[k] - a[k] for k in ("kernels", "kernel_us", "idle_us", "span_us")})
+    return dict(families={f: {k: (b["families"].get(f, zero)[k] - a["families"].get(f, zero)[k]) / layers
+                              for k in ("count", "us")} for f in fams}, names=names,
+                **{k: (b[k] - a[k]) / layers for k in ("kernels", "kernel_us", "idle_us", "span_us")})
 
 
 def kernel_table(diff: dict, min_us: float = 0.5, width: int = 72) -> str:
@@ -248,11 +253,6 @@ def kernel_table(diff: dict, min_us: float = 0.5, width: int = 72) -> str:
     lines = [f"{'n/layer':>7} {'us/layer':>9}  {'family':<26} kernel"]
     lines += [f"{n:>7.1f} {us:>9.1f}  {fam:<26} {name[:width]}" for us, n, fam, name in rows]
     return "\n".join(lines)
-
-
-def extrapolate(t_a: float, t_b: float, layers: int, total: int = TOTAL_LAYERS) -> float:
-    """``bench decode``'s extrapolation of the step from ``layers`` to ``total`` target layers."""
-    return t_a + (total - layers) * (t_b - t_a)
 
 
 # ---- bytes --------------------------------------------------------------------------------------------
@@ -350,23 +350,20 @@ def floor_rows(diff: dict, base: dict, costs: dict, ceil: Ceilings, full: dict |
     return rows
 
 
-def analyse(a: dict, b: dict, layers: int, costs: dict, ceil: Ceilings, step: dict, graph_ms: tuple,
-            full: dict) -> dict:
-    """A budget's numbers from the two profiles (:func:`average` of ``layers`` and ``layers + 1``): the
-    per-layer difference, the family rows (:func:`floor_rows`, with the 61-layer step's families), the layer's
-    floor (all costs), and the 61-layer step as measured (``full``: its ``graph_ms`` and ``profile``,
-    :func:`average`) against ``step`` (:func:`step_bytes`), with what the two small slices' graph times
-    ``graph_ms`` (ms, ``layers`` and ``layers + 1``) and spans extrapolate to beside it."""
-    diff = layer_difference(a, b)
-    rows = floor_rows(diff, a, costs, ceil, full["profile"])
+def analyse(a: dict, full: dict, layers: int, costs: dict, ceil: Ceilings, step: dict, graph_ms: float,
+            total: int = TOTAL_LAYERS) -> dict:
+    """A budget's numbers from the two profiles (:func:`average` of the ``layers`` slice, ``a``, and of the
+    ``total``-layer one, ``full``): one MoE layer, the mean of the ``total - layers`` layers between them
+    (:func:`layer_difference`), its family rows (:func:`floor_rows`, with both steps' families) and floor (all
+    ``costs``), and the ``total``-layer step (``graph_ms``, its profiled span) against ``step``
+    (:func:`step_bytes`)."""
+    diff = layer_difference(a, full, total - layers)
+    rows = floor_rows(diff, a, costs, ceil, full)
     layer_floor = sum(ceil.floor_us(*(c if isinstance(c, tuple) else (c, 0)))[0] for c in costs.values())
     floor_ms = step["total"] / (ceil.copy_gbps * 1e9) * 1e3
-    g61 = full["graph_ms"]
     return dict(per_layer=diff, rows=rows, layer_floor_us=layer_floor,
-                step61=dict(graph_ms=g61, span_ms=full["profile"]["span_us"] / 1e3, bytes=step["total"], parts=step,
-                            floor_ms=floor_ms, ratio=g61 / floor_ms if floor_ms > 0 else None,
-                            extrapolated_graph_ms=extrapolate(graph_ms[0], graph_ms[1], layers),
-                            extrapolated_span_ms=extrapolate(a["span_us"], b["span_us"], layers) / 1e3))
+                step61=dict(graph_ms=graph_ms, span_ms=full["span_us"] / 1e3, bytes=step["total"], parts=step,
+                            floor_ms=floor_ms, ratio=graph_ms / floor_ms if floor_ms > 0 else None))
 
 
 def _num(x, fmt="{:.1f}", none="-"):
@@ -399,8 +396,6 @@ def budget_table(title: str, layers: int, res: dict, a: dict, copy_gbps: float, 
     lines.append(f"61-layer step: graph {s['graph_ms']:.2f} ms (CUDA events, as bench decode), profiled span "
                  f"{s['span_ms']:.2f} ms; bytes floor {s['floor_ms']:.2f} ms ({s['bytes'] / 1e9:.2f} GB at "
                  f"{copy_gbps:.0f} GB/s): {_num(s['ratio'], '{:.2f}x')}")
-    lines.append(f"  extrapolated from the {L}- and {L + 1}-layer slices instead: graph {s['extrapolated_graph_ms']:.2f} "
-                 f"ms, profiled span {s['extrapolated_span_ms']:.2f} ms")
     return "\n".join(lines)
 
 
@@ -576,32 +571,31 @@ def _shared_with_experts(tcfg, E_local: int, I_shared: int, rows: int) -> bool:
 
 
 def profile_budget(args, budget: int, ceil: Ceilings) -> dict:
-    """Both slices of one budget, profiled and analysed (:func:`analyse`)."""
+    """Both slices of one budget (``--layers`` and all 61 layers), profiled and analysed (:func:`analyse`)."""
     L, T, B = args.layers, budget + 1, args.batch
     pa = profile_slice(L, args.ctx, budget, B, args.experts, args.replays)
-    pb = profile_slice(L + 1, args.ctx, budget, B, args.experts, args.replays)
     pf = profile_slice(TOTAL_LAYERS, args.ctx, budget, B, args.experts, args.replays, own_layers=L + 1)
-    uniq = pb["unique_experts"][-1] if pb["unique_experts"] else 0
-    uniq_step = statistics.mean(pf["unique_experts"]) if pf["unique_experts"] else 0
+    added = pf["unique_experts"][L - DENSE_LAYERS:]  # the MoE layers past the small slice's
+    uniq = statistics.mean(added) if added else 0.0
+    uniq_step = statistics.mean(pf["unique_experts"]) if pf["unique_experts"] else 0.0
     rows = B * T
-    attn = attention_bytes(B, T, pb["heads"], args.ctx)
-    moe = layer_bytes(pb["nbytes"], L, rows, uniq, pb["n_experts"], pb["shared_with_experts"](rows))
-    dense = layer_bytes(pb["nbytes"], 0, rows, 0, pb["n_experts"])
+    attn = attention_bytes(B, T, pf["heads"], args.ctx)
+    moe = layer_bytes(pf["nbytes"], L, rows, uniq, pf["n_experts"], pf["shared_with_experts"](rows))
+    dense = layer_bytes(pf["nbytes"], 0, rows, 0, pf["n_experts"])
     costs = {**moe, **attn}
     attn_bytes = {k: nb for k, (nb, _) in attn.items()}
-    # the step's experts: those the 61-layer slice's tokens touch, the mean over its MoE layers
-    moe_step = layer_bytes(pb["nbytes"], L, rows, uniq_step, pb["n_experts"], pb["shared_with_experts"](rows))
-    step = step_bytes(pb["nbytes"], pb["draft_nbytes"], {**dense, **attn_bytes}, {**moe_step, **attn_bytes},
-                      pb["hidden"], rows, B * pb["block"], B * args.ctx * pb["draft_kv_token"] * pb["draft_layers"])
-    res = analyse(pa["profile"], pb["profile"], L, costs, ceil, step, (pa["graph_ms"], pb["graph_ms"]),
-                  dict(graph_ms=pf["graph_ms"], profile=pf["profile"]))
-    res.update(budget=budget, T=T, batch=B, ctx=args.ctx, experts=args.experts, layers=[L, L + 1],
-               unique_experts_added_layer=uniq, unique_experts_per_moe_layer=pb["unique_experts"],
-               unique_experts_expected=expected_unique(pb["n_experts"], pb["top_k"], rows),
-               unique_experts_step=pf["unique_experts"],
+    # the step's experts: those its tokens touch, the mean over its MoE layers
+    moe_step = layer_bytes(pf["nbytes"], L, rows, uniq_step, pf["n_experts"], pf["shared_with_experts"](rows))
+    step = step_bytes(pf["nbytes"], pf["draft_nbytes"], {**dense, **attn_bytes}, {**moe_step, **attn_bytes},
+                      pf["hidden"], rows, B * pf["block"], B * args.ctx * pf["draft_kv_token"] * pf["draft_layers"])
+    res = analyse(pa["profile"], pf["profile"], L, costs, ceil, step, pf["graph_ms"])
+    res.update(budget=budget, T=T, batch=B, ctx=args.ctx, experts=args.experts, layers=[L, TOTAL_LAYERS],
+               unique_experts_per_moe_layer=pf["unique_experts"], unique_experts_layer_mean=uniq,
+               unique_experts_step_mean=uniq_step,
+               unique_experts_expected=expected_unique(pf["n_experts"], pf["top_k"], rows),
                costs={k: list(v) if isinstance(v, tuple) else v for k, v in costs.items()},
                profiles={str(p["layers"]): dict(graph_ms=p["graph_ms"], events_outside_replays=p["events_outside_replays"],
-                                                **p["profile"]) for p in (pa, pb, pf)})
+                                                **p["profile"]) for p in (pa, pf)})
     return res
 
 
@@ -610,14 +604,14 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=46000)
     ap.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 64])
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--layers", type=int, default=2, help="target layers of the smaller slice (>= 1: the added "
-                    "layer is then a MoE layer)")
+    ap.add_argument("--layers", type=int, default=2, help="target layers of the small slice (>= 1: the layers past "
+                    "it are MoE layers)")
     ap.add_argument("--replays", type=int, default=20, help="CUDA-event-timed replays, and profiled replays")
     ap.add_argument("--experts", choices=("int4", "bf16"), default="int4")
     ap.add_argument("--json", metavar="OUT", help="write every number to OUT (JSON)")
     args = ap.parse_args(argv)
     if args.layers < DENSE_LAYERS:
-        ap.error(f"--layers must be >= {DENSE_LAYERS} (Kimi K2.6's dense layers), or the added layer is dense")
+        ap.error(f"--layers must be >= {DENSE_LAYERS} (Kimi K2.6's dense layers), or a layer past it is dense")
     import torch
 
     if not torch.cuda.is_available():
@@ -645,14 +639,14 @@ def main(argv=None) -> int:
             if p["events_outside_replays"]:
                 print(f"budget {budget}, {k} layers: {p['events_outside_replays']} device events outside the "
                       f"graph replays (left out)", flush=True)
-        print(f"budget {budget}: unique local experts of the added layer {res['unique_experts_added_layer']} "
-              f"(expected {res['unique_experts_expected']:.1f} for uniform routing; per MoE layer "
-              f"{res['unique_experts_per_moe_layer']}; the 61-layer step's MoE layers: mean "
-              f"{statistics.mean(res['unique_experts_step'] or [0]):.1f}); {time.perf_counter() - t0:.0f} s",
-              flush=True)
+        u = res["unique_experts_per_moe_layer"]
+        print(f"budget {budget}: unique local experts a MoE layer of the {TOTAL_LAYERS}-layer step: mean "
+              f"{res['unique_experts_layer_mean']:.1f} past the {args.layers}-layer slice, {res['unique_experts_step_mean']:.1f} "
+              f"over all (expected {res['unique_experts_expected']:.1f} for uniform routing; {min(u or [0])}-"
+              f"{max(u or [0])} a layer); {time.perf_counter() - t0:.0f} s", flush=True)
         title = (f"budget {budget} (T = {res['T']}), batch {args.batch}, ctx {args.ctx}, {args.experts} experts: one "
-                 f"MoE layer = the {args.layers + 1}- minus the {args.layers}-layer step, means of "
-                 f"{a['replays']} profiled replays; floor 'c' = compute-bound")
+                 f"MoE layer = (the {TOTAL_LAYERS}- minus the {args.layers}-layer step) / {TOTAL_LAYERS - args.layers}, "
+                 f"means of {a['replays']} profiled replays; floor 'c' = compute-bound")
         tables.append(budget_table(title, args.layers, res, a, ceil.copy_gbps, res["profiles"][str(TOTAL_LAYERS)])
                       + "\n\none MoE layer by kernel name:\n"
                       + kernel_table(res["per_layer"]))

@@ -19,7 +19,6 @@ from bench.step_profile import (
     budget_table,
     classify,
     expected_unique,
-    extrapolate,
     families_of,
     family_order,
     floor_rows,
@@ -170,6 +169,12 @@ def test_summarize_replay_counts_times_and_gaps():
     assert r["other"] == {"mystery": 1}
     assert r["kernels"] == 7 and r["kernel_us"] == pytest.approx(1 + 2 + 10 + 30 + 3 + 2 + 1)
     assert r["idle_us"] == pytest.approx(1 + 1 + 1) and r["span_us"] == pytest.approx(51.0)
+    # a merge is named by the family it serves: the draft's and the verify's merges apart
+    drafted = summarize_replay(_replay(0.0) + [("_draft_attention_kernel", 60, 62), ("_combine_kernel", 62, 63)])
+    assert drafted["names"]["_combine_kernel (verify attention)"] == {"count": 1, "us": pytest.approx(3.0),
+                                                                     "family": "verify attention"}
+    assert drafted["names"]["_combine_kernel (draft attention)"]["family"] == "draft attention"
+    assert "_combine_kernel" not in drafted["names"]
 
 
 def test_split_replays_at_the_largest_gaps_and_group_by_launch():
@@ -215,7 +220,12 @@ def test_average_and_layer_difference():
     assert table[0].split() == ["n/layer", "us/layer", "family", "kernel"] and len(table) == 4
     assert table[1].split()[:2] == ["1.0", "30.0"] and table[1].endswith("_verify_gluon_ws_kernel")  # largest first
     assert kernel_table(d, min_us=100.0).splitlines()[1:] == table[1:]  # a count that changes is listed anyway
-    assert extrapolate(4.0, 4.5, 2) == pytest.approx(4.0 + 59 * 0.5)
+    # slices three layers apart: the mean layer
+    d3 = layer_difference(a, b, 3)
+    assert d3["families"]["verify attention"] == {"count": pytest.approx(1 / 3), "us": pytest.approx(10.0)}
+    assert d3["names"]["nvjet_tst_64x8"]["us"] == pytest.approx(10 / 3) and d3["span_us"] == pytest.approx(15.0)
+    with pytest.raises(ValueError, match="layers must be >= 1"):
+        layer_difference(a, b, 0)
 
 
 def test_layer_bytes_of_the_slice():
@@ -265,13 +275,14 @@ def test_floors_ratios_and_table():
     assert rows["copies"]["floor_us"] is None and rows["copies"]["ratio"] is None
     assert list(rows) == [f for f in family_order() if f in rows]
     step = {"total": 2e9}
-    res = analyse(a, b, 2, costs, ceil, step, (4.0, 4.5), dict(graph_ms=30.0, profile=b))  # b: the "61-layer" one
+    res = analyse(a, b, 2, costs, ceil, step, 30.0, total=3)  # b: the "whole" step, one layer past a
     assert res["layer_floor_us"] == pytest.approx(1 + 50 + 2)
-    s = res["step61"]  # the measured 61-layer step, the small slices' extrapolation beside it
+    assert res["per_layer"] == layer_difference(a, b)
+    s = res["step61"]  # the measured whole step
     assert s["graph_ms"] == 30.0 and s["span_ms"] == pytest.approx(b["span_us"] / 1e3) and s["floor_ms"] == 2.0
     assert s["ratio"] == pytest.approx(15.0)
-    assert s["extrapolated_graph_ms"] == pytest.approx(4.0 + 59 * 0.5)
-    assert s["extrapolated_span_ms"] == pytest.approx((51 + 59 * 45) / 1e3)
+    over59 = analyse(a, b, 2, costs, ceil, step, 30.0)  # the same profiles 59 layers apart: a 59th a layer
+    assert over59["per_layer"]["kernel_us"] == pytest.approx(42.0 / 59)
     text = budget_table("budget 16 (T = 17)", 2, res, a, ceil.copy_gbps, b)
     lines = text.splitlines()
     assert lines[0] == "budget 16 (T = 17)"
@@ -287,9 +298,8 @@ def test_floors_ratios_and_table():
     assert body["all events"] == ["3.0", "42.0", "7.0", "49.0", "10.0", "91.0"]
     assert body["idle between events"] == ["3.0", "3.0", "6.0"]
     assert body["span"] == ["45.0", "53.0", "0.85x", "51.0", "96.0"]
-    assert lines[-2].startswith("61-layer step: graph 30.00 ms") and "profiled span 0.10 ms" in lines[-2]
-    assert "bytes floor 2.00 ms (2.00 GB at 1000 GB/s): 15.00x" in lines[-2]
-    assert lines[-1] == "  extrapolated from the 2- and 3-layer slices instead: graph 33.50 ms, profiled span 2.71 ms"
+    assert lines[-1].startswith("61-layer step: graph 30.00 ms") and "profiled span 0.10 ms" in lines[-1]
+    assert "bytes floor 2.00 ms (2.00 GB at 1000 GB/s): 15.00x" in lines[-1]
 
 
 def _run(*args, env=None):
@@ -309,7 +319,8 @@ def test_without_a_gpu_exits_2_with_one_line():
 
 
 def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
-    """main's printing and JSON over two synthetic slices of the real shapes (no GPU: profile_slice stubbed)."""
+    """main's printing and JSON over two synthetic slices of the real shapes, 2 and 61 layers (no GPU:
+    profile_slice stubbed)."""
     import json
 
     import torch
@@ -325,11 +336,10 @@ def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
 
     def fake_slice(layers, ctx, budget, batch, experts, replays, own_layers=None):
         built.append((layers, own_layers))
-        cfg = kimi_k26(num_hidden_layers=own_layers or layers, num_local_heads=8, n_routed_experts=48,
-                       num_experts_per_tok=1, weight_prefix="")
-        return dict(layers=layers, graph_ms=4.0 + 0.5 * (layers - 2) if layers < 61 else 25.0,
-                    profile=a if layers == 2 else b,
-                    events_outside_replays=0, unique_experts=[14] * (layers - 1) if layers < 61 else [12, 16] * 30,
+        cfg = kimi_k26(num_hidden_layers=layers, num_local_heads=8, n_routed_experts=48, num_experts_per_tok=1,
+                       weight_prefix="")
+        return dict(layers=layers, graph_ms=4.0 if layers == 2 else 25.0, profile=a if layers == 2 else b,
+                    events_outside_replays=0, unique_experts=[20] * (layers - 1) if layers < 61 else [20] + [14] * 59,
                     nbytes=param_nbytes(param_shapes(cfg, experts)),
                     draft_nbytes=param_nbytes(dflash.param_shapes(kimi_k26_dflash())), heads=8, hidden=7168,
                     n_experts=48, top_k=1, block=8, draft_kv_token=4096, draft_layers=6,
@@ -345,19 +355,21 @@ def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
     assert sp.main(["--budgets", "16", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "unclassified events (family 'other'; extend FAMILIES): mystery x1" in text
-    assert "unique local experts of the added layer 14 (expected 14.4" in text
+    # layer 1 is in both slices: the mean past it is the layers' floor, the mean over all the step's
+    assert ("unique local experts a MoE layer of the 61-layer step: mean 14.0 past the 2-layer slice, 14.1 over all "
+            "(expected 14.4 for uniform routing; 14-20 a layer)") in text
     table = text[text.index("budget 16 (T = 17), batch 1"):]
-    assert built == [(2, None), (3, None), (61, 3)]  # the 61-layer slice holds 3 layers' weights
-    assert "61-layer step: graph 25.00 ms" in table and "extrapolated from the 2- and 3-layer slices instead: graph " \
-        "33.50 ms" in table
-    assert "the 61-layer step's MoE layers: mean 14.0" in text
+    assert "one MoE layer = (the 61- minus the 2-layer step) / 59" in table
+    assert built == [(2, None), (61, 3)]  # the 61-layer slice holds 3 layers' routed experts
+    assert "61-layer step: graph 25.00 ms" in table
     doc = json.loads(out.read_text())
     assert doc["gpu"] == "NVIDIA H100 80GB HBM3" and doc["copy_gbps"] == 3000.0 and doc["ceilings"] == "measured now"
     (r,) = doc["budgets"]
-    assert r["T"] == 17 and r["layers"] == [2, 3] and set(r["profiles"]) == {"2", "3", "61"}
-    assert r["profiles"]["2"]["graph_ms"] == 4.0 and r["per_layer"]["families"]["norms"]["count"] == 1.0
+    assert r["T"] == 17 and r["layers"] == [2, 61] and set(r["profiles"]) == {"2", "61"}
+    assert r["profiles"]["2"]["graph_ms"] == 4.0
+    assert r["per_layer"]["families"]["norms"]["count"] == pytest.approx(1 / 59)  # one more norm over 59 layers
     per_expert = 1.6875 * 2048 * 7168
     assert r["costs"]["experts (routed + shared)"] == pytest.approx(14 * per_expert + 3 * 2048 * 7168 * 2)
     parts = r["step61"]["parts"]
     assert parts["lm_head"] == 2 * 163840 * 7168 * 2 and parts["draft_kv"] == 46000 * 4096 * 6
-    assert parts["moe_layers"] > 60 * 14 * per_expert
+    assert parts["moe_layers"] > 60 * (14 + 6 / 60) * per_expert  # the step's mean, layer 1's 20 in it
