@@ -6,12 +6,12 @@ bf16``), with paged caches filled to ``--ctx`` tokens; its collectives are left 
 all-reduce returns the rank's own part, a gather repeats it, so the step's other work and its shapes are the
 rank's). Reports the decode step per phase (eager, CUDA events; and each phase alone in a CUDA graph, which
 leaves out host launch time) and as one CUDA graph, and the verify attention against its floor, at
-``--layers`` and one more target layer, and at all 61: the TP8 rank's step without its collectives, measured
-(past the first ``--layers + 1`` layers each layer reads the routed experts of one of the slice's MoE layers:
-:func:`share_routed_experts`; one GPU holds the rank's 61 layers but not their 71 GB of experts).
-The difference of the two small slices' graph times, the per-layer cost once extrapolated from, is printed
-beside it: a graph's fixed costs change with its node count (the driver may run the step's device-to-device
-copies on the copy engine in one graph and as kernels in another), so that difference is not a layer's cost.
+``--layers`` target layers and at all 61: the TP8 rank's step without its collectives, measured (past the first
+``--layers + 1`` layers each layer reads the routed experts of one of the slice's MoE layers:
+:func:`share_routed_experts`; one GPU holds the rank's 61 layers but not their 71 GB of experts), and a MoE
+layer as the mean of the layers between the two. Not extrapolated from two small slices: a graph's fixed costs
+change with its node count (the driver may run the step's device-to-device copies on the copy engine in one
+graph and as kernels in another), so the difference of a 2- and a 3-layer graph is not a layer's cost.
 
 Under ``torchrun --nproc-per-node N -m tritree bench decode --tp N`` every rank holds its real shard of
 the slice instead (64/N heads, 384/N experts, vocabulary-parallel head, the draft's shard:
@@ -364,7 +364,7 @@ def main(args, tp=None) -> int:
         auto = budget == "auto"
         size = args.max_budget if auto else budget
         full = kimi_k26().num_hidden_layers
-        counts = [args.layers, args.layers + 1] + ([full] if args.layers + 1 < full else [])
+        counts = [args.layers] + ([full] if args.layers < full else [])
         for layers in counts:
             # the full step's layers past args.layers + 1 share the routed experts of its MoE layers (one GPU holds it)
             r = run(layers, args.ctx, size, args.batch, reps=max(5, min(50, args.gen // 8)), tp=tp, experts=experts,
@@ -381,25 +381,23 @@ def main(args, tp=None) -> int:
                 share = 1 - r["graph_ms_without_collectives"] / r["graph_ms"]
                 say(f"budget {budget:>3} layers {layers}: graph without collectives "
                     f"{r['graph_ms_without_collectives']:.3f} ms: collectives {100 * share:.1f}% of the step", flush=True)
-        a, b, f = per[args.layers], per[args.layers + 1], per[counts[-1]]
-        moe_layer = b["graph_ms"] - a["graph_ms"]
-        est = a["graph_ms"] + (full - args.layers) * moe_layer
+        a, f = per[args.layers], per[counts[-1]]
+        moe_layer = (f["graph_ms"] - a["graph_ms"]) / max(1, f["layers"] - a["layers"])
         step_ms = f["graph_ms"]
         verify_share = f["layers"] * f["verify_attention_us"] / 1e3
         ph = f["phases_ms"]
         non_target = ph.get("draft", 0) + ph.get("tree", 0) + ph.get("accept", 0) + ph.get("commit", 0)
         say(f"budget {budget:>3}: {f['layers']}-layer step {step_ms:.2f} ms as one graph, eager {f['eager_ms']:.2f} ms "
-            f"(host overhead {f['eager_ms'] - step_ms:.2f} ms) ({where}; measured, layers past {args.layers + 1} "
-            f"sharing its MoE layers' routed experts); the difference of the {args.layers}- and {args.layers + 1}-layer "
-            f"graphs, {moe_layer:.3f} ms, would extrapolate to {est:.1f} ms; verify attention "
+            f"(host overhead {f['eager_ms'] - step_ms:.2f} ms) ({where}; layers past {args.layers + 1} sharing its MoE "
+            f"layers' routed experts); a MoE layer {1e3 * moe_layer:.1f} us (the mean of the {f['layers'] - a['layers']} "
+            f"past the {args.layers}-layer step); verify attention "
             f"{f['verify_attention_us']:.1f} us/layer vs floor "
             f"{f['verify_attention_floor_us']:.1f} us ({f['verify_attention_us'] / f['verify_attention_floor_us']:.2f}x, "
             f"{f['floor_bound']}, matmul {f['matmul_tflops']:.0f} TFLOP/s {f['ceilings']}; fragmented pool {f['verify_attention_fragmented_us']:.1f} us; one call a graph "
             f"replay {f['verify_attention_one_replay_us']:.1f} us), {verify_share:.1f} ms "
             f"over {f['layers']} layers; draft+tree+accept+commit {non_target:.2f} ms "
             f"= {100 * non_target / step_ms:.1f}% of the step (eager phases)", flush=True)
-        row = dict(budget=budget, experts=experts, moe_layer_ms=moe_layer, step61_ms=step_ms,
-                   step61_extrapolated_ms=est, non_target_ms=non_target)
+        row = dict(budget=budget, experts=experts, moe_layer_ms=moe_layer, step61_ms=step_ms, non_target_ms=non_target)
         pg = f.get("phases_graph_ms") or {}
         if pg:
             non_target_graph = pg["draft"] + pg["tree"] + pg["accept"] + pg["commit"]
