@@ -63,8 +63,8 @@ _Q_STD = (255 / 12) ** 0.5
 # routed experts) are scaled by this, so that the residual stream stays near the token embeddings. With plain
 # N(0, 1 / fan_in) weights the tree's hidden states converge with depth (the same attention output over the random
 # context, and the MLPs' outputs of it, outweigh the embeddings), and the deeper layers of a 61-layer slice route a
-# 65-node tree to a third of the experts uniform top-8 routing reaches; with this scale every layer routes within
-# a few percent of it (bench/RESULTS.md, "Decode step by kernel family"). Kernel times do not depend on the values.
+# 65-node tree to a third of the experts uniform top-8 routing reaches; with this scale the layers route 5-7% below
+# it on average (bench/RESULTS.md, "Decode step by kernel family"). Kernel times do not depend on the values.
 BRANCH_SCALE = 2e-4
 _BRANCH_OUTPUTS = ("o_proj.weight", "down_proj.weight", "mlp.experts.w2_scale")
 
@@ -233,8 +233,9 @@ def without_collectives(tp: TPGroup) -> TPGroup:
 def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None, experts: str = "int4",
         auto: bool = False, cost_model=None, profile: bool = False, compile: bool = False,
         own_layers: int | None = None) -> dict:
-    """One row of the benchmark (the slice of :func:`build` ``(layers, ..., own_layers=own_layers)``). ``auto``: trees of ``budget`` nodes sized each step by ``cost_model``
-    (default the slice's :class:`tritree.budget.AnalyticCost`); the row then has ``tree_nodes_mean``.
+    """One row of the benchmark (the slice of :func:`build` ``(layers, ..., own_layers=own_layers)``). ``auto``:
+    trees of ``budget`` nodes sized each step by ``cost_model`` (default the slice's
+    :class:`tritree.budget.AnalyticCost`); the row then has ``tree_nodes_mean``.
     ``host_ms``: the Python time of one eager step (to its return, before the synchronisation: the GPU
     runs behind it); ``profile``: also print a cProfile of ``reps`` eager steps; ``compile``: the step under
     ``torch.compile`` (as ``Engine(compile=True)`` runs it), eager and captured, without the per-phase split."""

@@ -598,7 +598,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None, help="append JSON rows here (calibrate: the step-cost JSON, default "
                                                    "~/.cache/tritree/step_cost.json, other GPUs' tables kept)")
     bench.add_argument("--tp", type=int, default=None, help="decode: " + TP_HELP)
-    bench.add_argument("--compile", action="store_true", help="decode: the step under torch.compile (eager and captured)")
+    bench.add_argument("--compile", action="store_true",
+                       help="decode: the step under torch.compile (eager and captured; the 61-layer step compiles "
+                            "every layer: minutes)")
     bench.add_argument("--profile", action="store_true",
                        help="decode: also print a cProfile of the eager steps (the first slice of each budget)")
     bench.add_argument("--experts", choices=["int4", "bf16"], default="int4",
