@@ -77,22 +77,24 @@ def test_slice_is_rank_0_of_tp8_and_its_step_runs(tiny, experts):
         sum(t.numel() for t in tparams.values())
 
 
-def test_layers_past_own_layers_share_the_routed_experts_of_the_owned_moe_layers(tiny):
+@pytest.mark.parametrize("experts", ["int4", "bf16"])
+def test_layers_past_own_layers_share_the_routed_experts_of_the_owned_moe_layers(tiny, experts):
     """The 61-layer slice fits one GPU: layers past ``own_layers`` hold the very routed-expert tensors of the owned
     MoE layers, cycling over them (never the dense layer); every other weight is the layer's own, in the layout
-    the kernels read (the shared expert's gate | up rows too), and the step runs over every layer."""
+    the kernels read (an INT4 layer's shared gate | up rows too), and the step runs over every layer."""
     tcfg, dcfg, tparams, dp, state = BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu",
-                                              own_layers=3)
-    _, _, distinct, _, _ = BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu")
+                                              own_layers=3, experts=experts)
+    _, _, distinct, _, _ = BD.build(6, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu", experts=experts)
     assert set(tparams) == set(distinct) and tcfg.num_hidden_layers == 6
     assert all(tparams[k].shape == distinct[k].shape for k in tparams)
     for i, src in ((3, 1), (4, 2), (5, 1)):
         mine = [k for k in tparams if k.startswith(f"model.layers.{i}.")]
-        experts = [k for k in mine if ".mlp.experts." in k]
-        assert len(experts) == 4 and "model.layers.3.mlp.shared_experts.gate_up_proj.weight" in tparams
+        expert_keys = [k for k in mine if ".mlp.experts." in k]
+        assert len(expert_keys) == {"int4": 4, "bf16": 3}[experts]
+        assert ("model.layers.3.mlp.shared_experts.gate_up_proj.weight" in tparams) == (experts == "int4")
         for k in mine:
             theirs = tparams[k.replace(f"layers.{i}.", f"layers.{src}.", 1)]
-            assert (tparams[k] is theirs) == (k in experts)
+            assert (tparams[k] is theirs) == (k in expert_keys)
     assert state["tkv"].shape[0] == 6  # every layer has its own KV
     before = state["kv_lens"].clone()
     decode_step_(tparams, tcfg, dp, dcfg, state, budget=3, sampling=SamplingConfig(), tp=BD.slice_group())
