@@ -406,17 +406,16 @@ def _slice_step(layers: int, ctx: int, budget: int, batch: int, experts: str, ow
     reset, then one greedy decode step."""
     import torch
 
-    from tritree.bench_decode import build, slice_group
+    from tritree.bench_decode import build, slice_group, state_reset
     from tritree.step import SamplingConfig, decode_step_
 
     torch.manual_seed(0)  # both slices of a budget from the same seed (build seeds only its TP shards)
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, experts=experts, own_layers=own_layers)
-    mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+    reset = state_reset(state)
     sampling = SamplingConfig()
 
     def step():
-        for k, v in mutable.items():
-            state[k].copy_(v)
+        reset()
         decode_step_(tparams, tcfg, dp, dcfg, state, budget=budget, sampling=sampling, tp=slice_group())
 
     return tcfg, dcfg, tparams, dp, state, step

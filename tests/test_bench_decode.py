@@ -192,3 +192,15 @@ def test_calibrate_writes_the_61_layer_steps_it_timed(monkeypatch, tmp_path, cap
     assert table.captured_ms[0][0] == pytest.approx((10.14096, 10.94096, 11.74096))
     assert table.step_ms[0][0] == pytest.approx((10.19096, 10.99096, 11.79096))
     assert "all 61 target layers (the routed experts of layers past 3 shared)" in table.source
+
+
+def test_state_reset_restores_what_a_step_advances(tiny):
+    tcfg, dcfg, tparams, dp, state = BD.build(2, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu")
+    reset = BD.state_reset(state)
+    before = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+    decode_step_(tparams, tcfg, dp, dcfg, state, budget=3, sampling=SamplingConfig(), tp=BD.slice_group())
+    assert not torch.equal(state["kv_lens"], before["kv_lens"]) and not torch.equal(state["step"], before["step"])
+    kv = state["kv_lens"]
+    reset()
+    assert state["kv_lens"] is kv  # in place
+    assert all(torch.equal(state[k], v) for k, v in before.items())

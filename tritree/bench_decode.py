@@ -155,6 +155,18 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     return tcfg, dcfg, tparams, dparams, state
 
 
+def state_reset(state: dict):
+    """``reset()``: the entries of ``state`` that a decode step advances and reads (``kv_lens``, ``dlens``,
+    ``anchor``, ``pending_n``, ``step``) back to their values now, in place (copies kept here), so that timed
+    steps repeat the same one."""
+    saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+
+    def reset():
+        for k, v in saved.items():
+            state[k].copy_(v)
+    return reset
+
+
 def share_routed_experts(params: dict, held: int, layers: int, first_moe: int) -> dict:
     """Routed experts for target layers ``held .. layers - 1`` of ``params``, in place: layer ``i`` gets the very
     expert tensors (keys ``mlp.experts.*``) of MoE layer ``first_moe + (i - first_moe) % (held - first_moe)`` (no
@@ -249,12 +261,8 @@ def run(layers: int, ctx: int, budget: int, batch: int, reps: int = 20, tp=None,
     )
 
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, tp=tp, experts=experts, own_layers=own_layers)
-    mutable = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
+    reset = state_reset(state)
     sampling = SamplingConfig()
-
-    def reset():
-        for k, v in mutable.items():
-            state[k].copy_(v)
 
     step_fn, tree_fn, verify_fn = ((torch.compile(f, dynamic=False) for f in (decode_step_, tree_step_, verify_step_))
                                    if compile else (decode_step_, tree_step_, verify_step_))
@@ -431,13 +439,7 @@ def _calibrate_slice(ctx, batch, static, trees, experts, reps, own_layers) -> tu
 def _slice_and_reset(ctx, batch, T, experts, own_layers):
     """:func:`build` of all the target's layers at tree size ``T``, and the reset of its state's mutable entries."""
     built = build(kimi_k26().num_hidden_layers, ctx, T - 1, batch, experts=experts, own_layers=own_layers)
-    state = built[-1]
-    saved = {k: state[k].clone() for k in ("kv_lens", "dlens", "anchor", "pending_n", "step")}
-
-    def reset():
-        for k, v in saved.items():
-            state[k].copy_(v)
-    return built, reset
+    return built, state_reset(built[-1])
 
 
 def _auto_steps_ms(ctx, batch, static, trees, experts, reps, own_layers) -> list[float]:
