@@ -404,12 +404,9 @@ def budget_table(title: str, layers: int, res: dict, a: dict, copy_gbps: float, 
 def _slice_step(layers: int, ctx: int, budget: int, batch: int, experts: str, own_layers: int | None = None):
     """The slice and its step as ``tritree.bench_decode.run`` builds them: the state's mutable entries
     reset, then one greedy decode step."""
-    import torch
-
     from tritree.bench_decode import build, slice_group, state_reset
     from tritree.step import SamplingConfig, decode_step_
 
-    torch.manual_seed(0)  # both slices of a budget from the same seed (build seeds only its TP shards)
     tcfg, dcfg, tparams, dp, state = build(layers, ctx, budget, batch, experts=experts, own_layers=own_layers)
     reset = state_reset(state)
     sampling = SamplingConfig()

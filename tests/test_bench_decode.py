@@ -119,6 +119,18 @@ def test_the_targets_residual_branches_are_scaled_and_the_drafts_are_not(tiny):
     assert do.std() > 0.5 * do.shape[1] ** -0.5
 
 
+def test_build_is_seeded_so_every_tool_reads_the_same_slice(tiny):
+    """Two builds of one shape hold the same weights and state whatever the RNG did before (the tools that build
+    the slice then time the same routing)."""
+    a = BD.build(2, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu")
+    torch.rand(1000)
+    b = BD.build(2, 40, 3, 1, page_size=8, dtype=torch.float32, device="cpu")
+    for x, y in ((a[2], b[2]), (a[3], b[3]), (a[4], b[4])):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert torch.equal(x[k], y[k]), k
+
+
 @pytest.mark.parametrize("own", [0, 1, 7])
 def test_own_layers_must_hold_a_moe_layer_and_no_more_than_the_slice(tiny, own):
     with pytest.raises(ValueError, match="own_layers must hold a MoE layer"):

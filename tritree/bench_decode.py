@@ -107,13 +107,14 @@ def build(layers: int, ctx: int, budget: int, batch: int, page_size: int = 64, d
     :func:`slice_group` ``(tp)``. ``experts``: the routed experts ``"int4"`` (packed as K2.6's checkpoint) or
     ``"bf16"`` (dense, the bf16 grouped path). ``own_layers``: only the first ``own_layers`` target layers
     hold routed experts of their own (:func:`share_routed_experts`; every other weight is each layer's own),
-    so that all 61 layers of a rank fit one GPU."""
+    so that all 61 layers of a rank fit one GPU. Seeded (``torch.manual_seed(0)``): the same shapes give the same
+    weights, hence the same routing, in every tool that builds the slice (``bench decode``, ``bench calibrate``,
+    ``bench/step_profile.py``) and on every rank."""
     layout = {"int4": "int4", "bf16": "dense"}[experts]
     from .model.parallel import local_draft_shapes, local_param_shapes, shard_config, shard_draft_config
 
     group = slice_group(tp)
-    if active(tp):  # replicated tensors equal on every rank (same seed, same shapes)
-        torch.manual_seed(0)
+    torch.manual_seed(0)
     full = kimi_k26(num_hidden_layers=layers, weight_prefix="")
     held = layers if own_layers is None else own_layers
     if not full.first_k_dense_replace < held <= layers:
