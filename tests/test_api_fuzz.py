@@ -2,7 +2,7 @@
 (offsets, padded rows, reordered dimensions, column slices, strided last dimensions where the op reads
 by stride) against its reference, nothing outside the outputs written; and random invalid inputs
 (dtype, rank, sizes, types, strides, devices, values, scalars) refused with a ``ValueError`` or
-``TypeError`` that names the argument. Samples live in ``tests/_api_samples.py``.
+``TypeError`` that names the argument. Samples live in ``tests/_api_samples.py``, their checks in ``tests/_api_fuzz_checks.py``.
 
 The ops run in a subprocess (one per mode: the interpreter's start-up is paid once), so that a kernel
 writing out of bounds, which can kill the process, is a failed test naming the op. Every run draws
@@ -45,7 +45,7 @@ def run_samples(mode: str, examples: dict[str, int], *, debug: bool = False, pre
     if not HAS_GPU:
         env["TRITON_INTERPRET"] = "1"
     ops = ",".join(f"{op}:{n}" for op, n in examples.items())
-    cmd = [*prefix, sys.executable, "-m", "tests._api_samples", mode, ops, str(seed)]
+    cmd = [*prefix, sys.executable, "-m", "tests._api_fuzz_checks", mode, ops, str(seed)]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     how = f"killed by signal {-res.returncode}" if res.returncode < 0 else f"exit status {res.returncode}"
     assert res.returncode == 0, (f"`{' '.join(cmd[len(prefix):])}` ({how}, TRITREE_DEBUG={int(debug)}):\n"
