@@ -5,6 +5,7 @@ PyTorch version a user would write (gather the pages, dense masked attention).
     DISABLE_MMA_V3=1 TRITREE_ARCH=sm_120 python -m bench.verify_sweep --grid sm120 --variant tritree-sm120 \
         --variant tritree-sm120-triton --mma-sync-ceiling
     python -m bench.verify_sweep --trees chain --variant tritree --variant flashinfer ...
+    python -m bench.verify_sweep --grid engine --splits 0,62,66 --filter "T == 9"   # split counts side by side
 
 ``flashinfer``: FlashInfer's MLA kernel (``flashinfer.mla.BatchMLAPagedAttentionWrapper``, issue #2's named
 peer; FlashInfer carried to the GPU machine as wheels, ``bench/PEERS.md``) over the same pool, page
@@ -53,7 +54,7 @@ GRIDS = {
     "batch": dict(L=[4096, 16384, 46000], T=[16, 64], H=[8], B=[4, 16], P=[64]),
     "targets": dict(L=[46000], T=[8, 16, 64], H=[8, 64], B=[1], P=[1, 64]),
     # The engine's verify shapes (T = budget + 1) on a TP8 rank of K2.6 (8 heads).
-    "engine": dict(L=[46000], T=[8, 17, 65], H=[8], B=[1], P=[64]),
+    "engine": dict(L=[46000], T=[9, 17, 65], H=[8], B=[1], P=[64]),
     # sm_120's target shapes: T = 8, 17, 65 with H = 8 and T = 16 with H = 64, at 46k and 128k, B = 1 and 4.
     "sm120": dict(L=[46000, 131072], T=[8, 16, 17, 65], H=[8, 64], B=[1, 4], P=[1, 64],
                   where=lambda B, T, H, L, P: (H == 8 and T != 16) or (H == 64 and T == 16)),
@@ -138,13 +139,15 @@ def sm120_triton_config(P: int) -> AttnConfig:
     return AttnConfig(16, 64, 4, 2) if P >= 64 else AttnConfig(32, 32, 8, 2)
 
 
-def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None):
+def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, trees="random", fragmented=None,
+             num_splits=None):
     fp8 = variant == "tritree-fp8"
     if variant == "tritree-sm120-triton" and config is None:
         config = sm120_triton_config(P)
     nbytes, flops = verify_mla_counts(B, T, H, L, kv_bytes=1 if fp8 else 2)
     n_sets = rotation_count(B * (L + T) * 576 * (1 if fp8 else 2))
     row = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, trees=trees, config=str(config) if config else "default",
+               num_splits=num_splits or "plan",
                fragmented=(P == 1) if fragmented is None else bool(fragmented))
     if variant == "flashinfer" and trees != "chain":
         return {**row, "skipped": "FlashInfer's MLA mask is causal: chain-shaped trees only (--trees chain)"}
@@ -166,7 +169,7 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, tr
                  torch.empty(B, T, H, device="cuda", dtype=torch.float32)) for _ in sets]
         fns = [lambda s=s, o=o: verify_mla(s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"],
                                            sm_scale=SM_SCALE, out=o[0], lse=o[1], config=config,
-                                           kv_scale=s.get("kv_scale"))
+                                           num_splits=num_splits, kv_scale=s.get("kv_scale"))
                for s, o in zip(sets, outs)]
     try:
         us = graph_time_us(fns)
@@ -183,7 +186,7 @@ def run_case(B, T, H, L, P, variant, ceil: Ceilings, config=None, check=True, tr
         ref = torch_verify(s["q"].float(), kv_ref, s["page_table"], s["kv_lens"], s["tree_mask"], SM_SCALE, L + T)
         out = fns[0]() if variant in ("torch", "flashinfer") else verify_mla(
             s["q"], s["kv"], s["page_table"], s["kv_lens"], s["tree_mask"], sm_scale=SM_SCALE, config=config,
-            kv_scale=s.get("kv_scale"))
+            num_splits=num_splits, kv_scale=s.get("kv_scale"))
         row["rel_err"] = float((out.float() - ref).norm() / ref.norm())
     del sets
     torch.cuda.empty_cache()
@@ -237,6 +240,8 @@ def main(argv=None):
     ap.add_argument("--configs", default="",
                     help="semicolon-separated configs to try instead of the table (parse_config: "
                          "BM,BN,warps,stages[,programs_per_sm[,tma[,split_scores]]][,KERNEL])")
+    ap.add_argument("--splits", default="",
+                    help="comma-separated split counts to run each tritree case with (0: the plan's own)")
     ap.add_argument("--filter", default="", help="python expression over B,T,H,L,P selecting cases")
     ap.add_argument("--out", default="verify_sweep.jsonl")
     ap.add_argument("--ceilings", default="", help="JSON file of measured ceilings (measured if absent)")
@@ -257,6 +262,7 @@ def main(argv=None):
     configs = [None]
     if args.configs:
         configs = [parse_config(c) for c in args.configs.split(";")]
+    splits = [int(x) or None for x in args.splits.split(",")] if args.splits else [None]
     grid = GRIDS[args.grid]
     t0 = time.time()
     with open(args.out, "a") as f:
@@ -266,10 +272,11 @@ def main(argv=None):
             if "where" in grid and not grid["where"](B=B, T=T, H=H, L=L, P=P):
                 continue
             for variant in variants:
-                for cfg in (configs if variant != "torch" else [None]):
+                for cfg, n_splits in itertools.product(*((configs, splits) if variant.startswith("tritree")
+                                                          else ([None], [None]))):
                     try:
                         r = run_case(B, T, H, L, P, variant, ceil, config=cfg, trees=args.trees,
-                                     fragmented=True if args.fragmented else None)
+                                     fragmented=True if args.fragmented else None, num_splits=n_splits)
                     except Exception as e:  # record and go on: one bad config must not lose the sweep
                         r = dict(B=B, T=T, H=H, L=L, P=P, variant=variant, config=str(cfg), skipped=f"{type(e).__name__}: {str(e)[:200]}")
                         torch.cuda.empty_cache()
@@ -281,7 +288,8 @@ def main(argv=None):
                         extra = f"  {r['frac_mma_sync'] * 100:5.1f}% of mma.sync"
                     f.write(json.dumps(r) + "\n")
                     f.flush()
-                    print(fmt_row(r) + extra + (f" [{r['config']}]" if cfg else ""), flush=True)
+                    print(fmt_row(r) + extra + (f" [{r['config']}]" if cfg else "")
+                          + (f" [{n_splits} splits]" if n_splits else ""), flush=True)
     print(f"# sweep done in {time.time() - t0:.0f} s")
 
 
