@@ -28,8 +28,9 @@ time. From the device events of every replay (kernels, memcpy, memset; one repla
   them, per family and per kernel name (replay means; the names printed under each budget's table,
   :func:`kernel_table`): the mean layer of the step, so the routing of any one layer (and the draft's taps, which
   differ between slices) weighs a sixtieth;
-- each family's bytes floor per layer, over the copy bandwidth of :func:`tritree.roofline.device_ceilings`
-  (what ``bench decode`` uses: the recorded H200 ceilings, measured in this process on other GPUs):
+- each family's bytes floor per layer, over the copy bandwidth measured in this process
+  (:func:`tritree.roofline.copy_gbps_now`; the compute-bound floors over :func:`tritree.roofline.device_ceilings`'
+  matmul rate, the recorded H200 one or measured now on other GPUs):
   experts, the mean unique local experts the tokens route to in those layers (counted in one eager step of
   the same inputs, ids read from the router's output) times the bytes of one expert (INT4: 1.6875 I H,
   ``bench.moe_sweep.expert_bytes``), plus the shared expert where the experts are INT4 (the MoE block's
@@ -613,10 +614,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench.step_profile needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    from tritree.roofline import ceilings_source, device_ceilings, versions
+    from tritree.roofline import ceilings_source, copy_gbps_now, device_ceilings, versions
 
-    ceil = device_ceilings()
-    src = ceilings_source()
+    # the step's floor over the copy rate of this run (the bf16 matmul rate, for compute-bound floors, as recorded)
+    ceil = Ceilings(copy_gbps_now(), device_ceilings().matmul_tflops)
+    src = f"copy measured in this process; bf16 matmul {ceilings_source()}"
     print(f"# {versions()}; copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s ({src})",
           flush=True)
     results, tables = [], []

@@ -348,7 +348,8 @@ def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(sp, "profile_slice", fake_slice)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(rl, "device_ceilings", lambda *a: Ceilings(3000.0, 700.0))
+    monkeypatch.setattr(rl, "device_ceilings", lambda *a: Ceilings(4240.0, 700.0))
+    monkeypatch.setattr(rl, "copy_gbps_now", lambda *a: 3000.0)
     monkeypatch.setattr(rl, "ceilings_source", lambda *a: "measured now")
     monkeypatch.setattr(rl, "versions", lambda: "NVIDIA H100 80GB HBM3, torch x, triton y, CUDA z")
     out = tmp_path / "p.json"
@@ -363,7 +364,10 @@ def test_main_with_the_gpu_part_stubbed(monkeypatch, tmp_path, capsys):
     assert built == [(2, None), (61, 3)]  # the 61-layer slice holds 3 layers' routed experts
     assert "61-layer step: graph 25.00 ms" in table
     doc = json.loads(out.read_text())
-    assert doc["gpu"] == "NVIDIA H100 80GB HBM3" and doc["copy_gbps"] == 3000.0 and doc["ceilings"] == "measured now"
+    # the floors over the copy rate measured in the run, not a recorded one
+    assert doc["gpu"] == "NVIDIA H100 80GB HBM3" and doc["copy_gbps"] == 3000.0 and doc["matmul_tflops"] == 700.0
+    assert doc["ceilings"] == "copy measured in this process; bf16 matmul measured now"
+    assert "copy 3000 GB/s" in text
     (r,) = doc["budgets"]
     assert r["T"] == 17 and r["layers"] == [2, 61] and set(r["profiles"]) == {"2", "61"}
     assert r["profiles"]["2"]["graph_ms"] == 4.0
