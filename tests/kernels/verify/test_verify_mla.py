@@ -70,7 +70,7 @@ def verify_cases(draw):
     T = draw(st.integers(1, 64))
     H = draw(st.integers(1, max(1, min(16, 96 // T))))
     P = draw(st.sampled_from([1, 2, 16, 64]))
-    kv_lens = draw(st.lists(st.one_of(st.integers(0, 300), st.sampled_from([0, 1, P, 2 * P - 1, 64])),
+    kv_lens = draw(st.lists(st.one_of(st.integers(0, 200), st.sampled_from([0, 1, P, 2 * P - 1, 64])),
                             min_size=B, max_size=B))
     padded = draw(st.booleans())
     tree_lens = draw(st.lists(st.integers(0, T), min_size=B, max_size=B)) if padded else None
