@@ -75,7 +75,7 @@ def main(argv=None) -> None:
         import json
         with open(args.moe) as f:
             rows = moe_model_rows(json.loads(line) for line in f if line.strip())
-        print("| shape | routing | N | emulated on H200 (us) | of the H200's copy floor | RTX PRO 6000 floor (paper, us) "
+        print("| shape | routing | N | emulated (us) | of the emulating GPU's copy floor | RTX PRO 6000 floor (paper, us) "
               "| modelled RTX PRO 6000 time (us) |")
         print("|---|---|---|---|---|---|---|")
         for r in rows:
@@ -87,7 +87,7 @@ def main(argv=None) -> None:
         ap.error("verify rows need RESULT files, --mma-sync-tflops and --copy-gbps")
     lines = [line for path in args.results for line in open(path)]
     rows = model_rows(lines, Ceilings(args.copy_gbps, args.mma_sync_tflops))
-    print("| shape | pool | emulated on H200 (us) | of the emulation's ceiling | RTX PRO 6000 floor (paper, us) "
+    print("| shape | pool | emulated (us) | of the emulation's ceiling | RTX PRO 6000 floor (paper, us) "
           "| modelled RTX PRO 6000 time (us) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
